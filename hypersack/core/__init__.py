@@ -1,0 +1,1 @@
+"""Domain types, ids, clock and errors shared by every part of HyperSack."""

@@ -1,0 +1,116 @@
+"""Cluster descriptions: a YAML file or the shorthand `2x4xA100-80GB,1x2xH100-80GB@96`."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import ValidationError
+
+from hypersack.core.errors import InvalidInput
+from hypersack.core.types import ClusterSpec, GpuSpec, NodeSpec
+from hypersack.core.validation import format_validation_error
+
+DEFAULT_CORES_PER_GPU = 24
+
+_TERM = re.compile(
+    r"^(?:(?P<nodes>\d+)x)?(?P<gpus>\d+)x(?P<arch>[A-Za-z][A-Za-z0-9_.]*?)"
+    r"-(?P<mem>\d+(?:\.\d+)?)GB(?:@(?P<cores>\d+(?:\.\d+)?))?$"
+)
+
+
+def parse_shorthand(text: str, *, first_node: int = 0) -> ClusterSpec:
+    """`[NODES x] GPUS x ARCH-MEMGB [@CORES]`, comma-separated.
+
+    `2x4xA100-80GB` is two nodes of four A100 with 80 GB each; `@88` sets the node's
+    cores (default: 24 per GPU). Nodes are named node0, node1, ... in order.
+    """
+    nodes: list[NodeSpec] = []
+    terms = [t.strip() for t in text.split(",") if t.strip()]
+    if not terms:
+        raise InvalidInput("empty cluster shorthand; example: 2x4xA100-80GB,1x2xH100-80GB@96")
+    for term in terms:
+        m = _TERM.match(term)
+        if m is None:
+            raise InvalidInput(
+                f"cluster shorthand term {term!r} is not NODESxGPUSxARCH-MEMGB[@CORES] "
+                "(example: 2x4xA100-80GB@88)"
+            )
+        n_nodes = int(m["nodes"] or 1)
+        n_gpus = int(m["gpus"])
+        if n_nodes < 1 or n_gpus < 1:
+            raise InvalidInput(f"cluster shorthand term {term!r}: counts must be at least 1")
+        memory_mib = int(float(m["mem"]) * 1024)
+        cores = float(m["cores"]) if m["cores"] else float(DEFAULT_CORES_PER_GPU * n_gpus)
+        for _ in range(n_nodes):
+            name = f"node{first_node + len(nodes)}"
+            gpus = tuple(
+                GpuSpec(index=i, arch=m["arch"], memory_mib=memory_mib, uuid=f"{name}-gpu{i}")
+                for i in range(n_gpus)
+            )
+            nodes.append(NodeSpec(name=name, cores=cores, gpus=gpus))
+    return ClusterSpec(nodes=tuple(nodes))
+
+
+def cluster_from_dict(data: Any, *, source: str = "cluster") -> ClusterSpec:
+    """The YAML form: `nodes: [{name, cores, gpus: [{arch, memory_mib}] | "4xA100-80GB"}]`."""
+    if not isinstance(data, dict) or "nodes" not in data:
+        raise InvalidInput(f"{source}: expected a mapping with a 'nodes' list")
+    raw_nodes = data["nodes"]
+    if not isinstance(raw_nodes, list) or not raw_nodes:
+        raise InvalidInput(f"{source}: nodes: expected a non-empty list")
+    nodes: list[dict[str, Any]] = []
+    for i, raw in enumerate(raw_nodes):
+        if not isinstance(raw, dict):
+            raise InvalidInput(f"{source}: nodes.{i}: expected a mapping")
+        node = dict(raw)
+        gpus = node.get("gpus")
+        if isinstance(gpus, str):
+            short = parse_shorthand(gpus).nodes
+            if len(short) != 1:
+                raise InvalidInput(f"{source}: nodes.{i}.gpus: give one node's GPUs, like 4xA100-80GB")
+            node["gpus"] = [g.model_dump() for g in short[0].gpus]
+        elif isinstance(gpus, list):
+            node["gpus"] = [
+                {"index": j, **g} if isinstance(g, dict) and "index" not in g else g
+                for j, g in enumerate(gpus)
+            ]
+        node.setdefault("name", f"node{i}")
+        if "cores" not in node and isinstance(node.get("gpus"), list):
+            node["cores"] = DEFAULT_CORES_PER_GPU * max(1, len(node["gpus"]))
+        nodes.append(node)
+    try:
+        spec = ClusterSpec.model_validate({"nodes": nodes})
+    except ValidationError as exc:
+        raise InvalidInput(format_validation_error(exc, source)) from None
+    validate_cluster(spec, source=source)
+    return spec
+
+
+def validate_cluster(spec: ClusterSpec, *, source: str = "cluster") -> None:
+    seen: set[str] = set()
+    for node in spec.nodes:
+        if node.name in seen:
+            raise InvalidInput(f"{source}: duplicate node name {node.name!r}")
+        seen.add(node.name)
+        if not node.gpus:
+            raise InvalidInput(f"{source}: node {node.name!r} has no GPUs")
+        indices = [g.index for g in node.gpus]
+        if len(set(indices)) != len(indices):
+            raise InvalidInput(f"{source}: node {node.name!r} has duplicate GPU indices {indices}")
+
+
+def load_cluster(text_or_path: str) -> ClusterSpec:
+    """A path to a YAML file, or the shorthand itself."""
+    path = Path(text_or_path)
+    if path.suffix in (".yaml", ".yml", ".json") or path.exists():
+        if not path.exists():
+            raise InvalidInput(f"cluster file {str(path)!r} does not exist")
+        try:
+            data = yaml.safe_load(path.read_text())
+        except yaml.YAMLError as exc:
+            raise InvalidInput(f"{path}: not valid YAML: {exc}") from None
+        return cluster_from_dict(data, source=str(path))
+    return parse_shorthand(text_or_path)

@@ -1,0 +1,33 @@
+"""Domain errors. Drivers map them to exit codes (CLI) or status codes (gRPC)."""
+
+from __future__ import annotations
+
+
+class HyperSackError(Exception):
+    """Base of every error HyperSack raises on purpose; the message is for people."""
+
+
+class InvalidInput(HyperSackError):
+    """A search space, cluster, profile file or option is malformed."""
+
+
+class NotFound(HyperSackError):
+    """A study, trial, node or profile that was asked for does not exist."""
+
+
+class AlreadyExists(HyperSackError):
+    """Something with that id or name exists already."""
+
+
+class UnknownName(InvalidInput):
+    """A registry was asked for a name it does not have; the message lists the valid ones."""
+
+    def __init__(self, kind: str, name: str, valid: list[str]) -> None:
+        super().__init__(f"unknown {kind} {name!r}; valid: {', '.join(sorted(valid))}")
+        self.kind = kind
+        self.name = name
+        self.valid = sorted(valid)
+
+
+class StaleEvent(HyperSackError):
+    """An event names a trial or node that does not hold what the event claims."""

@@ -1,0 +1,143 @@
+"""Domain types. Frozen pydantic models: values, never shared mutable state."""
+
+from __future__ import annotations
+
+import math
+from enum import Enum
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class Frozen(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+class WorkloadKey(Frozen):
+    """What decides a trial's demand on a GPU: trials with equal keys share one profile."""
+
+    model: str
+    batch_size: int = Field(gt=0)
+    optimizer: str = "sgd"
+    precision: str = "fp32"
+    fusion_width: int = Field(default=1, gt=0)
+
+    def label(self) -> str:
+        return (
+            f"{self.model}/b{self.batch_size}/{self.optimizer}/{self.precision}"
+            f"/k{self.fusion_width}"
+        )
+
+
+class Demand(Frozen):
+    """What one trial needs from one GPU (compute, memory) and its node (cores)."""
+
+    compute_pct: float = Field(ge=0)
+    memory_mib: int = Field(ge=0)
+    cores: float = Field(ge=0)
+
+
+class Profile(Frozen):
+    """A workload measured (or estimated) on one GPU architecture."""
+
+    key: WorkloadKey
+    arch: str
+    demand: Demand
+    iter_time_s: float = Field(gt=0)
+    iters_per_epoch: int = Field(gt=0)
+    data_fraction: float = Field(default=0.0, ge=0, le=1)
+    source: str = "measured"
+
+    def run_time_s(self, epochs: float) -> float:
+        """Expected run time of a whole trial, inferred from the time per iteration."""
+        return self.iter_time_s * self.iters_per_epoch * epochs
+
+
+class GpuSpec(Frozen):
+    index: int = Field(ge=0)
+    arch: str
+    memory_mib: int = Field(gt=0)
+    uuid: str = ""
+
+
+class NodeSpec(Frozen):
+    name: str = Field(min_length=1)
+    cores: float = Field(gt=0)
+    gpus: tuple[GpuSpec, ...]
+
+
+class ClusterSpec(Frozen):
+    nodes: tuple[NodeSpec, ...]
+
+    def gpu_count(self) -> int:
+        return sum(len(n.gpus) for n in self.nodes)
+
+    def archs(self) -> set[str]:
+        return {g.arch for n in self.nodes for g in n.gpus}
+
+
+class TrialState(str, Enum):
+    PENDING = "PENDING"
+    PROFILING = "PROFILING"
+    RUNNING = "RUNNING"
+    COMPLETED = "COMPLETED"
+    FAILED = "FAILED"
+    CANCELLED = "CANCELLED"
+
+    @property
+    def terminal(self) -> bool:
+        return self in (TrialState.COMPLETED, TrialState.FAILED, TrialState.CANCELLED)
+
+
+class StudyState(str, Enum):
+    ACTIVE = "ACTIVE"
+    COMPLETED = "COMPLETED"
+    CANCELLED = "CANCELLED"
+
+
+class TrialRecord(Frozen):
+    """A trial as the Store keeps it. Changes make a new record (`model_copy(update=...)`)."""
+
+    id: str
+    study_id: str
+    coords: tuple[int, ...]
+    params: dict[str, Any]
+    key: WorkloadKey
+    epochs: float = Field(gt=0)
+    state: TrialState = TrialState.PENDING
+    failures: int = 0
+    launches: int = 0
+    memory_override_mib: int | None = None
+    node: str | None = None
+    gpu_index: int | None = None
+    demand: Demand | None = None
+    started_at: float | None = None
+    finished_at: float | None = None
+    metrics: dict[str, float] = Field(default_factory=dict)
+    objective: float | None = None
+    reason: str = ""
+    log_tail: str = ""
+
+
+class StudyRecord(Frozen):
+    id: str
+    name: str
+    space: dict[str, Any]
+    state: StudyState = StudyState.ACTIVE
+    submitted_at: float = 0.0
+    seq: int = 0
+
+
+class NodeRecord(Frozen):
+    spec: NodeSpec
+    draining: bool = False
+
+
+def ceil_units(value: float, scale: int) -> int:
+    """A demand in integer units, rounded up (never under-reserve)."""
+    return math.ceil(round(value * scale, 6))
+
+
+def floor_units(value: float, scale: int) -> int:
+    """A capacity in integer units, rounded down (never over-promise)."""
+    return math.floor(round(value * scale, 6))

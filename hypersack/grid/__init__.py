@@ -1,0 +1,1 @@
+"""Search spaces, their expansion into trials, and the trial state machine."""

@@ -1,0 +1,25 @@
+"""The trial state machine: which transitions are legal, in one table."""
+
+from __future__ import annotations
+
+from hypersack.core.errors import StaleEvent
+from hypersack.core.types import TrialState
+
+S = TrialState
+
+TRANSITIONS: dict[TrialState, frozenset[TrialState]] = {
+    # PENDING <-> PROFILING: the workload waits for (or regains) a profile.
+    S.PENDING: frozenset({S.PROFILING, S.RUNNING, S.FAILED, S.CANCELLED}),
+    # PROFILING -> RUNNING: a reconnecting agent reports it still runs the trial.
+    S.PROFILING: frozenset({S.PENDING, S.RUNNING, S.FAILED, S.CANCELLED}),
+    # RUNNING -> PENDING: retried after a failure, out of memory, or a lost node.
+    S.RUNNING: frozenset({S.PENDING, S.COMPLETED, S.FAILED, S.CANCELLED}),
+    S.COMPLETED: frozenset(),
+    S.FAILED: frozenset(),
+    S.CANCELLED: frozenset(),
+}
+
+
+def check_transition(trial_id: str, old: TrialState, new: TrialState) -> None:
+    if new not in TRANSITIONS[old]:
+        raise StaleEvent(f"trial {trial_id}: no transition {old.value} -> {new.value}")

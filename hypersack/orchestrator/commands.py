@@ -1,0 +1,40 @@
+"""Commands: what the orchestrator wants done. Drivers carry them to agents."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Union
+
+from hypersack.core.types import Demand, WorkloadKey
+
+
+@dataclass(frozen=True)
+class LaunchTrial:
+    trial_id: str
+    study_id: str
+    node: str
+    gpu_index: int
+    params: dict[str, Any]
+    key: WorkloadKey
+    demand: Demand
+    epochs: float
+
+
+@dataclass(frozen=True)
+class KillTrial:
+    trial_id: str
+    node: str
+    reason: str
+
+
+@dataclass(frozen=True)
+class ProfileWorkload:
+    key: WorkloadKey
+    arch: str
+    node: str
+    gpu_index: int
+    iterations: int
+    warmup: int
+
+
+Command = Union[LaunchTrial, KillTrial, ProfileWorkload]

@@ -1,0 +1,115 @@
+"""Events: what happened. The drivers (server, embedded run, simulator) produce them."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Union
+
+from hypersack.core.types import NodeSpec, Profile, WorkloadKey
+from hypersack.grid.space import SearchSpace
+
+
+@dataclass(frozen=True)
+class RunningTrial:
+    trial_id: str
+    gpu_index: int
+
+
+@dataclass(frozen=True)
+class StudySubmitted:
+    space: SearchSpace
+
+
+@dataclass(frozen=True)
+class StudyCancelled:
+    study_id: str
+
+
+@dataclass(frozen=True)
+class NodeJoined:
+    """A node registered (or re-registered after a lost connection), with what it still runs."""
+
+    node: NodeSpec
+    running: tuple[RunningTrial, ...] = ()
+
+
+@dataclass(frozen=True)
+class Heartbeat:
+    node: str
+    running: tuple[RunningTrial, ...] = ()
+
+
+@dataclass(frozen=True)
+class NodeLost:
+    node: str
+    reason: str = "lost"
+
+
+@dataclass(frozen=True)
+class NodeDrained:
+    node: str
+
+
+@dataclass(frozen=True)
+class TrialStarted:
+    trial_id: str
+    node: str
+
+
+@dataclass(frozen=True)
+class TrialProgress:
+    trial_id: str
+    node: str
+    step: int
+    metrics: dict[str, float] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class TrialFinished:
+    trial_id: str
+    node: str
+    metrics: dict[str, float] = field(default_factory=dict)
+    objective: float | None = None
+
+
+@dataclass(frozen=True)
+class TrialFailed:
+    trial_id: str
+    node: str
+    exit_code: int
+    log_tail: str = ""
+
+
+@dataclass(frozen=True)
+class TrialOutOfMemory:
+    trial_id: str
+    node: str
+    observed_memory_mib: int = 0
+
+
+@dataclass(frozen=True)
+class ProfileMeasured:
+    profile: Profile
+    node: str = ""
+
+
+@dataclass(frozen=True)
+class ProfileFailed:
+    key: WorkloadKey
+    arch: str
+    node: str
+    reason: str
+
+
+@dataclass(frozen=True)
+class Tick:
+    pass
+
+
+Event = Union[
+    StudySubmitted, StudyCancelled, NodeJoined, Heartbeat, NodeLost, NodeDrained,
+    TrialStarted, TrialProgress, TrialFinished, TrialFailed, TrialOutOfMemory,
+    ProfileMeasured, ProfileFailed, Tick,
+]
+
+

@@ -1,0 +1,222 @@
+"""The policy interface and its snapshot types, in integer units so that sums are exact.
+
+Compute is in hundredths of a percent of one GPU (10000 = 100 %), memory in MiB, cores
+in thousandths of a core. A GPU's compute capacity is already scaled by its
+oversubscription ratio. Demands are rounded up and capacities down when converted.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import NamedTuple, Protocol
+
+from hypersack.core.types import Demand, ceil_units, floor_units
+
+COMPUTE_SCALE = 100  # units per compute percent
+CORE_SCALE = 1000  # units per core
+
+
+class Need(NamedTuple):
+    compute: int
+    memory: int
+    cores: int
+
+    @classmethod
+    def of(cls, demand: Demand) -> Need:
+        return cls(ceil_units(demand.compute_pct, COMPUTE_SCALE), demand.memory_mib,
+                   ceil_units(demand.cores, CORE_SCALE))
+
+
+def compute_capacity(ratio: float) -> int:
+    """Scaled compute of one GPU: ratio x 100 %, in units."""
+    return floor_units(ratio * 100.0, COMPUTE_SCALE)
+
+
+def core_units(cores: float) -> int:
+    return floor_units(cores, CORE_SCALE)
+
+
+@dataclass(frozen=True)
+class Item:
+    """One placement item (a trial, or later a fused group) and its need per architecture."""
+
+    id: str
+    needs: Mapping[str, Need]
+    run_time_s: float = 0.0
+
+
+@dataclass(frozen=True)
+class GpuBin:
+    node: str
+    index: int
+    arch: str
+    compute: int  # free scaled compute
+    memory: int  # free MiB
+    total_compute: int = -1  # scaled compute when empty (-1: same as free)
+    total_memory: int = -1
+    slots: int | None = None  # how many more items it may take (None: no limit)
+
+
+@dataclass(frozen=True)
+class NodeBin:
+    name: str
+    cores: int  # free core units
+    gpus: tuple[GpuBin, ...]
+    total_cores: int = -1
+
+
+@dataclass(frozen=True)
+class ClusterView:
+    nodes: tuple[NodeBin, ...]
+
+    def gpus(self) -> list[GpuBin]:
+        return [g for n in self.nodes for g in n.gpus]
+
+
+@dataclass(frozen=True)
+class Placement:
+    item_id: str
+    node: str
+    gpu_index: int
+
+
+@dataclass(frozen=True)
+class Plan:
+    placements: tuple[Placement, ...]
+    unplaced: tuple[str, ...]
+    solve_time_s: float
+    objective: int  # placed compute units
+    status: str = "heuristic"  # or the solver's: OPTIMAL, FEASIBLE, ...
+    bound: int | None = None  # a proven upper bound on the objective, where known
+    info: dict[str, float] = field(default_factory=dict)
+
+    def gap(self) -> float | None:
+        """Proven relative gap to the optimum, where the policy knows a bound."""
+        if self.bound is None:
+            return None
+        if self.bound <= 0:
+            return 0.0
+        return max(0.0, (self.bound - self.objective) / self.bound)
+
+
+class Policy(Protocol):
+    name: str
+
+    def place(self, items: Sequence[Item], cluster: ClusterView) -> Plan:
+        """Choose a GPU for as many items as fit. Must not mutate its inputs."""
+        ...
+
+
+class Flat:
+    """The cluster as parallel lists indexed by GPU position: what the policies work on."""
+
+    def __init__(self, cluster: ClusterView) -> None:
+        self.node_names = [n.name for n in cluster.nodes]
+        self.node_cores = [n.cores for n in cluster.nodes]
+        self.node_of: list[int] = []
+        self.arch: list[str] = []
+        self.index: list[int] = []
+        self.compute: list[int] = []
+        self.memory: list[int] = []
+        self.slots: list[int] = []
+        big = 1 << 60
+        for ni, node in enumerate(cluster.nodes):
+            for g in node.gpus:
+                self.node_of.append(ni)
+                self.arch.append(g.arch)
+                self.index.append(g.index)
+                self.compute.append(g.compute)
+                self.memory.append(g.memory)
+                self.slots.append(big if g.slots is None else g.slots)
+
+    def __len__(self) -> int:
+        return len(self.arch)
+
+    def fits(self, g: int, need: Need) -> bool:
+        return (self.compute[g] >= need.compute and self.memory[g] >= need.memory
+                and self.slots[g] > 0 and self.node_cores[self.node_of[g]] >= need.cores)
+
+    def take(self, g: int, need: Need) -> None:
+        self.compute[g] -= need.compute
+        self.memory[g] -= need.memory
+        self.slots[g] -= 1
+        self.node_cores[self.node_of[g]] -= need.cores
+
+    def placement(self, item_id: str, g: int) -> Placement:
+        return Placement(item_id, self.node_names[self.node_of[g]], self.index[g])
+
+
+def check_plan(items: Sequence[Item], cluster: ClusterView, plan: Plan) -> None:
+    """The invariants every policy keeps; raises AssertionError naming the broken one."""
+    by_id = {it.id: it for it in items}
+    assert len(by_id) == len(items), "item ids must be unique"
+    placed = [p.item_id for p in plan.placements]
+    assert len(set(placed)) == len(placed), "an item was placed twice"
+    assert set(placed) | set(plan.unplaced) == set(by_id), "every item is placed or unplaced"
+    assert not set(placed) & set(plan.unplaced), "an item is both placed and unplaced"
+    flat = Flat(cluster)
+    where = {(flat.node_names[flat.node_of[g]], flat.index[g]): g for g in range(len(flat))}
+    objective = 0
+    for p in plan.placements:
+        g = where.get((p.node, p.gpu_index))
+        assert g is not None, f"placement on unknown GPU {p.node}:{p.gpu_index}"
+        need = by_id[p.item_id].needs.get(flat.arch[g])
+        assert need is not None, f"{p.item_id} placed on {flat.arch[g]} without a need for it"
+        flat.take(g, need)
+        objective += need.compute
+    for g in range(len(flat)):
+        assert flat.compute[g] >= 0, f"GPU {g} over its scaled compute"
+        assert flat.memory[g] >= 0, f"GPU {g} over its memory"
+        assert flat.slots[g] >= 0, f"GPU {g} over its slots"
+    for ni, cores in enumerate(flat.node_cores):
+        assert cores >= 0, f"node {flat.node_names[ni]} over its cores"
+    assert objective == plan.objective, f"objective {plan.objective} != placed compute {objective}"
+
+
+def why_unplaced(item: Item, cluster: ClusterView, after: Plan, items: Sequence[Item]) -> str:
+    """A person's answer to 'why is this trial still pending?' after a plan."""
+    gpus = [(n, g) for n in cluster.nodes for g in n.gpus]
+    usable = [(n, g) for n, g in gpus if g.arch in item.needs]
+    if not usable:
+        archs = sorted({g.arch for _, g in gpus})
+        return (f"no profile for the cluster's architectures {archs}"
+                if archs else "no GPU in the cluster")
+
+    def describe(need: Need) -> str:
+        return (f"{need.compute / COMPUTE_SCALE:g}% compute, {need.memory} MiB, "
+                f"{need.cores / CORE_SCALE:g} cores")
+
+    never = True
+    for n, g in usable:
+        need = item.needs[g.arch]
+        tc = g.total_compute if g.total_compute >= 0 else g.compute
+        tm = g.total_memory if g.total_memory >= 0 else g.memory
+        tq = n.total_cores if n.total_cores >= 0 else n.cores
+        if need.compute <= tc and need.memory <= tm and need.cores <= tq:
+            never = False
+    if never:
+        first = item.needs[usable[0][1].arch]
+        return f"needs {describe(first)}: more than any GPU or node offers when empty"
+    flat = Flat(cluster)
+    by_id = {it.id: it for it in items}
+    where = {(flat.node_names[flat.node_of[g]], flat.index[g]): g for g in range(len(flat))}
+    for p in after.placements:
+        g = where[(p.node, p.gpu_index)]
+        flat.take(g, by_id[p.item_id].needs[flat.arch[g]])
+    short = {"compute": 0, "memory": 0, "cores": 0, "slots": 0}
+    for g in range(len(flat)):
+        need = item.needs.get(flat.arch[g])
+        if need is None:
+            continue
+        if flat.slots[g] <= 0:
+            short["slots"] += 1
+        elif flat.compute[g] < need.compute:
+            short["compute"] += 1
+        elif flat.memory[g] < need.memory:
+            short["memory"] += 1
+        elif flat.node_cores[flat.node_of[g]] < need.cores:
+            short["cores"] += 1
+    parts = [f"{v} short of {k}" for k, v in short.items() if v]
+    return f"waiting for capacity: needs {describe(item.needs[usable[0][1].arch])}; GPUs " + (
+        ", ".join(parts) if parts else "fit but the policy did not choose one")

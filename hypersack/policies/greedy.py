@@ -1,0 +1,144 @@
+"""The paper's greedy rules: first fit and worst fit, each plain or 'decreasing'.
+
+"Decreasing" sorts items by expected run time, longest first (so long trials start
+early and overlap with short ones). First fit walks nodes, then GPUs, in order and
+takes the first GPU whose scaled compute, memory and node cores all fit. Worst fit
+takes, among the GPUs that fit, the one with the most free scaled compute (ties: the
+first in order). Both are exact implementations of those rules; two observations make
+them fast without changing any decision:
+- capacity only shrinks during one decision, so a need that fitted nowhere fits nowhere
+  later: identical needs are rejected from a cache;
+- worst fit keeps the GPUs in a heap by free compute, and first fit skips the prefix of
+  GPUs too full for the smallest need in the batch.
+"""
+
+from __future__ import annotations
+
+import heapq
+import time
+from collections.abc import Mapping, Sequence
+
+from hypersack.policies.base import ClusterView, Flat, Item, Need, Placement, Plan
+
+
+def _order(items: Sequence[Item], decreasing: bool) -> list[int]:
+    if not decreasing:
+        return list(range(len(items)))
+    # Stable sort: equal run times keep their submission order.
+    return sorted(range(len(items)), key=lambda i: -items[i].run_time_s)
+
+
+class GreedyPolicy:
+    def __init__(self, name: str, *, decreasing: bool, worst: bool) -> None:
+        self.name = name
+        self.decreasing = decreasing
+        self.worst = worst
+
+    def place(self, items: Sequence[Item], cluster: ClusterView) -> Plan:
+        start = time.perf_counter()
+        flat = Flat(cluster)
+        order = _order(items, self.decreasing)
+        if self.worst:
+            chosen = _worst_fit(items, order, flat)
+        else:
+            chosen = _first_fit(items, order, flat)
+        placements: list[Placement] = []
+        placed: set[int] = set()
+        objective = 0
+        for i, g in chosen:
+            placements.append(flat.placement(items[i].id, g))
+            objective += items[i].needs[flat.arch[g]].compute
+            placed.add(i)
+        unplaced = tuple(items[i].id for i in order if i not in placed)
+        return Plan(placements=tuple(placements), unplaced=unplaced,
+                    solve_time_s=time.perf_counter() - start, objective=objective)
+
+
+def _signature(needs: Mapping[str, Need], cache: dict[int, tuple[tuple[str, Need], ...]]
+               ) -> tuple[tuple[str, Need], ...]:
+    # Items of one workload share one needs mapping, so this sorts once per workload.
+    sig = cache.get(id(needs))
+    if sig is None:
+        sig = tuple(sorted(needs.items()))
+        cache[id(needs)] = sig
+    return sig
+
+
+def _minimum(items: Sequence[Item]) -> Need:
+    needs = [n for it in items for n in it.needs.values()]
+    if not needs:
+        return Need(0, 0, 0)
+    return Need(min(n.compute for n in needs), min(n.memory for n in needs),
+                min(n.cores for n in needs))
+
+
+def _first_fit(items: Sequence[Item], order: list[int], flat: Flat) -> list[tuple[int, int]]:
+    low = _minimum(items)
+
+    def closed(g: int) -> bool:
+        return flat.compute[g] < low.compute or flat.memory[g] < low.memory or flat.slots[g] <= 0
+
+    first_open = 0
+    n_gpus = len(flat)
+    while first_open < n_gpus and closed(first_open):
+        first_open += 1
+    failed: set[tuple[tuple[str, Need], ...]] = set()
+    sigs: dict[int, tuple[tuple[str, Need], ...]] = {}
+    chosen: list[tuple[int, int]] = []
+    arch = flat.arch
+    for i in order:
+        needs = items[i].needs
+        sig = _signature(needs, sigs)
+        if sig in failed:
+            continue
+        for g in range(first_open, n_gpus):
+            need = needs.get(arch[g])
+            if need is not None and flat.fits(g, need):
+                flat.take(g, need)
+                chosen.append((i, g))
+                while first_open < n_gpus and closed(first_open):
+                    first_open += 1
+                break
+        else:
+            failed.add(sig)
+    return chosen
+
+
+def _worst_fit(items: Sequence[Item], order: list[int], flat: Flat) -> list[tuple[int, int]]:
+    low = _minimum(items)
+    heap = [(-flat.compute[g], g) for g in range(len(flat))
+            if flat.slots[g] > 0 and flat.memory[g] >= low.memory]
+    heapq.heapify(heap)
+    failed: set[tuple[tuple[str, Need], ...]] = set()
+    sigs: dict[int, tuple[tuple[str, Need], ...]] = {}
+    chosen: list[tuple[int, int]] = []
+    arch = flat.arch
+    for i in order:
+        needs = items[i].needs
+        sig = _signature(needs, sigs)
+        if sig in failed:
+            continue
+        least = min(n.compute for n in needs.values()) if needs else 0
+        aside: list[tuple[int, int]] = []
+        pick = -1
+        while heap and -heap[0][0] >= least:
+            entry = heapq.heappop(heap)
+            g = entry[1]
+            need = needs.get(arch[g])
+            if need is not None and flat.fits(g, need):
+                flat.take(g, need)
+                pick = g
+                break
+            # Keep a GPU for later items only while it can still take the smallest need.
+            if (flat.memory[g] >= low.memory
+                    and flat.node_cores[flat.node_of[g]] >= low.cores):
+                aside.append(entry)
+        for entry in aside:
+            heapq.heappush(heap, entry)
+        if pick < 0:
+            failed.add(sig)
+            continue
+        chosen.append((i, pick))
+        if flat.slots[pick] > 0 and flat.memory[pick] >= low.memory:
+            heapq.heappush(heap, (-flat.compute[pick], pick))
+    return chosen

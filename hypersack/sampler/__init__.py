@@ -1,0 +1,1 @@
+"""Demands per (workload, GPU architecture): the profile history and profile files."""

@@ -1,0 +1,1 @@
+"""The simulator: the real orchestrator on a virtual clock with simulated agents."""

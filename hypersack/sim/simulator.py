@@ -1,0 +1,285 @@
+"""A discrete-event simulation: the real Orchestrator, a virtual clock, simulated agents.
+
+The simulator is wiring, not a mode of the core: it feeds the orchestrator the events a
+cluster would send (nodes joining, trials finishing, profiles measured, nodes lost) at
+the virtual times the interference model gives, and carries out its commands.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+import logging
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+from hypersack.core.clock import ManualClock
+from hypersack.core.types import ClusterSpec, Profile, StudyState, TrialState
+from hypersack.grid.space import SearchSpace
+from hypersack.orchestrator.commands import Command, KillTrial, LaunchTrial, ProfileWorkload
+from hypersack.orchestrator.events import (
+    Event,
+    NodeJoined,
+    NodeLost,
+    ProfileFailed,
+    ProfileMeasured,
+    StudySubmitted,
+    TrialFinished,
+)
+from hypersack.orchestrator.orchestrator import Orchestrator, OrchestratorConfig
+from hypersack.sim.interference import Interference, SharedTrial
+from hypersack.store.base import Store
+from hypersack.store.memory import MemoryStore
+
+log = logging.getLogger(__name__)
+
+_EPS = 1e-9
+PROFILE_SETUP_S = 5.0  # process start and model build before the first profiled iteration
+
+
+@dataclass(frozen=True)
+class Segment:
+    """One trial's run on one GPU, for timelines and Gantt charts."""
+
+    trial_id: str
+    model: str
+    node: str
+    gpu_index: int
+    start_s: float
+    end_s: float
+    outcome: str  # COMPLETED, KILLED, LOST, PROFILE
+
+
+@dataclass
+class SimResult:
+    makespan_s: float
+    completed: int
+    failed: int
+    trials: int
+    launches: int
+    mean_occupancy: float  # time-mean share of scaled compute in use, over GPUs
+    mean_busy: float  # time-mean share of GPUs running at least one trial
+    decisions: int
+    decision_time_s: float
+    profile_jobs: int
+    gpus: list[tuple[str, int, str]]
+    timeline: list[Segment] = field(default_factory=list)
+    stuck: bool = False
+
+    def summary(self) -> dict[str, float | int | bool]:
+        return {
+            "makespan_s": round(self.makespan_s, 3), "completed": self.completed,
+            "failed": self.failed, "trials": self.trials, "launches": self.launches,
+            "mean_occupancy": round(self.mean_occupancy, 4),
+            "mean_busy": round(self.mean_busy, 4), "decisions": self.decisions,
+            "decision_time_ms": round(self.decision_time_s * 1000, 3),
+            "profile_jobs": self.profile_jobs, "stuck": self.stuck,
+        }
+
+
+@dataclass
+class _Running:
+    trial_id: str
+    model: str
+    node: str
+    gpu_index: int
+    work_left_s: float
+    shared: SharedTrial
+    compute_pct: float
+    start_s: float
+    rate: float = 1.0
+
+
+class Simulation:
+    """Run one study to the end on a simulated cluster.
+
+    `truth` is what the workloads really need (the simulated hardware's behaviour);
+    `history` is what the scheduler knows beforehand (None: the same as truth; an empty
+    list: every workload is profiled first). `faults` are (time, event) pairs injected
+    at virtual times, such as NodeLost or NodeJoined.
+    """
+
+    def __init__(self, space: SearchSpace, cluster: ClusterSpec, truth: Sequence[Profile], *,
+                 config: OrchestratorConfig | None = None,
+                 history: Sequence[Profile] | None = None,
+                 interference: Interference | None = None,
+                 store: Store | None = None,
+                 faults: Sequence[tuple[float, Event]] = (),
+                 max_time_s: float = 1e9,
+                 on_event: Callable[[float, Event], None] | None = None) -> None:
+        self.space = space
+        self.cluster = cluster
+        self.truth = {(p.key, p.arch): p for p in truth}
+        self.config = config or OrchestratorConfig()
+        self.interference = interference or Interference()
+        self.store = store or MemoryStore()
+        for p in truth if history is None else history:
+            self.store.put_profile(p)
+        self.clock = ManualClock(0.0)
+        self.orchestrator = Orchestrator(self.store, self.clock, self.config)
+        self.faults = list(faults)
+        self.max_time_s = max_time_s
+        self.on_event = on_event
+        self._arch = {(n.name, g.index): g.arch for n in cluster.nodes for g in n.gpus}
+        self._cores = {n.name: n.cores for n in cluster.nodes}
+        for _, ev in self.faults:
+            if isinstance(ev, NodeJoined):
+                self._cores[ev.node.name] = ev.node.cores
+                for g in ev.node.gpus:
+                    self._arch[ev.node.name, g.index] = g.arch
+
+    def run(self) -> SimResult:
+        seq = itertools.count()
+        queue: list[tuple[float, int, Event]] = []
+        for node in self.cluster.nodes:
+            heapq.heappush(queue, (0.0, next(seq), NodeJoined(node)))
+        heapq.heappush(queue, (0.0, next(seq), StudySubmitted(self.space)))
+        for at, ev in self.faults:
+            heapq.heappush(queue, (at, next(seq), ev))
+        running: dict[str, _Running] = {}
+        timeline: list[Segment] = []
+        study_id: str | None = None
+        occupancy_area = busy_area = 0.0
+        profile_jobs = 0
+        live_gpus: set[tuple[str, int]] = set()
+        gpu_area = 0.0  # GPU-seconds that existed (for means under elasticity)
+        now = 0.0
+
+        def apply(commands: list[Command]) -> None:
+            nonlocal profile_jobs
+            for cmd in commands:
+                if isinstance(cmd, LaunchTrial):
+                    arch = self._arch[cmd.node, cmd.gpu_index]
+                    true = self.truth.get((cmd.key, arch))
+                    if true is None:
+                        raise RuntimeError(f"simulator has no true profile for "
+                                           f"{cmd.key.label()} on {arch}")
+                    running[cmd.trial_id] = _Running(
+                        cmd.trial_id, cmd.key.model, cmd.node, cmd.gpu_index,
+                        true.run_time_s(cmd.epochs),
+                        SharedTrial(true.demand.compute_pct, true.demand.cores,
+                                    true.data_fraction),
+                        cmd.demand.compute_pct, now)
+                elif isinstance(cmd, KillTrial):
+                    r = running.pop(cmd.trial_id, None)
+                    if r is not None:
+                        timeline.append(Segment(r.trial_id, r.model, r.node, r.gpu_index,
+                                                r.start_s, now, "KILLED"))
+                elif isinstance(cmd, ProfileWorkload):
+                    profile_jobs += 1
+                    true = self.truth.get((cmd.key, cmd.arch))
+                    iters = cmd.iterations + cmd.warmup
+                    done = now + PROFILE_SETUP_S + iters * (true.iter_time_s if true else 1.0)
+                    ev: Event
+                    if true is None:
+                        ev = ProfileFailed(cmd.key, cmd.arch, cmd.node,
+                                           "crashed: the workload does not run on this GPU")
+                    else:
+                        ev = ProfileMeasured(true.model_copy(update={"source": "measured"}),
+                                             cmd.node)
+                    timeline.append(Segment(f"profile:{cmd.key.label()}", cmd.key.model,
+                                            cmd.node, cmd.gpu_index, now, done, "PROFILE"))
+                    heapq.heappush(queue, (done, next(seq), ev))
+
+        def handle(ev: Event) -> None:
+            nonlocal study_id
+            if self.on_event is not None:
+                self.on_event(now, ev)
+            if isinstance(ev, NodeLost):
+                for tid in [t for t, r in running.items() if r.node == ev.node]:
+                    r = running.pop(tid)
+                    timeline.append(Segment(r.trial_id, r.model, r.node, r.gpu_index,
+                                            r.start_s, now, "LOST"))
+                for key in [k for k in live_gpus if k[0] == ev.node]:
+                    live_gpus.discard(key)
+            if isinstance(ev, NodeJoined):
+                live_gpus.update((ev.node.name, g.index) for g in ev.node.gpus)
+            if isinstance(ev, (ProfileMeasured, ProfileFailed)) and ev.node not in {
+                    n for n, _ in live_gpus}:
+                return  # the node that profiled is gone; the orchestrator asks again
+            apply(self.orchestrator.handle(ev))
+            if isinstance(ev, StudySubmitted) and study_id is None:
+                study_id = self.orchestrator.studies()[-1].id
+
+        while True:
+            if study_id is not None and self.orchestrator.study(study_id).state != StudyState.ACTIVE:
+                break
+            self._update_rates(running)
+            finish_at = {t: now + r.work_left_s / r.rate for t, r in running.items()}
+            next_finish = min(finish_at.values(), default=float("inf"))
+            next_event = queue[0][0] if queue else float("inf")
+            nxt = min(next_finish, next_event)
+            if nxt == float("inf") or nxt > self.max_time_s:
+                break
+            dt = nxt - now
+            if dt > 0:
+                occupancy_area += dt * self._occupancy(running, live_gpus)
+                busy = {(r.node, r.gpu_index) for r in running.values()}
+                busy_area += dt * len(busy)
+                gpu_area += dt * len(live_gpus)
+                for r in running.values():
+                    r.work_left_s -= r.rate * dt
+            now = nxt
+            self.clock.set(now)
+            if next_finish <= next_event:
+                done = sorted(t for t, at in finish_at.items() if at <= nxt + _EPS * max(1.0, nxt))
+                for tid in done:
+                    r = running.pop(tid)
+                    timeline.append(Segment(r.trial_id, r.model, r.node, r.gpu_index,
+                                            r.start_s, now, "COMPLETED"))
+                    handle(TrialFinished(tid, r.node, {"sim_time_s": now - r.start_s},
+                                         objective=None))
+            else:
+                _, _, ev = heapq.heappop(queue)
+                handle(ev)
+
+        trials = self.orchestrator.trials(study_id) if study_id else []
+        stuck = bool(study_id) and self.orchestrator.study(study_id or "").state == StudyState.ACTIVE
+        gpus = sorted({(n.name, g.index, g.arch) for n in self.cluster.nodes for g in n.gpus})
+        return SimResult(
+            makespan_s=now,
+            completed=sum(t.state == TrialState.COMPLETED for t in trials),
+            failed=sum(t.state == TrialState.FAILED for t in trials),
+            trials=len(trials),
+            launches=sum(t.launches for t in trials),
+            mean_occupancy=occupancy_area / gpu_area if gpu_area else 0.0,
+            mean_busy=busy_area / gpu_area if gpu_area else 0.0,
+            decisions=self.orchestrator.decision_count,
+            decision_time_s=self.orchestrator.decision_time_s,
+            profile_jobs=profile_jobs,
+            gpus=gpus,
+            timeline=timeline,
+            stuck=stuck,
+        )
+
+    def _update_rates(self, running: dict[str, _Running]) -> None:
+        by_gpu: dict[tuple[str, int], list[_Running]] = {}
+        by_node: dict[str, list[SharedTrial]] = {}
+        for r in running.values():
+            by_gpu.setdefault((r.node, r.gpu_index), []).append(r)
+            by_node.setdefault(r.node, []).append(r.shared)
+        cpu = {n: self.interference.cpu_slowdown(self._cores[n], ts) for n, ts in by_node.items()}
+        for (node, idx), rs in by_gpu.items():
+            gpu = self.interference.gpu_slowdown(self._arch[node, idx], [r.shared for r in rs])
+            for r in rs:
+                r.rate = self.interference.rate(r.shared, gpu, cpu[node])
+
+    def _occupancy(self, running: dict[str, _Running], live: set[tuple[str, int]]) -> float:
+        """Sum over live GPUs of the scaled-compute share in use."""
+        used: dict[tuple[str, int], float] = {}
+        for r in running.values():
+            used[r.node, r.gpu_index] = used.get((r.node, r.gpu_index), 0.0) + r.compute_pct
+        total = 0.0
+        for key, pct in used.items():
+            if key in live:
+                cap = 100.0 * self.config.ratio(self._arch[key],
+                                                self.space.settings.oversubscription)
+                total += min(1.0, pct / cap)
+        return total
+
+
+def baseline_config(config: OrchestratorConfig) -> OrchestratorConfig:
+    """The same settings, one trial per GPU: what the paper compares against."""
+    from dataclasses import replace
+
+    return replace(config, exclusive=True)

@@ -1,0 +1,75 @@
+"""The Store interface. One contract test suite runs against every implementation."""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Sequence
+from contextlib import AbstractContextManager
+
+from hypersack.core.types import NodeRecord, Profile, StudyRecord, TrialRecord, WorkloadKey
+
+
+class Store(ABC):
+    """All writes inside `transaction()` land together or not at all.
+
+    Single writer: the server (or the embedded driver) owns the store.
+    """
+
+    @abstractmethod
+    def transaction(self) -> AbstractContextManager[None]:
+        """Group writes; nested calls join the outer transaction."""
+
+    @abstractmethod
+    def add_study(self, study: StudyRecord, trials: Sequence[TrialRecord]) -> None:
+        """Raises AlreadyExists if the study id or a trial id exists."""
+
+    @abstractmethod
+    def update_study(self, study: StudyRecord) -> None:
+        """Raises NotFound for an unknown study."""
+
+    @abstractmethod
+    def get_study(self, study_id: str) -> StudyRecord: ...
+
+    @abstractmethod
+    def list_studies(self) -> list[StudyRecord]:
+        """In submission order (seq)."""
+
+    @abstractmethod
+    def get_trial(self, trial_id: str) -> TrialRecord: ...
+
+    @abstractmethod
+    def list_trials(self, study_id: str | None = None) -> list[TrialRecord]:
+        """Ordered by trial id (which follows the expansion order within a study)."""
+
+    @abstractmethod
+    def update_trial(self, trial: TrialRecord) -> None:
+        """Raises NotFound for an unknown trial."""
+
+    @abstractmethod
+    def put_node(self, node: NodeRecord) -> None: ...
+
+    @abstractmethod
+    def remove_node(self, name: str) -> None:
+        """Removing an unknown node is not an error."""
+
+    @abstractmethod
+    def list_nodes(self) -> list[NodeRecord]: ...
+
+    @abstractmethod
+    def put_profile(self, profile: Profile) -> None:
+        """Insert or replace the profile of (key, arch)."""
+
+    @abstractmethod
+    def get_profile(self, key: WorkloadKey, arch: str) -> Profile | None: ...
+
+    @abstractmethod
+    def list_profiles(self) -> list[Profile]: ...
+
+    def close(self) -> None:  # noqa: B027 - optional hook
+        """Release resources; the default has none."""
+
+    def __enter__(self) -> Store:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

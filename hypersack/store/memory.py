@@ -1,0 +1,108 @@
+"""An in-memory Store for tests and the simulator; transactions roll back through an undo log."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from typing import Any
+
+from hypersack.core.errors import AlreadyExists, NotFound
+from hypersack.core.types import NodeRecord, Profile, StudyRecord, TrialRecord, WorkloadKey
+from hypersack.store.base import Store
+
+_MISSING = object()
+
+
+class MemoryStore(Store):
+    def __init__(self) -> None:
+        self._studies: dict[str, StudyRecord] = {}
+        self._trials: dict[str, TrialRecord] = {}
+        self._nodes: dict[str, NodeRecord] = {}
+        self._profiles: dict[tuple[WorkloadKey, str], Profile] = {}
+        self._undo: list[tuple[dict[Any, Any], Any, Any]] | None = None
+
+    @contextmanager
+    def transaction(self) -> Iterator[None]:
+        if self._undo is not None:
+            yield
+            return
+        self._undo = []
+        try:
+            yield
+        except BaseException:
+            for table, key, old in reversed(self._undo):
+                if old is _MISSING:
+                    table.pop(key, None)
+                else:
+                    table[key] = old
+            raise
+        finally:
+            self._undo = None
+
+    def _set(self, table: dict[Any, Any], key: Any, value: Any) -> None:
+        if self._undo is not None:
+            self._undo.append((table, key, table.get(key, _MISSING)))
+        if value is _MISSING:
+            table.pop(key, None)
+        else:
+            table[key] = value
+
+    def add_study(self, study: StudyRecord, trials: Sequence[TrialRecord]) -> None:
+        if study.id in self._studies:
+            raise AlreadyExists(f"study {study.id!r} exists")
+        ids = [t.id for t in trials]
+        clash = [i for i in ids if i in self._trials]
+        if clash or len(set(ids)) != len(ids):
+            raise AlreadyExists(f"trial ids exist or repeat: {clash[:3] or ids[:3]}")
+        with self.transaction():
+            self._set(self._studies, study.id, study)
+            for t in trials:
+                self._set(self._trials, t.id, t)
+
+    def update_study(self, study: StudyRecord) -> None:
+        if study.id not in self._studies:
+            raise NotFound(f"no study {study.id!r}")
+        self._set(self._studies, study.id, study)
+
+    def get_study(self, study_id: str) -> StudyRecord:
+        try:
+            return self._studies[study_id]
+        except KeyError:
+            raise NotFound(f"no study {study_id!r}") from None
+
+    def list_studies(self) -> list[StudyRecord]:
+        return sorted(self._studies.values(), key=lambda s: s.seq)
+
+    def get_trial(self, trial_id: str) -> TrialRecord:
+        try:
+            return self._trials[trial_id]
+        except KeyError:
+            raise NotFound(f"no trial {trial_id!r}") from None
+
+    def list_trials(self, study_id: str | None = None) -> list[TrialRecord]:
+        return sorted((t for t in self._trials.values()
+                       if study_id is None or t.study_id == study_id), key=lambda t: t.id)
+
+    def update_trial(self, trial: TrialRecord) -> None:
+        if trial.id not in self._trials:
+            raise NotFound(f"no trial {trial.id!r}")
+        self._set(self._trials, trial.id, trial)
+
+    def put_node(self, node: NodeRecord) -> None:
+        self._set(self._nodes, node.spec.name, node)
+
+    def remove_node(self, name: str) -> None:
+        if name in self._nodes:
+            self._set(self._nodes, name, _MISSING)
+
+    def list_nodes(self) -> list[NodeRecord]:
+        return sorted(self._nodes.values(), key=lambda n: n.spec.name)
+
+    def put_profile(self, profile: Profile) -> None:
+        self._set(self._profiles, (profile.key, profile.arch), profile)
+
+    def get_profile(self, key: WorkloadKey, arch: str) -> Profile | None:
+        return self._profiles.get((key, arch))
+
+    def list_profiles(self) -> list[Profile]:
+        return sorted(self._profiles.values(), key=lambda p: (p.key.label(), p.arch))

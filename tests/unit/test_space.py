@@ -1,0 +1,122 @@
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from hypersack.core.errors import InvalidInput
+from hypersack.grid.expand import expand
+from hypersack.grid.space import load_space, parse_space
+from tests.conftest import EXAMPLES
+
+
+def space(**over: Any) -> dict[str, Any]:
+    base: dict[str, Any] = {
+        "name": "s",
+        "models": ["resnet18"],
+        "hyperparameters": {"batch_size": [64, 128],
+                            "lr": {"distribution": "loguniform", "low": 1e-4, "high": 1e-1,
+                                   "num": 4}},
+    }
+    base.update(over)
+    return base
+
+
+@pytest.mark.parametrize("name,trials", [("sp1", 96), ("sp2", 96), ("sp3", 96), ("sp4", 384)])
+def test_paper_spaces_have_the_papers_trial_counts(name: str, trials: int) -> None:
+    sp = load_space(EXAMPLES / f"{name}.yaml")
+    assert sp.size() == trials
+    assert len(expand(sp, f"{name}-1")) == trials
+
+
+def test_grid_values_of_each_range_kind() -> None:
+    sp = parse_space(space(hyperparameters={
+        "batch_size": {"distribution": "int", "low": 32, "high": 128, "step": 32},
+        "lr": {"distribution": "loguniform", "low": 1e-4, "high": 1e-1, "num": 4},
+        "momentum": {"distribution": "uniform", "low": 0.8, "high": 0.95, "step": 0.05},
+        "optimizer": ["sgd", "adam"],
+    }))
+    axes = dict(sp.axes())
+    assert axes["batch_size"] == [32, 64, 96, 128]
+    assert axes["lr"] == [0.0001, 0.001, 0.01, 0.1]
+    assert axes["momentum"] == [0.8, 0.85, 0.9, 0.95]
+    assert sp.size() == 1 * 4 * 4 * 4 * 2
+
+
+@pytest.mark.parametrize("over,fragment", [
+    ({"models": ["resnet99"]}, "models.0: unknown model 'resnet99'; valid:"),
+    ({"models": ["resnet18", "resnet18"]}, "duplicated models ['resnet18']"),
+    ({"models": []}, "models"),
+    ({"hyperparameters": {"batch_size": [64],
+                          "lr": {"distribution": "uniform", "low": 0.5, "high": 0.1, "num": 3}}},
+     "hyperparameters.lr.uniform: empty range: low 0.5 > high 0.1"),
+    ({"hyperparameters": {"batch_size": [64],
+                          "lr": {"distribution": "loguniform", "low": 0, "high": 0.1, "num": 3}}},
+     "loguniform needs low > 0"),
+    ({"hyperparameters": {"batch_size": [64], "lr": []}}, "hyperparameters.lr.choice.values"),
+    ({"hyperparameters": {"batch_size": [64, 64]}}, "duplicated values"),
+    ({"hyperparameters": {"lr": [0.1]}}, "hyperparameters.batch_size: required"),
+    ({"hyperparameters": {"batch_size": [64],
+                          "lr": {"distribution": "uniform", "low": 0.1, "high": 0.5}}},
+     "hyperparameters.lr: grid search needs num"),
+    ({"hyperparameters": {"batch_size": [64], "lr": {"distribution": "gaussian"}}},
+     "hyperparameters.lr"),
+    ({"settings": {"max_trials": 3}}, "8 trials, more than settings.max_trials=3"),
+    ({"settings": {"policy": "best"}}, "unknown policy 'best'; valid: ff, ffd, wf, wfd, optimal"),
+    ({"settings": {"oversubscription": {"A100": -1}}}, "settings.oversubscription"),
+    ({"search": {"type": "random"}}, "random search needs samples"),
+    ({"extra": 1}, "extra: Extra inputs are not permitted"),
+    ({"name": "has space"}, "name"),
+])
+def test_bad_input_names_the_field_and_reason(over: dict[str, Any], fragment: str) -> None:
+    with pytest.raises(InvalidInput) as err:
+        parse_space(space(**over), source="s.yaml")
+    assert fragment in str(err.value)
+    assert str(err.value).startswith("s.yaml: ")
+
+
+def test_duplicated_yaml_keys_are_rejected(tmp_path: Any) -> None:
+    f = tmp_path / "dup.yaml"
+    f.write_text("name: a\nmodels: [resnet18]\nhyperparameters:\n  batch_size: [64]\n"
+                 "  batch_size: [128]\n")
+    with pytest.raises(InvalidInput, match="duplicated key 'batch_size'"):
+        load_space(f)
+
+
+def test_missing_file_and_bad_yaml(tmp_path: Any) -> None:
+    with pytest.raises(InvalidInput, match="does not exist"):
+        load_space(tmp_path / "none.yaml")
+    f = tmp_path / "bad.yaml"
+    f.write_text("name: [unclosed\n")
+    with pytest.raises(InvalidInput, match="not valid YAML"):
+        load_space(f)
+
+
+def test_random_search_is_seeded_and_within_ranges() -> None:
+    raw = space(search={"type": "random", "samples": 50, "seed": 7}, hyperparameters={
+        "batch_size": [32, 64],
+        "lr": {"distribution": "loguniform", "low": 1e-4, "high": 1e-1},
+        "wd": {"distribution": "uniform", "low": 0.0, "high": 0.1},
+        "layers": {"distribution": "int", "low": 2, "high": 8, "step": 2},
+    })
+    a = expand(parse_space(raw), "r-1")
+    b = expand(parse_space(raw), "r-1")
+    assert [t.params for t in a] == [t.params for t in b]
+    assert len(a) == 50
+    for t in a:
+        assert 1e-4 <= t.params["lr"] <= 1e-1
+        assert 0.0 <= t.params["wd"] <= 0.1
+        assert t.params["layers"] in (2, 4, 6, 8)
+    other = expand(parse_space({**raw, "search": {"type": "random", "samples": 50, "seed": 8}}),
+                   "r-1")
+    assert [t.params for t in other] != [t.params for t in a]
+
+
+def test_expansion_ids_are_stable_and_keys_follow_params(sp1: Any) -> None:
+    trials = expand(sp1, "sp1-3")
+    assert trials[0].id == "sp1-3-t00000" and trials[-1].id == "sp1-3-t00095"
+    assert [t.id for t in trials] == [t.id for t in expand(sp1, "sp1-3")]
+    t = trials[17]
+    assert t.key.model == t.params["model"] and t.key.batch_size == t.params["batch_size"]
+    assert t.key.optimizer == "sgd" and t.key.fusion_width == 1
+    assert len({t.coords for t in trials}) == 96
