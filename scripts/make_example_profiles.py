@@ -15,9 +15,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from hypersack.core.catalog import MODELS  # noqa: E402
-from hypersack.core.types import Demand, Profile, WorkloadKey  # noqa: E402
-from hypersack.sampler.profiles import dump_profiles  # noqa: E402
+from hypersack.core.catalog import MODELS
+from hypersack.core.types import Demand, Profile, WorkloadKey
+from hypersack.sampler.profiles import dump_profiles
 
 # model: (util % at the reference batch on A100, memory MiB at it, MiB per extra sample,
 #         seconds per iteration at it, data-loading share, cores)

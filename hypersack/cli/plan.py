@@ -70,22 +70,26 @@ def decide(args: argparse.Namespace) -> dict[str, Any]:
             u[2] += need.memory
         for node in decision.view.nodes:
             for g in node.gpus:
-                n, c, m = used.get((node.name, g.index), [0, 0, 0])
+                count, compute, memory = used.get((node.name, g.index), [0, 0, 0])
                 total_cap += g.total_compute
-                total_used += c
-                gpus.append({"node": node.name, "gpu": g.index, "arch": g.arch, "trials": n,
-                             "compute_pct": c / COMPUTE_SCALE,
+                total_used += compute
+                gpus.append({"node": node.name, "gpu": g.index, "arch": g.arch, "trials": count,
+                             "compute_pct": compute / COMPUTE_SCALE,
                              "capacity_pct": g.total_compute / COMPUTE_SCALE,
-                             "occupancy": round(c / g.total_compute, 4) if g.total_compute else 0,
-                             "memory_mib": m, "memory_capacity_mib": g.total_memory})
+                             "occupancy": round(compute / g.total_compute, 4)
+                             if g.total_compute else 0,
+                             "memory_mib": memory, "memory_capacity_mib": g.total_memory})
     result: dict[str, Any] = {
         "study": study.id, "trials": len(trials),
         "policy": decision.policy if decision else config.policy,
         "placed": len(placements), "pending": len(pending),
         "occupancy": round(total_used / total_cap, 4) if total_cap else 0.0,
         "solve_time_ms": round(decision.solve_time_s * 1000, 4) if decision else 0.0,
-        "profiles_needed": [{"workload": c.key.label(), "arch": c.arch} for c in commands
-                            if isinstance(c, ProfileWorkload)],
+        "profiles_needed": sorted({t.key.label() for t in trials
+                                   if t.state == TrialState.PROFILING}),
+        "profile_jobs_started": [{"workload": c.key.label(), "arch": c.arch, "node": c.node,
+                                  "gpu": c.gpu_index} for c in commands
+                                 if isinstance(c, ProfileWorkload)],
         "placements": placements, "pending_trials": pending, "gpus": gpus,
     }
     if getattr(args, "compare", None) and decision is not None:

@@ -46,7 +46,7 @@ def run_simulate(args: argparse.Namespace) -> int:
 
             raise InvalidInput("--contention must be >= 0")
         interference = replace(interference, contention=args.contention)
-    history = [] if args.cold else None
+    history: list[Any] | None = [] if args.cold else None
 
     def simulate(cfg: Any, sp: Any) -> SimResult:
         return Simulation(sp, cluster, profiles, config=cfg, history=history,

@@ -70,7 +70,8 @@ def cluster_from_dict(data: Any, *, source: str = "cluster") -> ClusterSpec:
         if isinstance(gpus, str):
             short = parse_shorthand(gpus).nodes
             if len(short) != 1:
-                raise InvalidInput(f"{source}: nodes.{i}.gpus: give one node's GPUs, like 4xA100-80GB")
+                raise InvalidInput(
+                    f"{source}: nodes.{i}.gpus: give one node's GPUs, like 4xA100-80GB")
             node["gpus"] = [g.model_dump() for g in short[0].gpus]
         elif isinstance(gpus, list):
             node["gpus"] = [

@@ -56,10 +56,10 @@ def expand(space: SearchSpace, study_id: str) -> list[TrialRecord]:
         rng = random.Random(space.search.seed)
         assert space.search.samples is not None
         for ordinal in range(space.search.samples):
-            params: dict[str, Any] = {"model": space.models[rng.randrange(len(space.models))]}
+            drawn: dict[str, Any] = {"model": space.models[rng.randrange(len(space.models))]}
             for name, hp in space.hyperparameters.items():
-                params[name] = _sample(hp, rng)
-            trials.append(_trial(study_id, ordinal, (ordinal,), params, epochs))
+                drawn[name] = _sample(hp, rng)
+            trials.append(_trial(study_id, ordinal, (ordinal,), drawn, epochs))
     return trials
 
 

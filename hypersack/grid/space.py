@@ -8,7 +8,15 @@ from pathlib import Path
 from typing import Annotated, Any, Literal, Union
 
 import yaml
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 from hypersack.core.catalog import MODELS
 from hypersack.core.errors import InvalidInput
@@ -68,7 +76,7 @@ class Uniform(_Spec):
             return [_round(self.low + (self.high - self.low) * i / (self.num - 1))
                     for i in range(self.num)]
         if self.step is not None:
-            count = int(math.floor((self.high - self.low) / self.step + 1e-9)) + 1
+            count = math.floor((self.high - self.low) / self.step + 1e-9) + 1
             return [_round(self.low + i * self.step) for i in range(count)]
         return None
 
@@ -244,7 +252,7 @@ class _UniqueKeyLoader(yaml.SafeLoader):
 def _construct_mapping(loader: _UniqueKeyLoader, node: yaml.MappingNode) -> dict[Any, Any]:
     seen: set[Any] = set()
     for key_node, _ in node.value:
-        key = loader.construct_object(key_node)  # type: ignore[no-untyped-call]
+        key = loader.construct_object(key_node)
         if key in seen:
             raise yaml.constructor.ConstructorError(
                 None, None, f"duplicated key {key!r}", key_node.start_mark
@@ -254,7 +262,7 @@ def _construct_mapping(loader: _UniqueKeyLoader, node: yaml.MappingNode) -> dict
 
 
 _UniqueKeyLoader.add_constructor(
-    yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _construct_mapping  # type: ignore[arg-type]
+    yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _construct_mapping
 )
 
 

@@ -173,7 +173,8 @@ class Orchestrator:
             self._by_study.setdefault(t.study_id, []).append(t.id)
             if t.state == TrialState.RUNNING:
                 node = self._nodes.get(t.node or "")
-                gpu = node.gpus.get(t.gpu_index if t.gpu_index is not None else -1) if node else None
+                index = t.gpu_index if t.gpu_index is not None else -1
+                gpu = node.gpus.get(index) if node else None
                 if node is None or gpu is None or t.demand is None:
                     # Its node is gone from the inventory: run it again.
                     self._set(t, state=TrialState.PENDING, node=None, gpu_index=None, demand=None)

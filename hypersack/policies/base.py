@@ -188,12 +188,12 @@ def why_unplaced(item: Item, cluster: ClusterView, after: Plan, items: Sequence[
                 f"{need.cores / CORE_SCALE:g} cores")
 
     never = True
-    for n, g in usable:
-        need = item.needs[g.arch]
-        tc = g.total_compute if g.total_compute >= 0 else g.compute
-        tm = g.total_memory if g.total_memory >= 0 else g.memory
-        tq = n.total_cores if n.total_cores >= 0 else n.cores
-        if need.compute <= tc and need.memory <= tm and need.cores <= tq:
+    for nb, gb in usable:
+        want = item.needs[gb.arch]
+        tc = gb.total_compute if gb.total_compute >= 0 else gb.compute
+        tm = gb.total_memory if gb.total_memory >= 0 else gb.memory
+        tq = nb.total_cores if nb.total_cores >= 0 else nb.cores
+        if want.compute <= tc and want.memory <= tm and want.cores <= tq:
             never = False
     if never:
         first = item.needs[usable[0][1].arch]
@@ -206,7 +206,7 @@ def why_unplaced(item: Item, cluster: ClusterView, after: Plan, items: Sequence[
         flat.take(g, by_id[p.item_id].needs[flat.arch[g]])
     short = {"compute": 0, "memory": 0, "cores": 0, "slots": 0}
     for g in range(len(flat)):
-        need = item.needs.get(flat.arch[g])
+        need: Need | None = item.needs.get(flat.arch[g])
         if need is None:
             continue
         if flat.slots[g] <= 0:

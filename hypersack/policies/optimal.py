@@ -108,13 +108,13 @@ class OptimalPolicy:
         placed: set[int] = set()
         objective = 0
         for k, key in enumerate(keys):
-            members = iter(classes[key])
+            handout = iter(classes[key])
             for g in range(n_gpus):
-                var = count.get((k, g))
-                if var is None:
+                chosen = count.get((k, g))
+                if chosen is None:
                     continue
-                for _ in range(solver.value(var)):
-                    i = next(members)
+                for _ in range(solver.value(chosen)):
+                    i = next(handout)
                     placements.append(Placement(items[i].id, flat.node_names[flat.node_of[g]],
                                                 flat.index[g]))
                     placed.add(i)

@@ -56,7 +56,8 @@ def gantt_svg(timeline: Sequence[Segment], gpus: Sequence[tuple[str, int, str]],
     for i, m in enumerate(models):
         x = left + i * 130
         rows.append(f'<rect x="{x}" y="{legend_y}" width="12" height="12" fill="{color[m]}"/>'
-                    f'<text x="{x + 16}" y="{legend_y + 11}" font-size="11">{html.escape(m)}</text>')
+                    f'<text x="{x + 16}" y="{legend_y + 11}" font-size="11">'
+                    f'{html.escape(m)}</text>')
     height = legend_y + 30
     axis = f'<text x="{left}" y="{top - 8}" font-size="11">0 s</text>' \
            f'<text x="{width - 90}" y="{top - 8}" font-size="11">{makespan_s:.0f} s</text>'

@@ -202,7 +202,7 @@ class Simulation:
                 study_id = self.orchestrator.studies()[-1].id
 
         while True:
-            if study_id is not None and self.orchestrator.study(study_id).state != StudyState.ACTIVE:
+            if study_id is not None and not self._active(study_id):
                 break
             self._update_rates(running)
             finish_at = {t: now + r.work_left_s / r.rate for t, r in running.items()}
@@ -234,7 +234,7 @@ class Simulation:
                 handle(ev)
 
         trials = self.orchestrator.trials(study_id) if study_id else []
-        stuck = bool(study_id) and self.orchestrator.study(study_id or "").state == StudyState.ACTIVE
+        stuck = study_id is not None and self._active(study_id)
         gpus = sorted({(n.name, g.index, g.arch) for n in self.cluster.nodes for g in n.gpus})
         return SimResult(
             makespan_s=now,
@@ -251,6 +251,9 @@ class Simulation:
             timeline=timeline,
             stuck=stuck,
         )
+
+    def _active(self, study_id: str) -> bool:
+        return self.orchestrator.study(study_id).state == StudyState.ACTIVE
 
     def _update_rates(self, running: dict[str, _Running]) -> None:
         by_gpu: dict[tuple[str, int], list[_Running]] = {}

@@ -40,5 +40,5 @@ def test_duplicate_node_names_are_rejected(tmp_path: Any) -> None:
     with pytest.raises(InvalidInput, match="duplicate node name 'a'"):
         load_cluster(str(f))
     f.write_text("nodes:\n  - {name: a, cores: -1, gpus: 2xA100-80GB}\n")
-    with pytest.raises(InvalidInput, match="nodes.0.cores"):
+    with pytest.raises(InvalidInput, match=r"nodes\.0\.cores"):
         load_cluster(str(f))

@@ -1,0 +1,113 @@
+"""The simulator: the real orchestrator on virtual time, and the interference model."""
+
+from __future__ import annotations
+
+import itertools
+from typing import Any
+
+from hypersack.core.cluster import parse_shorthand
+from hypersack.orchestrator import NodeJoined, NodeLost, OrchestratorConfig
+from hypersack.sim.interference import Interference, SharedTrial
+from hypersack.sim.simulator import Simulation
+
+SHARED = SharedTrial(compute_pct=40, cores=2, data_fraction=0.3)
+
+
+def test_gpu_slowdown_starts_past_saturation_and_grows_with_co_runners() -> None:
+    m = Interference(saturation_pct={"A100": 270.0}, contention=0.3)
+    assert m.gpu_slowdown("A100", [SHARED]) == 1.0
+    two, six, ten = (m.gpu_slowdown("A100", [SHARED] * n) for n in (2, 6, 10))
+    assert 1.0 < two < six < ten
+    assert six == 1 + 0.3 * 5  # 240 % < 270 %: only contention
+    assert ten == (1 + 0.3 * 9) * (400 / 270)  # past saturation: kernels queue too
+    # Aggregate throughput n / slowdown rises below saturation and falls past it.
+    thr = [n / m.gpu_slowdown("A100", [SHARED] * n) for n in range(1, 14)]
+    peak = thr.index(max(thr)) + 1
+    assert 5 <= peak <= 7 and thr[-1] < max(thr)
+
+
+def test_cpu_over_commit_slows_data_loading() -> None:
+    m = Interference()
+    assert m.cpu_slowdown(8, [SHARED] * 4) == 1.0
+    assert m.cpu_slowdown(8, [SHARED] * 8) == 2.0
+    assert m.rate(SHARED, 1.0, 2.0) < m.rate(SHARED, 1.0, 1.0) == 1.0
+
+
+def run(space: Any, cluster: Any, truth: Any, **kw: Any) -> Any:
+    return Simulation(space, cluster, truth, **kw).run()
+
+
+def test_sp1_packs_faster_than_one_trial_per_gpu(sp1: Any, four_a100: Any, estimates: Any) -> None:
+    base = run(sp1, four_a100, estimates, config=OrchestratorConfig(exclusive=True))
+    packed = run(sp1, four_a100, estimates)
+    assert base.completed == packed.completed == 96 and not packed.stuck
+    assert base.launches == packed.launches == 96
+    speedup = base.makespan_s / packed.makespan_s
+    assert 2.0 < speedup < 4.0
+    assert packed.mean_occupancy > 2 * base.mean_occupancy
+    # Baseline: never two trials on one GPU at once.
+    for node, idx, _ in base.gpus:
+        segs = sorted((s.start_s, s.end_s) for s in base.timeline
+                      if (s.node, s.gpu_index) == (node, idx))
+        assert all(a[1] <= b[0] + 1e-6 for a, b in itertools.pairwise(segs))
+
+
+def test_speedup_rises_with_the_ratio_then_falls(sp1: Any, four_a100: Any,
+                                                 estimates: Any) -> None:
+    base = run(sp1, four_a100, estimates, config=OrchestratorConfig(exclusive=True)).makespan_s
+    speedup = {}
+    for ratio in (1.0, 2.0, 3.0, 5.0):
+        cfg = OrchestratorConfig(oversubscription={"A100": ratio})
+        speedup[ratio] = base / run(sp1, four_a100, estimates, config=cfg).makespan_s
+    assert speedup[1.0] < speedup[2.0] < speedup[3.0]
+    assert speedup[5.0] < speedup[3.0]
+
+
+def test_cold_history_profiles_each_workload_once(sp1: Any, four_a100: Any,
+                                                  estimates: Any) -> None:
+    result = run(sp1, four_a100, estimates, history=[])
+    assert result.completed == 96
+    assert result.profile_jobs == 24  # 6 models x 4 batch sizes, one architecture
+    warm = run(sp1, four_a100, estimates)
+    assert warm.profile_jobs == 0
+
+
+def test_lost_node_mid_study_loses_nothing(sp1: Any, estimates: Any) -> None:
+    cluster = parse_shorthand("2x2xA100-80GB@44")
+    extra = parse_shorthand("1x2xH100-80GB@96", first_node=2).nodes[0]
+    result = run(sp1, cluster, estimates,
+                 faults=[(200.0, NodeLost("node1")), (400.0, NodeJoined(extra))])
+    assert result.completed == 96 and result.failed == 0
+    assert result.launches > 96  # the lost node's trials ran again
+    assert any(s.outcome == "LOST" for s in result.timeline)
+    assert any(s.node == "node2" for s in result.timeline)  # the joined node was used
+    assert not any(s.node == "node1" and s.start_s >= 200.0 for s in result.timeline)
+
+
+def _mean_duration(result: Any) -> float:
+    segs = [s for s in result.timeline if s.outcome == "COMPLETED"]
+    return sum(s.end_s - s.start_s for s in segs) / len(segs)
+
+
+def _peak_concurrency(result: Any) -> int:
+    edges = sorted([(s.start_s, 1) for s in result.timeline] +
+                   [(s.end_s, -1) for s in result.timeline])
+    now = peak = 0
+    for _, d in edges:
+        now += d
+        peak = max(peak, now)
+    return peak
+
+
+def test_underestimated_cores_over_commit_the_node_and_slow_trials(sp1: Any,
+                                                                   estimates: Any) -> None:
+    node = parse_shorthand("1x4xA100-80GB@24")  # 24 cores: 12 trials at 2 cores each
+    fair = run(sp1, node, estimates)
+    # The history claims a quarter of the cores each trial really uses, so the packer
+    # over-commits the node and data loading slows every trial down.
+    optimistic = [p.model_copy(update={"demand": p.demand.model_copy(
+        update={"cores": p.demand.cores / 4})}) for p in estimates]
+    over = run(sp1, node, estimates, history=optimistic)
+    assert fair.completed == over.completed == 96
+    assert _peak_concurrency(fair) <= 12 < _peak_concurrency(over)
+    assert _mean_duration(over) > 1.3 * _mean_duration(fair)

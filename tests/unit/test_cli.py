@@ -1,0 +1,89 @@
+"""The CLI as a user runs it: real files, real output, exit codes."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+from hypersack.cli.main import main
+from tests.conftest import EXAMPLES
+
+PROFILES = str(EXAMPLES / "profiles-estimates.yaml")
+
+
+def run_json(capsys: Any, *argv: str) -> Any:
+    assert main([*argv, "--json"]) == 0
+    return json.loads(capsys.readouterr().out)
+
+
+def test_plan_json_places_reports_pending_and_compares(capsys: Any) -> None:
+    out = run_json(capsys, "plan", str(EXAMPLES / "sp3.yaml"), "--cluster", "1x4xA100-80GB@88",
+                   "--profiles", PROFILES, "--policy", "wfd", "--compare", "optimal")
+    assert out["trials"] == 96 and out["placed"] + out["pending"] == 96
+    assert out["placed"] == len(out["placements"]) > 0
+    assert {p["node"] for p in out["placements"]} == {"node0"}
+    for g in out["gpus"]:
+        assert g["compute_pct"] <= g["capacity_pct"] == 300
+    assert all(p["reason"] for p in out["pending_trials"])
+    assert all(p["demands"]["A100"]["compute_pct"] > 0 for p in out["pending_trials"])
+    cmp = out["compare"]
+    assert cmp["status"] == "OPTIMAL" and 0 <= cmp["gap_to_optimal"] < 0.1
+    assert cmp["objective_pct"] >= cmp["ours_pct"]
+
+
+def test_plan_reports_workloads_without_profiles(capsys: Any, tmp_path: Path) -> None:
+    out = run_json(capsys, "plan", str(EXAMPLES / "sp1.yaml"), "--cluster", "1x2xV100-32GB",
+                   "--profiles", PROFILES)
+    assert out["placed"] == 0 and len(out["profiles_needed"]) == 24
+    assert len(out["profile_jobs_started"]) == 2  # one per idle GPU
+    assert {p["state"] for p in out["pending_trials"]} == {"PROFILING"}
+
+
+def test_simulate_json_and_gantt(capsys: Any, tmp_path: Path) -> None:
+    svg = tmp_path / "g.svg"
+    out = run_json(capsys, "simulate", str(EXAMPLES / "sp1.yaml"), "--cluster",
+                   "1x4xA100-80GB@88", "--profiles", PROFILES, "--gantt", str(svg))
+    assert out["completed"] == 96 and out["speedup"] > 1.5
+    assert out["baseline_makespan_s"] > out["makespan_s"]
+    assert len(out["gpus"]) == 4 and sum(g["trials"] for g in out["gpus"]) == 96
+    text = svg.read_text()
+    assert text.startswith("<svg") and text.count("<rect") > 96
+
+
+def test_simulate_sweep(capsys: Any) -> None:
+    out = run_json(capsys, "simulate", str(EXAMPLES / "sp3.yaml"), "--cluster",
+                   "1x4xA100-80GB@88", "--profiles", PROFILES, "--sweep", "1,3")
+    assert [r["ratio"] for r in out["sweep"]] == [1.0, 3.0]
+    assert out["sweep"][1]["speedup"] > out["sweep"][0]["speedup"] > 1.0
+
+
+def test_bad_input_is_one_clear_line_and_exit_2(capsys: Any, tmp_path: Path) -> None:
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("name: x\nmodels: [resnet99]\nhyperparameters: {batch_size: [64]}\n")
+    cases = [
+        (["validate", str(bad)], "models.0: unknown model 'resnet99'"),
+        (["plan", str(EXAMPLES / "sp1.yaml"), "--cluster", "4xA100", "--profiles", PROFILES],
+         "is not NODESxGPUSxARCH-MEMGB"),
+        (["plan", str(EXAMPLES / "sp1.yaml"), "--cluster", "4xA100-80GB", "--profiles",
+          PROFILES, "--policy", "best"], "unknown policy 'best'"),
+        (["simulate", str(EXAMPLES / "sp1.yaml"), "--cluster", "4xA100-80GB", "--profiles",
+          PROFILES, "--ratio", "A100=-1"], "--ratio 'A100=-1'"),
+        (["simulate", str(EXAMPLES / "sp1.yaml"), "--cluster", "4xA100-80GB", "--profiles",
+          PROFILES, "--gantt", str(tmp_path / "no" / "g.svg")], "does not exist"),
+    ]
+    for argv, fragment in cases:
+        assert main(argv) == 2
+        err = capsys.readouterr().err
+        assert err.startswith("error: ") and fragment in err and "Traceback" not in err
+
+
+def test_validate_and_console_script(capsys: Any) -> None:
+    assert main(["validate", str(EXAMPLES / "sp4.yaml")]) == 0
+    assert "sp4: 384 trials (grid search)" in capsys.readouterr().out
+    done = subprocess.run([sys.executable, "-m", "hypersack.cli.main", "--help"],
+                          capture_output=True, text=True, check=True)
+    for command in ("validate", "plan", "simulate"):
+        assert command in done.stdout

@@ -1,0 +1,282 @@
+"""The orchestrator as a state machine: events in, commands out, state in the store."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from hypersack.core.clock import ManualClock
+from hypersack.core.cluster import parse_shorthand
+from hypersack.core.errors import StaleEvent
+from hypersack.core.types import Demand, Profile, StudyState, TrialState, WorkloadKey
+from hypersack.grid.space import parse_space
+from hypersack.orchestrator import (
+    Heartbeat,
+    KillTrial,
+    LaunchTrial,
+    NodeDrained,
+    NodeJoined,
+    NodeLost,
+    Orchestrator,
+    OrchestratorConfig,
+    ProfileFailed,
+    ProfileMeasured,
+    ProfileWorkload,
+    RunningTrial,
+    StudyCancelled,
+    StudySubmitted,
+    Tick,
+    TrialFailed,
+    TrialFinished,
+    TrialOutOfMemory,
+    TrialProgress,
+    TrialStarted,
+)
+from hypersack.store import MemoryStore, SqliteStore, Store
+
+
+def prof(model: str, bs: int, compute: float = 50.0, memory: int = 1000, arch: str = "A100",
+         it: float = 0.1) -> Profile:
+    return Profile(key=WorkloadKey(model=model, batch_size=bs), arch=arch,
+                   demand=Demand(compute_pct=compute, memory_mib=memory, cores=1),
+                   iter_time_s=it, iters_per_epoch=100)
+
+
+def space(n_lr: int = 4, retries: int = 1, models: tuple[str, ...] = ("resnet18",),
+          batch: tuple[int, ...] = (64,), ratio: float = 1.0) -> Any:
+    return parse_space({
+        "name": "t", "models": list(models),
+        "hyperparameters": {"batch_size": list(batch),
+                            "lr": [round(0.1 * (i + 1), 2) for i in range(n_lr)]},
+        "settings": {"retries": retries, "policy": "ff", "oversubscription": {"A100": ratio}},
+    })
+
+
+def make(store: Store | None = None, profiles: list[Profile] | None = None,
+         clock: ManualClock | None = None, **config: Any
+         ) -> tuple[Orchestrator, Store, ManualClock]:
+    store = store or MemoryStore()
+    for p in profiles if profiles is not None else [prof("resnet18", 64)]:
+        store.put_profile(p)
+    clock = clock or ManualClock(100.0)
+    return Orchestrator(store, clock, OrchestratorConfig(**config)), store, clock
+
+
+def launches(cmds: list[Any]) -> list[LaunchTrial]:
+    return [c for c in cmds if isinstance(c, LaunchTrial)]
+
+
+def test_submit_places_what_fits_and_the_rest_follows_completions() -> None:
+    orch, store, _ = make()
+    orch.handle(NodeJoined(parse_shorthand("1x2xA100-80GB").nodes[0]))
+    first = launches(orch.handle(StudySubmitted(space(n_lr=6))))
+    assert len(first) == 4  # 2 GPUs x ratio 1 x 50 % each
+    assert {(c.node, c.gpu_index) for c in first} == {("node0", 0), ("node0", 1)}
+    sid = orch.studies()[0].id
+    assert [t.state for t in store.list_trials(sid)].count(TrialState.RUNNING) == 4
+    orch.handle(TrialStarted(first[0].trial_id, "node0"))
+    orch.handle(TrialProgress(first[0].trial_id, "node0", 5, {"loss": 1.0}))
+    nxt = launches(orch.handle(TrialFinished(first[0].trial_id, "node0", {"acc": 0.9}, 0.9)))
+    assert len(nxt) == 1 and nxt[0].gpu_index == first[0].gpu_index
+    done = store.get_trial(first[0].trial_id)
+    assert done.state == TrialState.COMPLETED and done.objective == 0.9
+    running = [c.trial_id for c in first[1:] + nxt]
+    for tid in running:
+        orch.handle(TrialFinished(tid, "node0"))
+    last = [t for t in orch.trials(sid) if t.state == TrialState.RUNNING]
+    for t in last:
+        orch.handle(TrialFinished(t.id, "node0"))
+    assert orch.study(sid).state == StudyState.COMPLETED
+    assert store.get_study(sid).state == StudyState.COMPLETED
+    assert all(t.launches == 1 for t in store.list_trials(sid))
+
+
+def test_failed_trial_is_retried_then_failed_with_its_log() -> None:
+    orch, store, _ = make()
+    orch.handle(NodeJoined(parse_shorthand("1x1xA100-80GB").nodes[0]))
+    tid = launches(orch.handle(StudySubmitted(space(n_lr=1, retries=1))))[0].trial_id
+    again = launches(orch.handle(TrialFailed(tid, "node0", 1, "Traceback: boom")))
+    assert [c.trial_id for c in again] == [tid]
+    assert store.get_trial(tid).failures == 1
+    assert launches(orch.handle(TrialFailed(tid, "node0", 1, "Traceback: boom again"))) == []
+    t = store.get_trial(tid)
+    assert t.state == TrialState.FAILED and t.log_tail == "Traceback: boom again"
+    assert "failed 2 times" in t.reason and t.launches == 2
+    assert orch.study(t.study_id).state == StudyState.COMPLETED
+
+
+def test_out_of_memory_returns_to_pending_with_more_memory_and_no_failure() -> None:
+    orch, store, _ = make(profiles=[prof("resnet18", 64, memory=30000)])
+    orch.handle(NodeJoined(parse_shorthand("1x1xA100-80GB").nodes[0]))
+    tid = launches(orch.handle(StudySubmitted(space(n_lr=1))))[0].trial_id
+    again = launches(orch.handle(TrialOutOfMemory(tid, "node0", observed_memory_mib=31000)))
+    assert again[0].demand.memory_mib == 45000
+    t = store.get_trial(tid)
+    assert t.failures == 0 and t.memory_override_mib == 45000
+    # The next death asks for more than any GPU has: FAILED, with the reason.
+    third = launches(orch.handle(TrialOutOfMemory(tid, "node0", 50000)))
+    assert third[0].demand.memory_mib == 67500
+    assert launches(orch.handle(TrialOutOfMemory(tid, "node0", 70000))) == []
+    t = store.get_trial(tid)
+    assert t.state == TrialState.FAILED and "larger than any GPU" in t.reason
+
+
+def test_lost_node_requeues_its_trials_elsewhere_and_tick_detects_silence() -> None:
+    orch, store, clock = make(heartbeat_timeout_s=10)
+    a, b = parse_shorthand("2x1xA100-80GB").nodes
+    orch.handle(NodeJoined(a))
+    first = launches(orch.handle(StudySubmitted(space(n_lr=4))))
+    assert {c.node for c in first} == {"node0"}
+    moved = launches(orch.handle(NodeJoined(b)))
+    assert {c.node for c in moved} == {"node1"}  # a joining node is used at once
+    clock.advance(5)
+    orch.handle(Heartbeat("node1", tuple(RunningTrial(c.trial_id, 0) for c in moved)))
+    clock.advance(6)  # node0 silent for 11 s, node1 for 6 s
+    assert launches(orch.handle(Tick())) == []  # node1 is full
+    assert [n.spec.name for n in orch.nodes()] == ["node1"]
+    assert [n.spec.name for n in store.list_nodes()] == ["node1"]
+    for c in moved:
+        orch.handle(TrialFinished(c.trial_id, "node1"))
+    sid = orch.studies()[0].id
+    assert {t.node for t in orch.trials(sid) if t.state == TrialState.RUNNING} == {"node1"}
+    with pytest.raises(StaleEvent):
+        orch.handle(TrialFinished(first[0].trial_id, "node0"))
+
+
+def test_drained_node_gets_no_new_trials_and_running_ones_finish() -> None:
+    orch, _, _ = make()
+    a, b = parse_shorthand("2x1xA100-80GB").nodes
+    orch.handle(NodeJoined(a))
+    first = launches(orch.handle(StudySubmitted(space(n_lr=6))))
+    orch.handle(NodeDrained("node0"))
+    assert launches(orch.handle(TrialFinished(first[0].trial_id, "node0"))) == []
+    assert {c.node for c in launches(orch.handle(NodeJoined(b)))} == {"node1"}
+    orch.handle(TrialFinished(first[1].trial_id, "node0"))
+    assert orch.nodes()[0].draining
+
+
+def test_reconnecting_agent_keeps_its_trials_and_loses_the_dead_ones() -> None:
+    orch, store, _ = make()
+    node = parse_shorthand("1x1xA100-80GB").nodes[0]
+    orch.handle(NodeJoined(node))
+    first = launches(orch.handle(StudySubmitted(space(n_lr=3))))
+    assert len(first) == 2
+    # The agent re-registers: one trial still runs, one died while it was away, and it
+    # also runs something the server never asked for.
+    cmds = orch.handle(NodeJoined(node, (RunningTrial(first[0].trial_id, 0),
+                                         RunningTrial("ghost-t00001", 0))))
+    kills = [c for c in cmds if isinstance(c, KillTrial)]
+    assert [k.trial_id for k in kills] == ["ghost-t00001"]
+    relaunched = {c.trial_id for c in launches(cmds)}
+    assert first[0].trial_id not in relaunched  # adopted, not started twice
+    assert first[1].trial_id in relaunched
+    assert store.get_trial(first[0].trial_id).launches == 1
+
+
+def test_profiling_first_then_placement_and_failures_are_explained() -> None:
+    orch, store, _ = make(profiles=[])
+    orch.handle(NodeJoined(parse_shorthand("1x2xA100-80GB").nodes[0]))
+    cmds = orch.handle(StudySubmitted(space(n_lr=2, models=("resnet18", "resnet34"))))
+    jobs = [c for c in cmds if isinstance(c, ProfileWorkload)]
+    assert {(j.key.model, j.arch) for j in jobs} == {("resnet18", "A100"), ("resnet34", "A100")}
+    assert jobs[0].iterations == 10 and jobs[0].warmup == 1
+    assert launches(cmds) == []
+    sid = orch.studies()[0].id
+    assert {t.state for t in orch.trials(sid)} == {TrialState.PROFILING}
+    r18 = next(j for j in jobs if j.key.model == "resnet18")
+    r34 = next(j for j in jobs if j.key.model == "resnet34")
+    after = launches(orch.handle(ProfileMeasured(prof("resnet18", 64), r18.node)))
+    assert {c.key.model for c in after} == {"resnet18"}
+    assert store.get_profile(r18.key, "A100") is not None  # written to the history
+    orch.handle(ProfileFailed(r34.key, "A100", r34.node, "CUDA out of memory"))
+    failed = [t for t in orch.trials(sid) if t.key.model == "resnet34"]
+    assert {t.state for t in failed} == {TrialState.FAILED}
+    assert "CUDA out of memory" in failed[0].reason
+
+
+def test_profiling_waits_for_an_idle_gpu_by_draining_one() -> None:
+    orch, _, _ = make(profiles=[prof("resnet18", 64)])
+    orch.handle(NodeJoined(parse_shorthand("1x1xA100-80GB").nodes[0]))
+    first = launches(orch.handle(StudySubmitted(space(n_lr=3))))
+    cmds = orch.handle(StudySubmitted(space(n_lr=1, models=("resnet34",))))
+    assert not [c for c in cmds if isinstance(c, ProfileWorkload)]  # GPU busy: reserved
+    cmds = orch.handle(TrialFinished(first[0].trial_id, "node0"))
+    assert launches(cmds) == []  # the reserved GPU takes no new trial
+    cmds = orch.handle(TrialFinished(first[1].trial_id, "node0"))
+    assert [c.key.model for c in cmds if isinstance(c, ProfileWorkload)] == ["resnet34"]
+
+
+def test_stale_and_unknown_events_change_nothing() -> None:
+    orch, store, _ = make()
+    orch.handle(NodeJoined(parse_shorthand("1x1xA100-80GB").nodes[0]))
+    tid = launches(orch.handle(StudySubmitted(space(n_lr=3))))[0].trial_id
+    before = store.list_trials()
+    for ev in (TrialFinished("nope", "node0"), TrialFinished(tid, "node9"),
+               Heartbeat("node9"), NodeLost("node9"), TrialStarted("t-t00002", "node0")):
+        with pytest.raises(StaleEvent):
+            orch.handle(ev)
+    assert store.list_trials() == before
+
+
+def test_cancel_kills_running_and_cancels_the_rest() -> None:
+    orch, store, _ = make()
+    orch.handle(NodeJoined(parse_shorthand("1x1xA100-80GB").nodes[0]))
+    first = launches(orch.handle(StudySubmitted(space(n_lr=4))))
+    sid = orch.studies()[0].id
+    cmds = orch.handle(StudyCancelled(sid))
+    assert sorted(c.trial_id for c in cmds if isinstance(c, KillTrial)) == sorted(
+        c.trial_id for c in first)
+    assert {t.state for t in store.list_trials(sid)} == {TrialState.CANCELLED}
+    assert store.get_study(sid).state == StudyState.CANCELLED
+
+
+def test_exclusive_mode_runs_one_trial_per_gpu() -> None:
+    orch, _, _ = make(exclusive=True)
+    orch.handle(NodeJoined(parse_shorthand("1x2xA100-80GB").nodes[0]))
+    first = launches(orch.handle(StudySubmitted(space(n_lr=6, ratio=3.0))))
+    assert sorted(c.gpu_index for c in first) == [0, 1]
+
+
+def test_restart_from_sqlite_resumes_without_losing_or_repeating(tmp_path: Path) -> None:
+    db = tmp_path / "hs.db"
+    clock = ManualClock(0.0)
+    orch, _, _ = make(SqliteStore(db), clock=clock, heartbeat_timeout_s=30)
+    a, b = parse_shorthand("2x1xA100-80GB").nodes
+    orch.handle(NodeJoined(a))
+    orch.handle(NodeJoined(b))
+    first = launches(orch.handle(StudySubmitted(space(n_lr=8))))
+    assert len(first) == 4
+    done = first[0]
+    orch.handle(TrialFinished(done.trial_id, done.node))
+    del orch  # the server dies (nothing is flushed on the way out)
+
+    orch2 = Orchestrator(SqliteStore(db), clock, OrchestratorConfig(heartbeat_timeout_s=30))
+    sid = orch2.studies()[0].id
+    states = {t.id: t.state for t in orch2.trials(sid)}
+    assert states[done.trial_id] == TrialState.COMPLETED
+    assert sum(s == TrialState.RUNNING for s in states.values()) == 4  # 3 + 1 relaunched
+    running_a = [t for t in orch2.trials(sid) if t.state == TrialState.RUNNING
+                 and t.node == a.name]
+    # Node a comes back with its trials still running: adopted, nothing launched on it.
+    cmds = orch2.handle(NodeJoined(a, tuple(RunningTrial(t.id, 0) for t in running_a)))
+    assert not [c for c in cmds if isinstance(c, (KillTrial, LaunchTrial)) and c.node == a.name]
+    # Node b never returns: after the heartbeat timeout its trials run again elsewhere.
+    clock.advance(31)
+    orch2.handle(Heartbeat(a.name, tuple(RunningTrial(t.id, 0) for t in running_a)))
+    orch2.handle(Tick())
+    ran: dict[str, int] = {}
+    for _ in range(50):
+        running = [t for t in orch2.trials(sid) if t.state == TrialState.RUNNING]
+        if not running:
+            break
+        for t in running:
+            orch2.handle(TrialFinished(t.id, t.node or ""))
+            ran[t.id] = ran.get(t.id, 0) + 1
+    assert orch2.study(sid).state == StudyState.COMPLETED
+    trials = orch2.trials(sid)
+    assert all(t.state == TrialState.COMPLETED for t in trials)
+    assert all(n == 1 for n in ran.values()) and done.trial_id not in ran
+    lost_b = [c.trial_id for c in first if c.node == b.name]
+    assert all(orch2.trial(t).launches == 2 for t in lost_b)  # run again, once

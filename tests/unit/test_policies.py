@@ -1,0 +1,173 @@
+"""One invariant suite for every policy, plus each rule's defining behaviour."""
+
+from __future__ import annotations
+
+import itertools
+from typing import Any
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from hypersack.core.errors import InvalidInput, UnknownName
+from hypersack.policies import ClusterView, GpuBin, Item, Need, NodeBin, make_policy, policy_names
+from hypersack.policies.base import check_plan, why_unplaced
+
+ALL = policy_names()
+
+
+def gpu(node: str, index: int, compute: int = 30000, memory: int = 80000, arch: str = "A100",
+        slots: int | None = None) -> GpuBin:
+    return GpuBin(node, index, arch, compute, memory, compute, memory, slots)
+
+
+def cluster(*nodes: tuple[str, int, list[GpuBin]]) -> ClusterView:
+    return ClusterView(tuple(NodeBin(name, cores, tuple(gpus), cores)
+                             for name, cores, gpus in nodes))
+
+
+def item(i: int, compute: int, memory: int = 1000, cores: int = 1000, run: float = 1.0,
+         arch: str = "A100") -> Item:
+    return Item(f"t{i}", {arch: Need(compute, memory, cores)}, run)
+
+
+@st.composite
+def instances(draw: Any, max_items: int = 30) -> tuple[list[Item], ClusterView]:
+    archs = ["A100", "H100"]
+    nodes = []
+    for n in range(draw(st.integers(1, 3))):
+        gpus = []
+        for g in range(draw(st.integers(1, 4))):
+            arch = draw(st.sampled_from(archs))
+            compute = draw(st.integers(0, 30000))
+            memory = draw(st.integers(0, 40000))
+            slots = draw(st.one_of(st.none(), st.integers(0, 3)))
+            gpus.append(GpuBin(f"n{n}", g, arch, compute, memory, 30000, 40000, slots))
+        cores = draw(st.integers(0, 32000))
+        nodes.append(NodeBin(f"n{n}", cores, tuple(gpus), 32000))
+    shapes = draw(st.lists(st.fixed_dictionaries({
+        arch: st.one_of(st.none(), st.tuples(st.integers(0, 12000), st.integers(0, 20000),
+                                             st.integers(0, 8000)))
+        for arch in archs}), min_size=1, max_size=5))
+    items = []
+    for i in range(draw(st.integers(0, max_items))):
+        shape = draw(st.sampled_from(shapes))
+        needs = {a: Need(*v) for a, v in shape.items() if v is not None}
+        items.append(Item(f"t{i}", needs, float(draw(st.integers(1, 5)))))
+    return items, ClusterView(tuple(nodes))
+
+
+@pytest.mark.parametrize("name", ALL)
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(instance=instances())
+def test_invariants_hold_for_every_policy(name: str, instance: Any) -> None:
+    items, view = instance
+    policy = make_policy(name, **({"time_limit_s": 5} if name == "optimal" else {}))
+    plan = policy.place(items, view)
+    check_plan(items, view, plan)  # nothing over capacity, nothing placed twice
+    again = policy.place(items, view)
+    assert again.placements == plan.placements and again.unplaced == plan.unplaced
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(instance=instances(max_items=14))
+def test_optimal_is_never_worse_than_a_heuristic(instance: Any) -> None:
+    items, view = instance
+    best = make_policy("optimal").place(items, view)
+    assert best.status == "OPTIMAL"
+    assert best.gap() == 0.0
+    for name in ("ff", "ffd", "wf", "wfd"):
+        assert make_policy(name).place(items, view).objective <= best.objective
+
+
+def brute_force(items: list[Item], view: ClusterView) -> int:
+    gpus = view.gpus()
+    best = 0
+    for choice in itertools.product(range(-1, len(gpus)), repeat=len(items)):
+        c = {i: g.compute for i, g in enumerate(gpus)}
+        m = {i: g.memory for i, g in enumerate(gpus)}
+        q = {n.name: n.cores for n in view.nodes}
+        total, ok = 0, True
+        for it, g in zip(items, choice, strict=True):
+            if g < 0:
+                continue
+            need = it.needs.get(gpus[g].arch)
+            if need is None:
+                ok = False
+                break
+            c[g] -= need.compute
+            m[g] -= need.memory
+            q[gpus[g].node] -= need.cores
+            total += need.compute
+        if ok and min(c.values()) >= 0 and min(m.values()) >= 0 and min(q.values()) >= 0:
+            best = max(best, total)
+    return best
+
+
+def test_optimal_matches_brute_force_on_a_tricky_instance() -> None:
+    # Greedy by size takes 60 first and wastes 40; the optimum pairs 50+50 and 70+30.
+    items = [item(0, 6000), item(1, 5000), item(2, 5000), item(3, 7000), item(4, 3000)]
+    view = cluster(("a", 64000, [gpu("a", 0, 10000), gpu("a", 1, 10000)]))
+    best = make_policy("optimal").place(items, view)
+    assert best.objective == brute_force(items, view) == 20000
+
+
+def test_first_fit_takes_the_first_gpu_and_worst_fit_the_freest() -> None:
+    view = cluster(("a", 64000, [gpu("a", 0, 10000), gpu("a", 1, 20000)]),
+                   ("b", 64000, [gpu("b", 0, 25000)]))
+    items = [item(0, 5000)]
+    assert make_policy("ff").place(items, view).placements[0].node == "a"
+    assert make_policy("ff").place(items, view).placements[0].gpu_index == 0
+    wf = make_policy("wf").place(items, view).placements[0]
+    assert (wf.node, wf.gpu_index) == ("b", 0)
+
+
+def test_worst_fit_balances_and_breaks_ties_by_order() -> None:
+    view = cluster(("a", 64000, [gpu("a", 0), gpu("a", 1)]))
+    plan = make_policy("wf").place([item(i, 1000) for i in range(4)], view)
+    assert [p.gpu_index for p in plan.placements] == [0, 1, 0, 1]
+    ff = make_policy("ff").place([item(i, 1000) for i in range(4)], view)
+    assert [p.gpu_index for p in ff.placements] == [0, 0, 0, 0]
+
+
+def test_decreasing_places_the_longest_trials_first() -> None:
+    view = cluster(("a", 64000, [gpu("a", 0, 10000)]))
+    items = [item(0, 6000, run=1.0), item(1, 6000, run=9.0)]
+    assert [p.item_id for p in make_policy("ff").place(items, view).placements] == ["t0"]
+    assert [p.item_id for p in make_policy("ffd").place(items, view).placements] == ["t1"]
+    assert [p.item_id for p in make_policy("wfd").place(items, view).placements] == ["t1"]
+
+
+def test_node_cores_memory_slots_and_architecture_are_respected() -> None:
+    view = cluster(("a", 3000, [gpu("a", 0), gpu("a", 1)]),
+                   ("b", 64000, [gpu("b", 0, memory=1500), gpu("b", 1, arch="H100", slots=1)]))
+    items = [item(i, 1000, memory=1000, cores=1000) for i in range(8)]
+    for name in ALL:
+        plan = make_policy(name).place(items, view)
+        check_plan(items, view, plan)
+        per = {(p.node, p.gpu_index) for p in plan.placements}
+        assert ("b", 1) not in per  # H100 without a profile for it
+        assert sum(p.node == "a" for p in plan.placements) == 3  # 3 cores on node a
+        assert sum(p.node == "b" for p in plan.placements) == 1  # memory 1500 on b:0
+
+
+def test_why_unplaced_explains() -> None:
+    view = cluster(("a", 64000, [gpu("a", 0, 10000, memory=4000)]))
+    items = [item(0, 8000), item(1, 8000), item(2, 1000, memory=9000), item(3, 1, arch="V100")]
+    plan = make_policy("wfd").place(items, view)
+    reasons = {i: why_unplaced(next(x for x in items if x.id == i), view, plan, items)
+               for i in plan.unplaced}
+    assert "waiting for capacity" in reasons["t1"] and "1 short of compute" in reasons["t1"]
+    assert "more than any GPU or node offers when empty" in reasons["t2"]
+    assert "no profile for the cluster's architectures ['A100']" in reasons["t3"]
+
+
+def test_registry_fails_loudly() -> None:
+    with pytest.raises(UnknownName, match="unknown policy 'bestfit'; valid: ff, ffd, optimal"):
+        make_policy("bestfit")
+    with pytest.raises(InvalidInput, match="has no option 'depth'; valid: time_limit_s"):
+        make_policy("optimal", depth=3)
+    with pytest.raises(InvalidInput, match=r"policy 'wfd' has no option 'x'; valid: \(none\)"):
+        make_policy("wfd", x=1)
+    with pytest.raises(InvalidInput, match="time_limit_s must be > 0"):
+        make_policy("optimal", time_limit_s=0)

@@ -1,0 +1,133 @@
+"""The Store contract, run against every implementation."""
+
+from __future__ import annotations
+
+import sqlite3
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from hypersack.core.errors import AlreadyExists, NotFound
+from hypersack.core.types import (
+    Demand,
+    GpuSpec,
+    NodeRecord,
+    NodeSpec,
+    Profile,
+    StudyRecord,
+    StudyState,
+    TrialRecord,
+    TrialState,
+    WorkloadKey,
+)
+from hypersack.store import MemoryStore, SqliteStore, Store
+
+KEY = WorkloadKey(model="resnet18", batch_size=64)
+
+
+@pytest.fixture(params=["memory", "sqlite"])
+def store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Store]:
+    s: Store = MemoryStore() if request.param == "memory" else SqliteStore(tmp_path / "h.db")
+    yield s
+    s.close()
+
+
+def study(i: int = 1) -> tuple[StudyRecord, list[TrialRecord]]:
+    sid = f"s-{i}"
+    trials = [TrialRecord(id=f"{sid}-t{j:05d}", study_id=sid, coords=(j,),
+                          params={"model": "resnet18", "batch_size": 64, "lr": 0.1 * j},
+                          key=KEY, epochs=1) for j in range(3)]
+    return StudyRecord(id=sid, name="s", space={"name": "s"}, seq=i), trials
+
+
+def profile(arch: str = "A100", compute: float = 40.0) -> Profile:
+    return Profile(key=KEY, arch=arch, demand=Demand(compute_pct=compute, memory_mib=1500,
+                                                     cores=2), iter_time_s=0.02,
+                   iters_per_epoch=782)
+
+
+def test_studies_and_trials_round_trip(store: Store) -> None:
+    s, trials = study()
+    store.add_study(s, trials)
+    assert store.get_study("s-1") == s
+    assert store.list_trials("s-1") == trials
+    assert store.get_trial(trials[1].id) == trials[1]
+    running = trials[1].model_copy(update={"state": TrialState.RUNNING, "node": "n0",
+                                           "gpu_index": 2, "demand": profile().demand})
+    store.update_trial(running)
+    assert store.get_trial(trials[1].id) == running
+    done = s.model_copy(update={"state": StudyState.COMPLETED})
+    store.update_study(done)
+    assert store.list_studies() == [done]
+    s2, t2 = study(2)
+    store.add_study(s2, t2)
+    assert [x.id for x in store.list_studies()] == ["s-1", "s-2"]
+    assert len(store.list_trials()) == 6
+
+
+def test_errors(store: Store) -> None:
+    s, trials = study()
+    store.add_study(s, trials)
+    with pytest.raises(AlreadyExists):
+        store.add_study(s, [])
+    with pytest.raises(NotFound):
+        store.get_study("nope")
+    with pytest.raises(NotFound):
+        store.get_trial("nope")
+    with pytest.raises(NotFound):
+        store.update_trial(trials[0].model_copy(update={"id": "nope"}))
+    with pytest.raises(NotFound):
+        store.update_study(s.model_copy(update={"id": "nope"}))
+
+
+def test_transaction_is_all_or_nothing(store: Store) -> None:
+    s, trials = study()
+    store.add_study(s, trials)
+    changed = trials[0].model_copy(update={"state": TrialState.RUNNING})
+    with pytest.raises(RuntimeError), store.transaction():
+        store.update_trial(changed)
+        store.put_profile(profile())
+        store.put_node(NodeRecord(spec=NodeSpec(name="n0", cores=8, gpus=(
+            GpuSpec(index=0, arch="A100", memory_mib=81920),))))
+        s3, t3 = study(3)
+        store.add_study(s3, t3)
+        raise RuntimeError("crash in the middle")
+    assert store.get_trial(trials[0].id).state == TrialState.PENDING
+    assert store.list_profiles() == []
+    assert store.list_nodes() == []
+    assert [x.id for x in store.list_studies()] == ["s-1"]
+    with store.transaction():
+        store.update_trial(changed)
+    assert store.get_trial(trials[0].id).state == TrialState.RUNNING
+
+
+def test_nodes_and_profiles(store: Store) -> None:
+    node = NodeRecord(spec=NodeSpec(name="n0", cores=8, gpus=(
+        GpuSpec(index=0, arch="A100", memory_mib=81920, uuid="GPU-1"),)))
+    store.put_node(node)
+    store.put_node(node.model_copy(update={"draining": True}))
+    assert store.list_nodes() == [node.model_copy(update={"draining": True})]
+    store.remove_node("n0")
+    store.remove_node("n0")
+    assert store.list_nodes() == []
+    store.put_profile(profile())
+    store.put_profile(profile(compute=55.0))
+    store.put_profile(profile("H100"))
+    assert store.get_profile(KEY, "A100") == profile(compute=55.0)
+    assert store.get_profile(KEY, "V100") is None
+    assert len(store.list_profiles()) == 2
+
+
+def test_sqlite_survives_reopening(tmp_path: Path) -> None:
+    path = tmp_path / "state.db"
+    s, trials = study()
+    with SqliteStore(path) as a:
+        a.add_study(s, trials)
+        a.put_profile(profile())
+    with SqliteStore(path) as b:
+        assert b.get_study("s-1") == s
+        assert b.list_trials() == trials
+        assert b.list_profiles() == [profile()]
+    with sqlite3.connect(path) as raw:
+        assert raw.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
