@@ -8,8 +8,9 @@ first in order). Both are exact implementations of those rules; two observations
 them fast without changing any decision:
 - capacity only shrinks during one decision, so a need that fitted nowhere fits nowhere
   later: identical needs are rejected from a cache;
-- worst fit keeps the GPUs in a heap by free compute, and first fit skips the prefix of
-  GPUs too full for the smallest need in the batch.
+- worst fit keeps the GPUs in a heap by free compute; first fit skips the prefix of GPUs
+  too full for the smallest need in the batch, and resumes an identical need's scan at
+  the GPU that took the previous one.
 """
 
 from __future__ import annotations
@@ -83,6 +84,9 @@ def _first_fit(items: Sequence[Item], order: list[int], flat: Flat) -> list[tupl
     while first_open < n_gpus and closed(first_open):
         first_open += 1
     failed: set[tuple[tuple[str, Need], ...]] = set()
+    # GPUs before the one that took the last identical need did not fit it then, and
+    # cannot now: an identical need resumes its scan there.
+    resume: dict[tuple[tuple[str, Need], ...], int] = {}
     sigs: dict[int, tuple[tuple[str, Need], ...]] = {}
     chosen: list[tuple[int, int]] = []
     arch = flat.arch
@@ -91,11 +95,12 @@ def _first_fit(items: Sequence[Item], order: list[int], flat: Flat) -> list[tupl
         sig = _signature(needs, sigs)
         if sig in failed:
             continue
-        for g in range(first_open, n_gpus):
+        for g in range(max(first_open, resume.get(sig, 0)), n_gpus):
             need = needs.get(arch[g])
             if need is not None and flat.fits(g, need):
                 flat.take(g, need)
                 chosen.append((i, g))
+                resume[sig] = g
                 while first_open < n_gpus and closed(first_open):
                     first_open += 1
                 break

@@ -171,3 +171,44 @@ def test_registry_fails_loudly() -> None:
         make_policy("wfd", x=1)
     with pytest.raises(InvalidInput, match="time_limit_s must be > 0"):
         make_policy("optimal", time_limit_s=0)
+
+
+def naive(items: list[Item], view: ClusterView, *, decreasing: bool, worst: bool
+          ) -> list[tuple[str, str, int]]:
+    """The paper's rules written plainly, O(P x G): the fast versions must agree exactly."""
+    gpus = view.gpus()
+    c = [g.compute for g in gpus]
+    m = [g.memory for g in gpus]
+    s = [1 << 60 if g.slots is None else g.slots for g in gpus]
+    q = {n.name: n.cores for n in view.nodes}
+    order = sorted(items, key=lambda it: -it.run_time_s) if decreasing else items
+    out = []
+    for it in order:
+        fits = []
+        for g, b in enumerate(gpus):
+            need = it.needs.get(b.arch)
+            if need and c[g] >= need.compute and m[g] >= need.memory and s[g] > 0 \
+                    and q[b.node] >= need.cores:
+                fits.append(g)
+        if not fits:
+            continue
+        g = max(fits, key=lambda g: (c[g], -g)) if worst else fits[0]
+        need = it.needs[gpus[g].arch]
+        c[g] -= need.compute
+        m[g] -= need.memory
+        s[g] -= 1
+        q[gpus[g].node] -= need.cores
+        out.append((it.id, gpus[g].node, gpus[g].index))
+    return out
+
+
+@pytest.mark.parametrize("name,decreasing,worst", [
+    ("ff", False, False), ("ffd", True, False), ("wf", False, True), ("wfd", True, True)])
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(instance=instances(max_items=40))
+def test_fast_greedy_rules_decide_exactly_as_the_plain_rules(
+        name: str, decreasing: bool, worst: bool, instance: Any) -> None:
+    items, view = instance
+    plan = make_policy(name).place(items, view)
+    got = [(p.item_id, p.node, p.gpu_index) for p in plan.placements]
+    assert got == naive(items, view, decreasing=decreasing, worst=worst)
