@@ -177,7 +177,7 @@ class Orchestrator:
                 gpu = node.gpus.get(index) if node else None
                 if node is None or gpu is None or t.demand is None:
                     # Its node is gone from the inventory: run it again.
-                    self._set(t, state=TrialState.PENDING, node=None, gpu_index=None, demand=None)
+                    self._requeue(t)
                 else:
                     self._allocate(t.id, node, gpu, t.demand)
         if self._dirty:
@@ -375,8 +375,7 @@ class Orchestrator:
             for gpu in node.gpus.values():
                 for tid in sorted(gpu.trials - reported):
                     self._release(tid)
-                    self._set(self._trials[tid], state=TrialState.PENDING, node=None,
-                              gpu_index=None, demand=None)
+                    self._requeue(self._trials[tid])
                     log.info("%s did not survive on %s; requeued", tid, node.spec.name)
         return commands
 
@@ -386,7 +385,7 @@ class Orchestrator:
         for gpu in node.gpus.values():
             for tid in sorted(gpu.trials):
                 t = self._trials[tid]
-                self._set(t, state=TrialState.PENDING, node=None, gpu_index=None, demand=None)
+                self._requeue(t)
             gpu.trials.clear()
         log.warning("node %s lost (%s); its trials are pending again", name, reason)
 
@@ -405,15 +404,11 @@ class Orchestrator:
         failures = t.failures + 1
         tail = event.log_tail[-4000:]
         if failures > retries:
-            self._set(t, state=TrialState.FAILED, failures=failures, log_tail=tail,
-                      reason=f"exit code {event.exit_code}; failed {failures} times "
-                             f"(retries: {retries})",
-                      node=None, gpu_index=None, finished_at=self._clock.now())
-            self._maybe_done(t.study_id)
+            self._fail(t, f"exit code {event.exit_code}; failed {failures} times "
+                          f"(retries: {retries})", failures=failures, log_tail=tail)
         else:
-            self._set(t, state=TrialState.PENDING, failures=failures, log_tail=tail,
-                      reason=f"exit code {event.exit_code}; retry {failures} of {retries}",
-                      node=None, gpu_index=None, demand=None)
+            self._requeue(t, failures=failures, log_tail=tail,
+                          reason=f"exit code {event.exit_code}; retry {failures} of {retries}")
         return self._schedule()
 
     def _on_oom(self, event: TrialOutOfMemory) -> list[Command]:
@@ -425,15 +420,13 @@ class Orchestrator:
         largest = max((g.memory_mib for n in self._nodes.values() for g in n.gpus.values()),
                       default=0)
         if grown > largest:
-            self._set(t, state=TrialState.FAILED, memory_override_mib=grown,
-                      reason=f"out of memory: needs more than {t.demand.memory_mib} MiB, "
-                             f"grown to {grown} MiB, larger than any GPU ({largest} MiB)",
-                      node=None, gpu_index=None, finished_at=self._clock.now())
-            self._maybe_done(t.study_id)
+            self._fail(t, f"out of memory: needs more than {t.demand.memory_mib} MiB, grown "
+                          f"to {grown} MiB, larger than any GPU ({largest} MiB)",
+                       memory_override_mib=grown)
         else:
-            self._set(t, state=TrialState.PENDING, memory_override_mib=grown, node=None,
-                      gpu_index=None, demand=None,
-                      reason=f"out of memory at {t.demand.memory_mib} MiB; now asks {grown} MiB")
+            self._requeue(t, memory_override_mib=grown,
+                          reason=f"out of memory at {t.demand.memory_mib} MiB; now asks "
+                                 f"{grown} MiB")
         return self._schedule()
 
     def _on_profile(self, profile: Profile) -> list[Command]:
@@ -468,6 +461,17 @@ class Orchestrator:
         self._trials[t.id] = new
         self._dirty.add(t.id)
         return new
+
+    def _requeue(self, t: TrialRecord, **changes: Any) -> None:
+        """Back to PENDING, holding no GPU."""
+        self._set(t, state=TrialState.PENDING, node=None, gpu_index=None, demand=None,
+                  **changes)
+
+    def _fail(self, t: TrialRecord, reason: str, **changes: Any) -> None:
+        """FAILED for good, with the reason a person will read."""
+        self._set(t, state=TrialState.FAILED, node=None, gpu_index=None, reason=reason,
+                  finished_at=self._clock.now(), **changes)
+        self._maybe_done(t.study_id)
 
     def _set_study(self, study: StudyRecord, state: StudyState) -> None:
         self._studies[study.id] = study.model_copy(update={"state": state})
@@ -624,9 +628,7 @@ class Orchestrator:
                 elif all((t.key, a) in self._profile_failed for a in archs):
                     reasons = "; ".join(f"{a}: {self._profile_failed[t.key, a]}"
                                         for a in sorted(archs))
-                    self._set(t, state=TrialState.FAILED, finished_at=self._clock.now(),
-                              reason=f"profiling failed on every architecture ({reasons})")
-                    self._maybe_done(t.study_id)
+                    self._fail(t, f"profiling failed on every architecture ({reasons})")
                 elif t.state == TrialState.PENDING:
                     self._set(t, state=TrialState.PROFILING)
         for key, arch in wanted:
@@ -637,11 +639,7 @@ class Orchestrator:
             idle = [(n, g) for n, g in gpus if not g.trials]
             if idle:
                 node, gpu = idle[0]
-                gpu.profiling = (key, arch)
-                commands.append(ProfileWorkload(key=key, arch=arch, node=node.spec.name,
-                                                gpu_index=gpu.spec_index,
-                                                iterations=self.config.profile_iterations,
-                                                warmup=self.config.profile_warmup))
+                commands.append(self._profile_job(node, gpu, (key, arch)))
             else:
                 # Let the least busy GPU drain, so that the profile does not starve.
                 node, gpu = min(gpus, key=lambda ng: len(ng[1].trials))
@@ -650,10 +648,14 @@ class Orchestrator:
         for node in open_nodes:
             for gpu in node.gpus.values():
                 if gpu.reserved_for is not None and not gpu.trials and gpu.profiling is None:
-                    key, arch = gpu.reserved_for
-                    gpu.profiling, gpu.reserved_for = gpu.reserved_for, None
-                    commands.append(ProfileWorkload(key=key, arch=arch, node=node.spec.name,
-                                                    gpu_index=gpu.spec_index,
-                                                    iterations=self.config.profile_iterations,
-                                                    warmup=self.config.profile_warmup))
+                    slot, gpu.reserved_for = gpu.reserved_for, None
+                    commands.append(self._profile_job(node, gpu, slot))
         return commands
+
+    def _profile_job(self, node: _Node, gpu: _Gpu, slot: tuple[WorkloadKey, str]
+                     ) -> ProfileWorkload:
+        gpu.profiling = slot
+        return ProfileWorkload(key=slot[0], arch=slot[1], node=node.spec.name,
+                               gpu_index=gpu.spec_index,
+                               iterations=self.config.profile_iterations,
+                               warmup=self.config.profile_warmup)
