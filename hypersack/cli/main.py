@@ -160,16 +160,17 @@ def load_inputs(args: argparse.Namespace) -> tuple[Any, Any, Any, Any]:
     space = load_space(args.space)
     cluster = load_cluster(args.cluster)
     profiles = load_profiles(args.profiles)
-    ratios = {**DEFAULT_RATIOS, **_ratios(args.ratio)}
+    given = _ratios(args.ratio)
+    ratios = {**DEFAULT_RATIOS, **given}
     options = parse_policy_options(args.policy_option)
     policy = args.policy or space.settings.policy
     make_policy(policy, **options)  # fail on a bad name or option before any work
     config = OrchestratorConfig(oversubscription=ratios, policy=policy,
                                 policy_options={policy: options})
-    if args.ratio:
+    if given:
         # Ratios given on the command line win over the study's own.
         settings = space.settings.model_copy(update={"oversubscription": {
-            **space.settings.oversubscription, **_ratios(args.ratio)}})
+            **space.settings.oversubscription, **given}})
         space = space.model_copy(update={"settings": settings})
     return space, cluster, profiles, config
 
