@@ -17,7 +17,7 @@ from hypersack.core.errors import HyperSackError, InvalidInput
 EXIT_INPUT = 2
 
 
-def _ratios(pairs: Sequence[str]) -> dict[str, float]:
+def parse_ratios(pairs: Sequence[str]) -> dict[str, float]:
     out: dict[str, float] = {}
     for pair in pairs:
         arch, sep, value = pair.partition("=")
@@ -99,6 +99,11 @@ def build_parser() -> argparse.ArgumentParser:
                    help="start with an empty history: every workload is profiled first")
     p.add_argument("--contention", type=float,
                    help="interference model: slowdown added per extra trial on a GPU")
+
+    from hypersack.cli import control, run
+
+    run.add_parser(sub)
+    control.add_parsers(sub)
     return parser
 
 
@@ -119,13 +124,19 @@ def main(argv: Sequence[str] | None = None) -> int:
             from hypersack.cli.simulate import run_simulate
 
             return run_simulate(args)
+        if args.command == "run":
+            from hypersack.cli.run import check_backend_flags, run_embedded
+
+            check_backend_flags(args)
+            return run_embedded(args)
+        from hypersack.cli.control import run_control
+
+        return run_control(args)
     except HyperSackError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return EXIT_INPUT
     except BrokenPipeError:
         return 0
-    parser.error(f"unknown command {args.command}")
-    return EXIT_INPUT
 
 
 def _validate(args: argparse.Namespace) -> int:
@@ -160,7 +171,7 @@ def load_inputs(args: argparse.Namespace) -> tuple[Any, Any, Any, Any]:
     space = load_space(args.space)
     cluster = load_cluster(args.cluster)
     profiles = load_profiles(args.profiles)
-    given = _ratios(args.ratio)
+    given = parse_ratios(args.ratio)
     ratios = {**DEFAULT_RATIOS, **given}
     options = parse_policy_options(args.policy_option)
     policy = args.policy or space.settings.policy

@@ -1,4 +1,5 @@
-"""The built-in workloads: the nine models of the HyperSack paper's search spaces."""
+"""The built-in workloads: the nine models of the HyperSack paper's search spaces, and a
+pure-Python demo model."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ class ModelInfo(BaseModel):
     family: str
     params_millions: float
     samples_per_epoch: int
+    needs_torch: bool = True  # False: the pure-Python demo workload, trainable anywhere
 
 
 _CIFAR = 50_000
@@ -39,5 +41,9 @@ MODELS: dict[str, ModelInfo] = {
                   samples_per_epoch=_IMDB),
         ModelInfo(name="pythia_31m", dataset="imdb", family="decoder", params_millions=31.0,
                   samples_per_epoch=_IMDB),
+        # Not from the paper: linear regression by SGD in pure Python on a synthetic
+        # dataset, so the whole system runs real trials on any machine (the quick start).
+        ModelInfo(name="linreg", dataset="synthetic", family="linear",
+                  params_millions=0.000033, samples_per_epoch=4096, needs_torch=False),
     )
 }

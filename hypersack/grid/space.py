@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import math
+import re
+import shlex
 from pathlib import Path
 from typing import Annotated, Any, Literal, Union
 
@@ -142,12 +144,20 @@ class Search(_Spec):
         return self
 
 
+class Objective(_Spec):
+    """The metric a trial reports that ranks it; its last reported value is the objective."""
+
+    metric: str = Field(default="loss", min_length=1, max_length=64)
+    mode: Literal["min", "max"] = "min"
+
+
 class Settings(_Spec):
     epochs: float = Field(default=1.0, gt=0)
     retries: int = Field(default=2, ge=0)
     policy: str = "wfd"
     oversubscription: dict[str, float] = Field(default_factory=dict)
     max_trials: int = Field(default=100_000, ge=1, le=MAX_TRIALS_CAP)
+    objective: Objective = Field(default_factory=Objective)
 
     @field_validator("oversubscription")
     @classmethod
@@ -167,6 +177,41 @@ class Settings(_Spec):
         return name
 
 
+BUILTIN_PROGRAMS = ("train", "sleep")
+PLACEHOLDER = re.compile(r"\{([A-Za-z_][A-Za-z0-9_]*)\}")
+# Placeholders every command template may use besides the hyperparameters.
+COMMAND_FIELDS = ("python", "model", "epochs", "trial_id", "study_id", "workdir")
+
+
+class Program(_Spec):
+    """What a trial runs: a built-in workload (a module under hypersack.runner) or a
+    command template such as `{python} train.py --lr {lr} --batch-size {batch_size}`.
+    A template is split into arguments first and each argument filled in afterwards,
+    so a parameter never reaches a shell."""
+
+    builtin: Literal["train", "sleep"] | None = None
+    command: str | None = Field(default=None, min_length=1, max_length=4096)
+    options: dict[str, Any] = Field(default_factory=dict)
+
+    @model_validator(mode="after")
+    def _one(self) -> Program:
+        if (self.builtin is None) == (self.command is None):
+            raise ValueError("give exactly one of builtin (train or sleep) or command")
+        if self.command is not None:
+            try:
+                argv = shlex.split(self.command)
+            except ValueError as exc:
+                raise ValueError(f"command: cannot split into arguments: {exc}") from None
+            if not argv:
+                raise ValueError("command: empty")
+        return self
+
+    def placeholders(self) -> set[str]:
+        if self.command is None:
+            return set()
+        return {m.group(1) for arg in shlex.split(self.command) for m in PLACEHOLDER.finditer(arg)}
+
+
 def _known_model(name: str) -> str:
     if name not in MODELS:
         raise ValueError(f"unknown model {name!r}; valid: {', '.join(sorted(MODELS))}")
@@ -183,6 +228,7 @@ class SearchSpace(_Spec):
     hyperparameters: dict[str, Hyperparameter]
     search: Search = Field(default_factory=Search)
     settings: Settings = Field(default_factory=Settings)
+    program: Program = Field(default_factory=lambda: Program(builtin="train"))
 
     @field_validator("models")
     @classmethod
@@ -224,6 +270,11 @@ class SearchSpace(_Spec):
                 if hp.grid() is None:
                     raise ValueError(f"hyperparameters.{name}: grid search needs num "
                                      "(or step) to discretize the range")
+        unknown = self.program.placeholders() - set(self.hyperparameters) - set(COMMAND_FIELDS)
+        if unknown:
+            valid = sorted(set(self.hyperparameters) | set(COMMAND_FIELDS))
+            raise ValueError(f"program.command: unknown placeholder(s) {sorted(unknown)}; "
+                             f"valid: {', '.join(valid)}")
         size = self.size()
         if size > self.settings.max_trials:
             raise ValueError(f"the search space has {size} trials, more than "

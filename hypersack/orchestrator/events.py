@@ -69,7 +69,8 @@ class TrialFinished:
     trial_id: str
     node: str
     metrics: dict[str, float] = field(default_factory=dict)
-    objective: float | None = None
+    objective: float | None = None  # None: the study's objective metric, if reported
+    log_tail: str = ""
 
 
 @dataclass(frozen=True)

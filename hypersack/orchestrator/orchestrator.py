@@ -392,8 +392,12 @@ class Orchestrator:
     def _on_finished(self, event: TrialFinished) -> list[Command]:
         t = self._running_on(event.trial_id, event.node)
         self._release(t.id)
+        objective = event.objective
+        if objective is None:
+            objective = event.metrics.get(self._spaces[t.study_id].settings.objective.metric)
         self._set(t, state=TrialState.COMPLETED, metrics=dict(event.metrics),
-                  objective=event.objective, finished_at=self._clock.now(), reason="")
+                  objective=objective, finished_at=self._clock.now(), reason="",
+                  log_tail=event.log_tail[-4000:])
         self._maybe_done(t.study_id)
         return self._schedule()
 

@@ -1,0 +1,443 @@
+from google.protobuf.internal import containers as _containers
+from google.protobuf import descriptor as _descriptor
+from google.protobuf import message as _message
+from collections.abc import Iterable as _Iterable, Mapping as _Mapping
+from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
+
+DESCRIPTOR: _descriptor.FileDescriptor
+
+class SubmitStudyRequest(_message.Message):
+    __slots__ = ("space_yaml", "source")
+    SPACE_YAML_FIELD_NUMBER: _ClassVar[int]
+    SOURCE_FIELD_NUMBER: _ClassVar[int]
+    space_yaml: str
+    source: str
+    def __init__(self, space_yaml: _Optional[str] = ..., source: _Optional[str] = ...) -> None: ...
+
+class GetStudyRequest(_message.Message):
+    __slots__ = ("study_id",)
+    STUDY_ID_FIELD_NUMBER: _ClassVar[int]
+    study_id: str
+    def __init__(self, study_id: _Optional[str] = ...) -> None: ...
+
+class ListStudiesRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class ListStudiesResponse(_message.Message):
+    __slots__ = ("studies",)
+    STUDIES_FIELD_NUMBER: _ClassVar[int]
+    studies: _containers.RepeatedCompositeFieldContainer[Study]
+    def __init__(self, studies: _Optional[_Iterable[_Union[Study, _Mapping]]] = ...) -> None: ...
+
+class ListTrialsRequest(_message.Message):
+    __slots__ = ("study_id",)
+    STUDY_ID_FIELD_NUMBER: _ClassVar[int]
+    study_id: str
+    def __init__(self, study_id: _Optional[str] = ...) -> None: ...
+
+class ListTrialsResponse(_message.Message):
+    __slots__ = ("trials",)
+    TRIALS_FIELD_NUMBER: _ClassVar[int]
+    trials: _containers.RepeatedCompositeFieldContainer[Trial]
+    def __init__(self, trials: _Optional[_Iterable[_Union[Trial, _Mapping]]] = ...) -> None: ...
+
+class GetTrialRequest(_message.Message):
+    __slots__ = ("trial_id",)
+    TRIAL_ID_FIELD_NUMBER: _ClassVar[int]
+    trial_id: str
+    def __init__(self, trial_id: _Optional[str] = ...) -> None: ...
+
+class WatchStudyRequest(_message.Message):
+    __slots__ = ("study_id", "min_interval_s")
+    STUDY_ID_FIELD_NUMBER: _ClassVar[int]
+    MIN_INTERVAL_S_FIELD_NUMBER: _ClassVar[int]
+    study_id: str
+    min_interval_s: float
+    def __init__(self, study_id: _Optional[str] = ..., min_interval_s: _Optional[float] = ...) -> None: ...
+
+class CancelStudyRequest(_message.Message):
+    __slots__ = ("study_id",)
+    STUDY_ID_FIELD_NUMBER: _ClassVar[int]
+    study_id: str
+    def __init__(self, study_id: _Optional[str] = ...) -> None: ...
+
+class ListNodesRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class ListNodesResponse(_message.Message):
+    __slots__ = ("nodes",)
+    NODES_FIELD_NUMBER: _ClassVar[int]
+    nodes: _containers.RepeatedCompositeFieldContainer[Node]
+    def __init__(self, nodes: _Optional[_Iterable[_Union[Node, _Mapping]]] = ...) -> None: ...
+
+class DrainNodeRequest(_message.Message):
+    __slots__ = ("node",)
+    NODE_FIELD_NUMBER: _ClassVar[int]
+    node: str
+    def __init__(self, node: _Optional[str] = ...) -> None: ...
+
+class Study(_message.Message):
+    __slots__ = ("id", "name", "state", "submitted_at", "counts", "space_json", "objective_metric", "objective_mode")
+    class CountsEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: int
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[int] = ...) -> None: ...
+    ID_FIELD_NUMBER: _ClassVar[int]
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    SUBMITTED_AT_FIELD_NUMBER: _ClassVar[int]
+    COUNTS_FIELD_NUMBER: _ClassVar[int]
+    SPACE_JSON_FIELD_NUMBER: _ClassVar[int]
+    OBJECTIVE_METRIC_FIELD_NUMBER: _ClassVar[int]
+    OBJECTIVE_MODE_FIELD_NUMBER: _ClassVar[int]
+    id: str
+    name: str
+    state: str
+    submitted_at: float
+    counts: _containers.ScalarMap[str, int]
+    space_json: str
+    objective_metric: str
+    objective_mode: str
+    def __init__(self, id: _Optional[str] = ..., name: _Optional[str] = ..., state: _Optional[str] = ..., submitted_at: _Optional[float] = ..., counts: _Optional[_Mapping[str, int]] = ..., space_json: _Optional[str] = ..., objective_metric: _Optional[str] = ..., objective_mode: _Optional[str] = ...) -> None: ...
+
+class Trial(_message.Message):
+    __slots__ = ("id", "study_id", "state", "params_json", "workload", "node", "gpu_index", "failures", "launches", "metrics", "has_objective", "objective", "reason", "log_tail", "started_at", "finished_at")
+    class MetricsEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: float
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[float] = ...) -> None: ...
+    ID_FIELD_NUMBER: _ClassVar[int]
+    STUDY_ID_FIELD_NUMBER: _ClassVar[int]
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    PARAMS_JSON_FIELD_NUMBER: _ClassVar[int]
+    WORKLOAD_FIELD_NUMBER: _ClassVar[int]
+    NODE_FIELD_NUMBER: _ClassVar[int]
+    GPU_INDEX_FIELD_NUMBER: _ClassVar[int]
+    FAILURES_FIELD_NUMBER: _ClassVar[int]
+    LAUNCHES_FIELD_NUMBER: _ClassVar[int]
+    METRICS_FIELD_NUMBER: _ClassVar[int]
+    HAS_OBJECTIVE_FIELD_NUMBER: _ClassVar[int]
+    OBJECTIVE_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    LOG_TAIL_FIELD_NUMBER: _ClassVar[int]
+    STARTED_AT_FIELD_NUMBER: _ClassVar[int]
+    FINISHED_AT_FIELD_NUMBER: _ClassVar[int]
+    id: str
+    study_id: str
+    state: str
+    params_json: str
+    workload: str
+    node: str
+    gpu_index: int
+    failures: int
+    launches: int
+    metrics: _containers.ScalarMap[str, float]
+    has_objective: bool
+    objective: float
+    reason: str
+    log_tail: str
+    started_at: float
+    finished_at: float
+    def __init__(self, id: _Optional[str] = ..., study_id: _Optional[str] = ..., state: _Optional[str] = ..., params_json: _Optional[str] = ..., workload: _Optional[str] = ..., node: _Optional[str] = ..., gpu_index: _Optional[int] = ..., failures: _Optional[int] = ..., launches: _Optional[int] = ..., metrics: _Optional[_Mapping[str, float]] = ..., has_objective: bool = ..., objective: _Optional[float] = ..., reason: _Optional[str] = ..., log_tail: _Optional[str] = ..., started_at: _Optional[float] = ..., finished_at: _Optional[float] = ...) -> None: ...
+
+class GpuLoad(_message.Message):
+    __slots__ = ("node", "gpu_index", "trials", "compute_share")
+    NODE_FIELD_NUMBER: _ClassVar[int]
+    GPU_INDEX_FIELD_NUMBER: _ClassVar[int]
+    TRIALS_FIELD_NUMBER: _ClassVar[int]
+    COMPUTE_SHARE_FIELD_NUMBER: _ClassVar[int]
+    node: str
+    gpu_index: int
+    trials: int
+    compute_share: float
+    def __init__(self, node: _Optional[str] = ..., gpu_index: _Optional[int] = ..., trials: _Optional[int] = ..., compute_share: _Optional[float] = ...) -> None: ...
+
+class StudyUpdate(_message.Message):
+    __slots__ = ("study", "gpus")
+    STUDY_FIELD_NUMBER: _ClassVar[int]
+    GPUS_FIELD_NUMBER: _ClassVar[int]
+    study: Study
+    gpus: _containers.RepeatedCompositeFieldContainer[GpuLoad]
+    def __init__(self, study: _Optional[_Union[Study, _Mapping]] = ..., gpus: _Optional[_Iterable[_Union[GpuLoad, _Mapping]]] = ...) -> None: ...
+
+class Gpu(_message.Message):
+    __slots__ = ("index", "arch", "memory_mib", "uuid", "trials", "compute_share", "utilization_pct", "memory_used_mib")
+    INDEX_FIELD_NUMBER: _ClassVar[int]
+    ARCH_FIELD_NUMBER: _ClassVar[int]
+    MEMORY_MIB_FIELD_NUMBER: _ClassVar[int]
+    UUID_FIELD_NUMBER: _ClassVar[int]
+    TRIALS_FIELD_NUMBER: _ClassVar[int]
+    COMPUTE_SHARE_FIELD_NUMBER: _ClassVar[int]
+    UTILIZATION_PCT_FIELD_NUMBER: _ClassVar[int]
+    MEMORY_USED_MIB_FIELD_NUMBER: _ClassVar[int]
+    index: int
+    arch: str
+    memory_mib: int
+    uuid: str
+    trials: int
+    compute_share: float
+    utilization_pct: float
+    memory_used_mib: int
+    def __init__(self, index: _Optional[int] = ..., arch: _Optional[str] = ..., memory_mib: _Optional[int] = ..., uuid: _Optional[str] = ..., trials: _Optional[int] = ..., compute_share: _Optional[float] = ..., utilization_pct: _Optional[float] = ..., memory_used_mib: _Optional[int] = ...) -> None: ...
+
+class Node(_message.Message):
+    __slots__ = ("name", "cores", "draining", "connected", "last_seen_s", "gpus", "backend")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    CORES_FIELD_NUMBER: _ClassVar[int]
+    DRAINING_FIELD_NUMBER: _ClassVar[int]
+    CONNECTED_FIELD_NUMBER: _ClassVar[int]
+    LAST_SEEN_S_FIELD_NUMBER: _ClassVar[int]
+    GPUS_FIELD_NUMBER: _ClassVar[int]
+    BACKEND_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    cores: float
+    draining: bool
+    connected: bool
+    last_seen_s: float
+    gpus: _containers.RepeatedCompositeFieldContainer[Gpu]
+    backend: str
+    def __init__(self, name: _Optional[str] = ..., cores: _Optional[float] = ..., draining: bool = ..., connected: bool = ..., last_seen_s: _Optional[float] = ..., gpus: _Optional[_Iterable[_Union[Gpu, _Mapping]]] = ..., backend: _Optional[str] = ...) -> None: ...
+
+class WorkloadKey(_message.Message):
+    __slots__ = ("model", "batch_size", "optimizer", "precision", "fusion_width")
+    MODEL_FIELD_NUMBER: _ClassVar[int]
+    BATCH_SIZE_FIELD_NUMBER: _ClassVar[int]
+    OPTIMIZER_FIELD_NUMBER: _ClassVar[int]
+    PRECISION_FIELD_NUMBER: _ClassVar[int]
+    FUSION_WIDTH_FIELD_NUMBER: _ClassVar[int]
+    model: str
+    batch_size: int
+    optimizer: str
+    precision: str
+    fusion_width: int
+    def __init__(self, model: _Optional[str] = ..., batch_size: _Optional[int] = ..., optimizer: _Optional[str] = ..., precision: _Optional[str] = ..., fusion_width: _Optional[int] = ...) -> None: ...
+
+class GpuInfo(_message.Message):
+    __slots__ = ("index", "arch", "memory_mib", "uuid")
+    INDEX_FIELD_NUMBER: _ClassVar[int]
+    ARCH_FIELD_NUMBER: _ClassVar[int]
+    MEMORY_MIB_FIELD_NUMBER: _ClassVar[int]
+    UUID_FIELD_NUMBER: _ClassVar[int]
+    index: int
+    arch: str
+    memory_mib: int
+    uuid: str
+    def __init__(self, index: _Optional[int] = ..., arch: _Optional[str] = ..., memory_mib: _Optional[int] = ..., uuid: _Optional[str] = ...) -> None: ...
+
+class GpuState(_message.Message):
+    __slots__ = ("index", "utilization_pct", "memory_used_mib")
+    INDEX_FIELD_NUMBER: _ClassVar[int]
+    UTILIZATION_PCT_FIELD_NUMBER: _ClassVar[int]
+    MEMORY_USED_MIB_FIELD_NUMBER: _ClassVar[int]
+    index: int
+    utilization_pct: float
+    memory_used_mib: int
+    def __init__(self, index: _Optional[int] = ..., utilization_pct: _Optional[float] = ..., memory_used_mib: _Optional[int] = ...) -> None: ...
+
+class RunningTrial(_message.Message):
+    __slots__ = ("trial_id", "gpu_index")
+    TRIAL_ID_FIELD_NUMBER: _ClassVar[int]
+    GPU_INDEX_FIELD_NUMBER: _ClassVar[int]
+    trial_id: str
+    gpu_index: int
+    def __init__(self, trial_id: _Optional[str] = ..., gpu_index: _Optional[int] = ...) -> None: ...
+
+class Register(_message.Message):
+    __slots__ = ("node", "cores", "gpus", "running", "backend", "version")
+    NODE_FIELD_NUMBER: _ClassVar[int]
+    CORES_FIELD_NUMBER: _ClassVar[int]
+    GPUS_FIELD_NUMBER: _ClassVar[int]
+    RUNNING_FIELD_NUMBER: _ClassVar[int]
+    BACKEND_FIELD_NUMBER: _ClassVar[int]
+    VERSION_FIELD_NUMBER: _ClassVar[int]
+    node: str
+    cores: float
+    gpus: _containers.RepeatedCompositeFieldContainer[GpuInfo]
+    running: _containers.RepeatedCompositeFieldContainer[RunningTrial]
+    backend: str
+    version: str
+    def __init__(self, node: _Optional[str] = ..., cores: _Optional[float] = ..., gpus: _Optional[_Iterable[_Union[GpuInfo, _Mapping]]] = ..., running: _Optional[_Iterable[_Union[RunningTrial, _Mapping]]] = ..., backend: _Optional[str] = ..., version: _Optional[str] = ...) -> None: ...
+
+class Heartbeat(_message.Message):
+    __slots__ = ("running", "gpus")
+    RUNNING_FIELD_NUMBER: _ClassVar[int]
+    GPUS_FIELD_NUMBER: _ClassVar[int]
+    running: _containers.RepeatedCompositeFieldContainer[RunningTrial]
+    gpus: _containers.RepeatedCompositeFieldContainer[GpuState]
+    def __init__(self, running: _Optional[_Iterable[_Union[RunningTrial, _Mapping]]] = ..., gpus: _Optional[_Iterable[_Union[GpuState, _Mapping]]] = ...) -> None: ...
+
+class TrialStarted(_message.Message):
+    __slots__ = ("trial_id",)
+    TRIAL_ID_FIELD_NUMBER: _ClassVar[int]
+    trial_id: str
+    def __init__(self, trial_id: _Optional[str] = ...) -> None: ...
+
+class TrialMetrics(_message.Message):
+    __slots__ = ("trial_id", "step", "metrics")
+    class MetricsEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: float
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[float] = ...) -> None: ...
+    TRIAL_ID_FIELD_NUMBER: _ClassVar[int]
+    STEP_FIELD_NUMBER: _ClassVar[int]
+    METRICS_FIELD_NUMBER: _ClassVar[int]
+    trial_id: str
+    step: int
+    metrics: _containers.ScalarMap[str, float]
+    def __init__(self, trial_id: _Optional[str] = ..., step: _Optional[int] = ..., metrics: _Optional[_Mapping[str, float]] = ...) -> None: ...
+
+class TrialExited(_message.Message):
+    __slots__ = ("trial_id", "exit_code", "log_tail", "metrics", "out_of_memory", "peak_memory_mib")
+    class MetricsEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: float
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[float] = ...) -> None: ...
+    TRIAL_ID_FIELD_NUMBER: _ClassVar[int]
+    EXIT_CODE_FIELD_NUMBER: _ClassVar[int]
+    LOG_TAIL_FIELD_NUMBER: _ClassVar[int]
+    METRICS_FIELD_NUMBER: _ClassVar[int]
+    OUT_OF_MEMORY_FIELD_NUMBER: _ClassVar[int]
+    PEAK_MEMORY_MIB_FIELD_NUMBER: _ClassVar[int]
+    trial_id: str
+    exit_code: int
+    log_tail: str
+    metrics: _containers.ScalarMap[str, float]
+    out_of_memory: bool
+    peak_memory_mib: int
+    def __init__(self, trial_id: _Optional[str] = ..., exit_code: _Optional[int] = ..., log_tail: _Optional[str] = ..., metrics: _Optional[_Mapping[str, float]] = ..., out_of_memory: bool = ..., peak_memory_mib: _Optional[int] = ...) -> None: ...
+
+class ProfileResult(_message.Message):
+    __slots__ = ("key", "arch", "ok", "error", "compute_pct", "memory_mib", "cores", "iter_time_s", "iters_per_epoch", "data_fraction", "source")
+    KEY_FIELD_NUMBER: _ClassVar[int]
+    ARCH_FIELD_NUMBER: _ClassVar[int]
+    OK_FIELD_NUMBER: _ClassVar[int]
+    ERROR_FIELD_NUMBER: _ClassVar[int]
+    COMPUTE_PCT_FIELD_NUMBER: _ClassVar[int]
+    MEMORY_MIB_FIELD_NUMBER: _ClassVar[int]
+    CORES_FIELD_NUMBER: _ClassVar[int]
+    ITER_TIME_S_FIELD_NUMBER: _ClassVar[int]
+    ITERS_PER_EPOCH_FIELD_NUMBER: _ClassVar[int]
+    DATA_FRACTION_FIELD_NUMBER: _ClassVar[int]
+    SOURCE_FIELD_NUMBER: _ClassVar[int]
+    key: WorkloadKey
+    arch: str
+    ok: bool
+    error: str
+    compute_pct: float
+    memory_mib: int
+    cores: float
+    iter_time_s: float
+    iters_per_epoch: int
+    data_fraction: float
+    source: str
+    def __init__(self, key: _Optional[_Union[WorkloadKey, _Mapping]] = ..., arch: _Optional[str] = ..., ok: bool = ..., error: _Optional[str] = ..., compute_pct: _Optional[float] = ..., memory_mib: _Optional[int] = ..., cores: _Optional[float] = ..., iter_time_s: _Optional[float] = ..., iters_per_epoch: _Optional[int] = ..., data_fraction: _Optional[float] = ..., source: _Optional[str] = ...) -> None: ...
+
+class AgentMessage(_message.Message):
+    __slots__ = ("register", "heartbeat", "started", "metrics", "exited", "profile")
+    REGISTER_FIELD_NUMBER: _ClassVar[int]
+    HEARTBEAT_FIELD_NUMBER: _ClassVar[int]
+    STARTED_FIELD_NUMBER: _ClassVar[int]
+    METRICS_FIELD_NUMBER: _ClassVar[int]
+    EXITED_FIELD_NUMBER: _ClassVar[int]
+    PROFILE_FIELD_NUMBER: _ClassVar[int]
+    register: Register
+    heartbeat: Heartbeat
+    started: TrialStarted
+    metrics: TrialMetrics
+    exited: TrialExited
+    profile: ProfileResult
+    def __init__(self, register: _Optional[_Union[Register, _Mapping]] = ..., heartbeat: _Optional[_Union[Heartbeat, _Mapping]] = ..., started: _Optional[_Union[TrialStarted, _Mapping]] = ..., metrics: _Optional[_Union[TrialMetrics, _Mapping]] = ..., exited: _Optional[_Union[TrialExited, _Mapping]] = ..., profile: _Optional[_Union[ProfileResult, _Mapping]] = ...) -> None: ...
+
+class Program(_message.Message):
+    __slots__ = ("builtin", "command", "options_json")
+    BUILTIN_FIELD_NUMBER: _ClassVar[int]
+    COMMAND_FIELD_NUMBER: _ClassVar[int]
+    OPTIONS_JSON_FIELD_NUMBER: _ClassVar[int]
+    builtin: str
+    command: str
+    options_json: str
+    def __init__(self, builtin: _Optional[str] = ..., command: _Optional[str] = ..., options_json: _Optional[str] = ...) -> None: ...
+
+class Registered(_message.Message):
+    __slots__ = ("heartbeat_interval_s",)
+    HEARTBEAT_INTERVAL_S_FIELD_NUMBER: _ClassVar[int]
+    heartbeat_interval_s: float
+    def __init__(self, heartbeat_interval_s: _Optional[float] = ...) -> None: ...
+
+class LaunchTrial(_message.Message):
+    __slots__ = ("trial_id", "study_id", "gpu_index", "params_json", "key", "epochs", "program", "compute_pct", "memory_mib", "cores")
+    TRIAL_ID_FIELD_NUMBER: _ClassVar[int]
+    STUDY_ID_FIELD_NUMBER: _ClassVar[int]
+    GPU_INDEX_FIELD_NUMBER: _ClassVar[int]
+    PARAMS_JSON_FIELD_NUMBER: _ClassVar[int]
+    KEY_FIELD_NUMBER: _ClassVar[int]
+    EPOCHS_FIELD_NUMBER: _ClassVar[int]
+    PROGRAM_FIELD_NUMBER: _ClassVar[int]
+    COMPUTE_PCT_FIELD_NUMBER: _ClassVar[int]
+    MEMORY_MIB_FIELD_NUMBER: _ClassVar[int]
+    CORES_FIELD_NUMBER: _ClassVar[int]
+    trial_id: str
+    study_id: str
+    gpu_index: int
+    params_json: str
+    key: WorkloadKey
+    epochs: float
+    program: Program
+    compute_pct: float
+    memory_mib: int
+    cores: float
+    def __init__(self, trial_id: _Optional[str] = ..., study_id: _Optional[str] = ..., gpu_index: _Optional[int] = ..., params_json: _Optional[str] = ..., key: _Optional[_Union[WorkloadKey, _Mapping]] = ..., epochs: _Optional[float] = ..., program: _Optional[_Union[Program, _Mapping]] = ..., compute_pct: _Optional[float] = ..., memory_mib: _Optional[int] = ..., cores: _Optional[float] = ...) -> None: ...
+
+class KillTrial(_message.Message):
+    __slots__ = ("trial_id", "reason")
+    TRIAL_ID_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    trial_id: str
+    reason: str
+    def __init__(self, trial_id: _Optional[str] = ..., reason: _Optional[str] = ...) -> None: ...
+
+class ProfileWorkload(_message.Message):
+    __slots__ = ("key", "arch", "gpu_index", "iterations", "warmup", "program", "params_json", "epochs")
+    KEY_FIELD_NUMBER: _ClassVar[int]
+    ARCH_FIELD_NUMBER: _ClassVar[int]
+    GPU_INDEX_FIELD_NUMBER: _ClassVar[int]
+    ITERATIONS_FIELD_NUMBER: _ClassVar[int]
+    WARMUP_FIELD_NUMBER: _ClassVar[int]
+    PROGRAM_FIELD_NUMBER: _ClassVar[int]
+    PARAMS_JSON_FIELD_NUMBER: _ClassVar[int]
+    EPOCHS_FIELD_NUMBER: _ClassVar[int]
+    key: WorkloadKey
+    arch: str
+    gpu_index: int
+    iterations: int
+    warmup: int
+    program: Program
+    params_json: str
+    epochs: float
+    def __init__(self, key: _Optional[_Union[WorkloadKey, _Mapping]] = ..., arch: _Optional[str] = ..., gpu_index: _Optional[int] = ..., iterations: _Optional[int] = ..., warmup: _Optional[int] = ..., program: _Optional[_Union[Program, _Mapping]] = ..., params_json: _Optional[str] = ..., epochs: _Optional[float] = ...) -> None: ...
+
+class ServerMessage(_message.Message):
+    __slots__ = ("registered", "launch", "kill", "profile")
+    REGISTERED_FIELD_NUMBER: _ClassVar[int]
+    LAUNCH_FIELD_NUMBER: _ClassVar[int]
+    KILL_FIELD_NUMBER: _ClassVar[int]
+    PROFILE_FIELD_NUMBER: _ClassVar[int]
+    registered: Registered
+    launch: LaunchTrial
+    kill: KillTrial
+    profile: ProfileWorkload
+    def __init__(self, registered: _Optional[_Union[Registered, _Mapping]] = ..., launch: _Optional[_Union[LaunchTrial, _Mapping]] = ..., kill: _Optional[_Union[KillTrial, _Mapping]] = ..., profile: _Optional[_Union[ProfileWorkload, _Mapping]] = ...) -> None: ...

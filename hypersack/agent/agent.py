@@ -1,0 +1,322 @@
+"""The agent loop: dial the server, register, then heartbeat, run commands, report exits.
+
+It keeps its trials running while the server is away and reconnects with backoff;
+on reconnecting it reports what still runs (the server adopts it) and re-sends the
+exits it reported just before the stream broke, so no result is lost.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import queue
+import threading
+import time
+from pathlib import Path
+
+import grpc
+
+from hypersack import __version__
+from hypersack._proto.v1 import hypersack_pb2 as pb
+from hypersack._proto.v1 import hypersack_pb2_grpc as pb_grpc
+from hypersack.agent.devices import DeviceBackend, Measured
+from hypersack.agent.launcher import Job, argv_for, job_dir
+from hypersack.core.errors import HyperSackError
+from hypersack.runner import sdk
+from hypersack.server.convert import LOG_TAIL_CHARS, key_from_pb, program_from_pb
+
+log = logging.getLogger(__name__)
+
+RESEND_WINDOW_S = 30.0
+FATAL = (grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.UNIMPLEMENTED)
+
+
+class AgentError(HyperSackError):
+    """The server refused this agent for good (bad inventory, or a name in use too long)."""
+
+
+class _Ended:
+    def __init__(self, error: grpc.RpcError | None) -> None:
+        self.error = error
+
+
+class Agent:
+    def __init__(self, server: str, node: str, backend: DeviceBackend, workdir: Path, *,
+                 poll_interval_s: float = 0.2, reconnect_max_s: float = 10.0,
+                 duplicate_timeout_s: float = 60.0, kill_on_stop: bool = True) -> None:
+        self.server = server
+        self.node = node
+        self.backend = backend
+        self.workdir = workdir
+        self.poll_interval_s = poll_interval_s
+        self.reconnect_max_s = reconnect_max_s
+        self.duplicate_timeout_s = duplicate_timeout_s
+        self.kill_on_stop = kill_on_stop
+        self.jobs: dict[str, Job] = {}
+        self._profile_keys: dict[str, pb.ProfileWorkload] = {}
+        self._stop = threading.Event()
+        self._resend: list[pb.AgentMessage] = []
+        self._sent: list[tuple[float, pb.AgentMessage]] = []
+        self.connected = threading.Event()
+        self.sessions = 0
+        self.heartbeat_interval_s = 5.0
+        self._exit_gpu: dict[str, int] = {}
+
+    # ----------------------------------------------------------------- lifecycle
+    def run(self) -> None:
+        """Serve until stop(); raises AgentError if the server refuses this agent."""
+        delay = 0.2
+        refused_since: float | None = None
+        try:
+            while not self._stop.is_set():
+                error = self._session()
+                if self._stop.is_set():
+                    break
+                if error is not None:
+                    code = error.code()
+                    detail = error.details() or str(code)
+                    if code in FATAL:
+                        raise AgentError(f"the server refused node {self.node!r}: {detail}")
+                    if code == grpc.StatusCode.ALREADY_EXISTS:
+                        refused_since = refused_since or time.monotonic()
+                        if time.monotonic() - refused_since > self.duplicate_timeout_s:
+                            raise AgentError(f"the server refused node {self.node!r}: {detail}")
+                    log.warning("server %s: %s; reconnecting in %.1f s", self.server, detail,
+                                delay)
+                else:
+                    refused_since = None
+                    log.warning("server %s closed the stream; reconnecting in %.1f s",
+                                self.server, delay)
+                if self._stop.wait(delay):
+                    break
+                delay = min(delay * 2, self.reconnect_max_s)
+                if self.connected.is_set():
+                    delay = 0.2
+        finally:
+            if self.kill_on_stop:
+                self._kill_all()
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    def _kill_all(self) -> None:
+        for job in self.jobs.values():
+            job.kill()
+        deadline = time.monotonic() + 10
+        while any(j.poll() is None for j in self.jobs.values()) and time.monotonic() < deadline:
+            time.sleep(0.05)
+
+    # ----------------------------------------------------------------- one stream
+    def _register(self) -> pb.AgentMessage:
+        running = [pb.RunningTrial(trial_id=j.id, gpu_index=j.gpu_index)
+                   for j in self.jobs.values() if not j.profile and j.exit_code is None]
+        running += [pb.RunningTrial(trial_id=m.exited.trial_id, gpu_index=self._gpu_of(m))
+                    for m in self._resend if m.WhichOneof("body") == "exited"]
+        return pb.AgentMessage(register=pb.Register(
+            node=self.node, cores=self.backend.cores(), backend=self.backend.name,
+            version=__version__, running=running,
+            gpus=[pb.GpuInfo(index=d.index, arch=d.arch, memory_mib=d.memory_mib, uuid=d.uuid)
+                  for d in self.backend.devices()]))
+
+    def _gpu_of(self, m: pb.AgentMessage) -> int:
+        return self._exit_gpu.get(m.exited.trial_id, 0)
+
+    def _session(self) -> grpc.RpcError | None:
+        outbox: queue.Queue[pb.AgentMessage | None] = queue.Queue()
+        inbox: queue.Queue[pb.ServerMessage | _Ended] = queue.Queue()
+        outbox.put(self._register())
+        for m in self._resend:
+            outbox.put(m)
+        self._resend = []
+        self._sent = []
+        channel = grpc.insecure_channel(self.server)
+        stub = pb_grpc.AgentLinkStub(channel)  # type: ignore[no-untyped-call]
+        call = stub.Connect(iter(outbox.get, None))
+
+        def read() -> None:
+            error: grpc.RpcError | None = None
+            try:
+                for msg in call:
+                    inbox.put(msg)
+            except grpc.RpcError as exc:
+                error = exc
+            inbox.put(_Ended(error))
+
+        reader = threading.Thread(target=read, daemon=True, name="agent-reader")
+        reader.start()
+        last_beat = 0.0
+        ended: _Ended | None = None
+        try:
+            while not self._stop.is_set():
+                try:
+                    item = inbox.get(timeout=self.poll_interval_s)
+                except queue.Empty:
+                    item = None
+                while item is not None:
+                    if isinstance(item, _Ended):
+                        ended = item
+                        break
+                    self._command(item, outbox)
+                    try:
+                        item = inbox.get_nowait()
+                    except queue.Empty:
+                        item = None
+                if ended is not None:
+                    break
+                self._poll(outbox)
+                if self.connected.is_set() and \
+                        time.monotonic() - last_beat >= self.heartbeat_interval_s:
+                    last_beat = time.monotonic()
+                    outbox.put(self._heartbeat())
+        finally:
+            self.connected.clear()
+            outbox.put(None)
+            call.cancel()
+            channel.close()
+            # Exits sent just before the break may not have arrived: send them again.
+            horizon = time.monotonic() - RESEND_WINDOW_S
+            self._resend = [m for t, m in self._sent if t >= horizon]
+        return ended.error if ended is not None else None
+
+    def _send(self, outbox: queue.Queue[pb.AgentMessage | None], msg: pb.AgentMessage) -> None:
+        outbox.put(msg)
+        if msg.WhichOneof("body") in ("exited", "profile"):
+            self._sent.append((time.monotonic(), msg))
+
+    def _heartbeat(self) -> pb.AgentMessage:
+        running = [pb.RunningTrial(trial_id=j.id, gpu_index=j.gpu_index)
+                   for j in self.jobs.values() if not j.profile and j.exit_code is None]
+        try:
+            states = self.backend.sample()
+        except Exception as exc:  # a device read failing must not stop heartbeats
+            log.warning("device sample failed: %s", exc)
+            states = []
+        return pb.AgentMessage(heartbeat=pb.Heartbeat(
+            running=running,
+            gpus=[pb.GpuState(index=s.index, utilization_pct=s.utilization_pct,
+                              memory_used_mib=s.memory_used_mib) for s in states]))
+
+    # ----------------------------------------------------------------- commands
+    def _command(self, msg: pb.ServerMessage, outbox: queue.Queue[pb.AgentMessage | None]
+                 ) -> None:
+        kind = msg.WhichOneof("body")
+        if kind == "registered":
+            self.heartbeat_interval_s = msg.registered.heartbeat_interval_s or 5.0
+            self.sessions += 1
+            self.connected.set()
+            log.info("registered with %s as %s (%d devices)", self.server, self.node,
+                     len(self.backend.devices()))
+        elif kind == "launch":
+            self._launch(msg.launch, outbox)
+        elif kind == "kill":
+            job = self.jobs.get(msg.kill.trial_id)
+            if job is not None:
+                log.info("killing %s: %s", job.id, msg.kill.reason)
+                job.kill()
+        elif kind == "profile":
+            self._profile(msg.profile, outbox)
+
+    def _launch(self, m: pb.LaunchTrial, outbox: queue.Queue[pb.AgentMessage | None]) -> None:
+        old = self.jobs.get(m.trial_id)
+        if old is not None and old.exit_code is None:
+            return  # already running (a repeated command)
+        device = next((d for d in self.backend.devices() if d.index == m.gpu_index), None)
+        try:
+            if device is None:
+                raise HyperSackError(f"this node has no device {m.gpu_index}")
+            params = json.loads(m.params_json or "{}")
+            program = program_from_pb(m.program)
+            workdir = job_dir(self.workdir / self.node, m.study_id, m.trial_id)
+            fields = {**params, "epochs": m.epochs, "trial_id": m.trial_id,
+                      "study_id": m.study_id, "workdir": str(workdir.resolve())}
+            argv = argv_for(program, fields)
+        except (HyperSackError, ValueError) as exc:
+            self._send(outbox, pb.AgentMessage(exited=pb.TrialExited(
+                trial_id=m.trial_id, exit_code=127, log_tail=f"cannot launch: {exc}")))
+            return
+        env = {**self.backend.env_for(device), sdk.ENV_TRIAL_ID: m.trial_id,
+               sdk.ENV_STUDY_ID: m.study_id, sdk.ENV_PARAMS: m.params_json or "{}",
+               sdk.ENV_EPOCHS: repr(m.epochs), sdk.ENV_OPTIONS: m.program.options_json or "{}"}
+        job = Job(m.trial_id, m.gpu_index, workdir, argv, env)
+        job.start()
+        self.jobs[m.trial_id] = job
+        self._exit_gpu[m.trial_id] = m.gpu_index
+        log.info("launched %s on device %d: %s", m.trial_id, m.gpu_index, " ".join(argv))
+        outbox.put(pb.AgentMessage(started=pb.TrialStarted(trial_id=m.trial_id)))
+
+    def _profile(self, m: pb.ProfileWorkload, outbox: queue.Queue[pb.AgentMessage | None]
+                 ) -> None:
+        key = key_from_pb(m.key)
+        job_id = f"profile-{key.label()}-{m.arch}"
+        device = next((d for d in self.backend.devices() if d.index == m.gpu_index), None)
+        try:
+            if device is None:
+                raise HyperSackError(f"this node has no device {m.gpu_index}")
+            workdir = job_dir(self.workdir / self.node, "profiles", job_id)
+            params = json.loads(m.params_json or "{}")
+            fields = {**params, "epochs": m.epochs, "trial_id": job_id, "study_id": "profile",
+                      "workdir": str(workdir.resolve())}
+            argv = argv_for(program_from_pb(m.program), fields)
+        except (HyperSackError, ValueError) as exc:
+            self._send(outbox, pb.AgentMessage(profile=pb.ProfileResult(
+                key=m.key, arch=m.arch, ok=False, error=f"cannot launch: {exc}")))
+            return
+        env = {**self.backend.env_for(device), sdk.ENV_TRIAL_ID: job_id,
+               sdk.ENV_STUDY_ID: "profile", sdk.ENV_PARAMS: m.params_json or "{}",
+               sdk.ENV_EPOCHS: repr(m.epochs), sdk.ENV_OPTIONS: m.program.options_json or "{}",
+               sdk.ENV_PROFILE_ITERATIONS: str(m.iterations), sdk.ENV_PROFILE_WARMUP: str(m.warmup)}
+        job = Job(job_id, m.gpu_index, workdir, argv, env, profile=True)
+        job.start()
+        if job.proc is not None:
+            self.backend.start_measuring(device, job.proc.pid)
+        self.jobs[job_id] = job
+        self._profile_keys[job_id] = m
+        log.info("profiling %s on device %d (%s)", key.label(), m.gpu_index, m.arch)
+
+    # ----------------------------------------------------------------- processes
+    def _poll(self, outbox: queue.Queue[pb.AgentMessage | None]) -> None:
+        for job_id in list(self.jobs):
+            job = self.jobs[job_id]
+            if not job.profile and job.new_metrics() and job.killed_at is None:
+                outbox.put(pb.AgentMessage(metrics=pb.TrialMetrics(
+                    trial_id=job.id, step=job.step, metrics=job.metrics)))
+            code = job.poll()
+            if code is None:
+                continue
+            del self.jobs[job_id]
+            if job.killed_at is not None:
+                continue  # the server asked for it; nothing to report
+            if job.profile:
+                self._send(outbox, self._profile_result(job, code))
+                continue
+            job.new_metrics()
+            log.info("%s exited with code %d", job.id, code)
+            self._send(outbox, pb.AgentMessage(exited=pb.TrialExited(
+                trial_id=job.id, exit_code=code, log_tail=job.log_tail(LOG_TAIL_CHARS),
+                metrics=job.metrics, out_of_memory=code == sdk.OOM_EXIT_CODE)))
+
+    def _profile_result(self, job: Job, code: int) -> pb.AgentMessage:
+        m = self._profile_keys.pop(job.id)
+        result = job.profile_result()
+        device = next(d for d in self.backend.devices() if d.index == job.gpu_index)
+        if code != 0 or result is None:
+            why = (f"exit code {code}" if code != 0 else
+                   "the program ended without measuring iterations (call "
+                   "hypersack.runner.sdk.iteration() once per training iteration)")
+            return pb.AgentMessage(profile=pb.ProfileResult(
+                key=m.key, arch=m.arch, ok=False,
+                error=f"{why}; log tail: {job.log_tail(1000)}"))
+        try:
+            measured = Measured(cpu_cores=float(result.get("cpu_cores", 0.0)),
+                                peak_rss_mib=float(result.get("peak_rss_mib", 0.0)))
+            compute, memory, cores = self.backend.demand(device, measured)
+            return pb.AgentMessage(profile=pb.ProfileResult(
+                key=m.key, arch=m.arch, ok=True, compute_pct=compute, memory_mib=memory,
+                cores=cores, iter_time_s=float(result["iter_time_s"]),
+                iters_per_epoch=int(result["iters_per_epoch"]),
+                data_fraction=float(result.get("data_fraction", 0.0)),
+                source=f"measured on {self.node} ({self.backend.name}, "
+                       f"{int(result.get('iterations', m.iterations))} iterations)"))
+        except (KeyError, ValueError, TypeError) as exc:
+            return pb.AgentMessage(profile=pb.ProfileResult(
+                key=m.key, arch=m.arch, ok=False, error=f"unreadable profile result: {exc}"))

@@ -1,0 +1,73 @@
+"""`hypersack-agent`: one per GPU node; dials the server and runs what it is told."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import signal
+import socket
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+from hypersack import __version__
+from hypersack.agent.agent import Agent
+from hypersack.agent.devices import BACKENDS, make_backend
+from hypersack.core.errors import HyperSackError
+from hypersack.server.settings import AgentSettings, load_settings
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="hypersack-agent",
+        description="HyperSack node agent: registers this node's devices with the server, "
+                    "launches trials and profile runs, reports heartbeats and exits. "
+                    "Settings come from flags, then HYPERSACK_* environment variables, "
+                    "then --config.")
+    p.add_argument("--config", type=Path, help="YAML file of settings")
+    p.add_argument("--server", help="server address (default 127.0.0.1:50051)")
+    p.add_argument("--node", help="this node's name (default: the host name); unique per agent")
+    p.add_argument("--backend", choices=BACKENDS,
+                   help="devices: nvml (NVIDIA GPUs), cpu (the CPU as one device), fake "
+                        "(a made-up inventory, trials run on the CPU), auto (nvml if a "
+                        "driver is found, else cpu; the default)")
+    p.add_argument("--inventory", help="for --backend fake: e.g. 4xA100-80GB@88")
+    p.add_argument("--workdir", type=Path, help="where trial directories and logs go "
+                   "(default ./hypersack-work)")
+    p.add_argument("--log-level", default="INFO")
+    p.add_argument("--version", action="version", version=f"hypersack-agent {__version__}")
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    logging.basicConfig(level=args.log_level.upper(),
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:
+        settings = load_settings(AgentSettings, {
+            "server": args.server, "node": args.node, "backend": args.backend,
+            "inventory": args.inventory, "workdir": args.workdir}, args.config)
+        node = settings.node or socket.gethostname()
+        backend = make_backend(settings.backend, inventory=settings.inventory, node=node)
+        agent = Agent(settings.server, node, backend, settings.workdir,
+                      poll_interval_s=settings.poll_interval_s,
+                      reconnect_max_s=settings.reconnect_max_s)
+    except HyperSackError as exc:
+        print(f"hypersack-agent: error: {exc}", file=sys.stderr)
+        return 2
+
+    def _stop(signum: int, frame: object) -> None:
+        agent.stop()
+
+    signal.signal(signal.SIGTERM, _stop)
+    signal.signal(signal.SIGINT, _stop)
+    try:
+        agent.run()
+    except HyperSackError as exc:
+        print(f"hypersack-agent: error: {exc}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

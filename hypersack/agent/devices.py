@@ -1,0 +1,148 @@
+"""Device backends: what a node has and how a trial is pointed at one of its devices.
+
+`cpu` treats the machine's CPU as one device (arch "CPU"), so the whole system runs
+real trials without a GPU. `fake` reports a given inventory (`4xA100-80GB@88`) for
+tests and for demos of a cluster on one machine; its trials run on the CPU. `nvml`
+(in `hypersack.agent.nvml`, the only module that imports pynvml) reads real GPUs.
+"""
+
+from __future__ import annotations
+
+import os
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+
+import psutil
+
+from hypersack.core.cluster import parse_shorthand
+from hypersack.core.errors import InvalidInput
+from hypersack.core.types import GpuSpec
+
+BACKENDS = ("auto", "nvml", "cpu", "fake")
+
+
+@dataclass(frozen=True)
+class DeviceState:
+    index: int
+    utilization_pct: float
+    memory_used_mib: int
+
+
+@dataclass(frozen=True)
+class Measured:
+    """What a profile run measured on the trial side (through the SDK)."""
+
+    cpu_cores: float
+    peak_rss_mib: float
+
+
+class DeviceBackend(ABC):
+    name: str
+
+    @abstractmethod
+    def devices(self) -> tuple[GpuSpec, ...]: ...
+
+    @abstractmethod
+    def cores(self) -> float: ...
+
+    @abstractmethod
+    def env_for(self, device: GpuSpec) -> dict[str, str]:
+        """Environment that confines a trial to one device."""
+
+    def sample(self) -> list[DeviceState]:
+        return [DeviceState(d.index, 0.0, 0) for d in self.devices()]
+
+    def start_measuring(self, device: GpuSpec, pid: int) -> None:  # noqa: B027
+        """Begin sampling a profile run's device use (NVML); nothing by default."""
+
+    def demand(self, device: GpuSpec, measured: Measured) -> tuple[float, int, float]:
+        """(compute %, memory MiB, cores) of a profile run; floors keep demands positive."""
+        compute = min(100.0, max(1.0, 100.0 * measured.cpu_cores))
+        return (round(compute, 2), max(1, round(measured.peak_rss_mib)),
+                round(max(0.01, measured.cpu_cores), 3))
+
+
+def _usable_cores() -> float:
+    try:
+        return float(len(os.sched_getaffinity(0)))
+    except AttributeError:  # not on Linux
+        return float(os.cpu_count() or 1)
+
+
+class CpuBackend(DeviceBackend):
+    """The whole CPU as one device: compute % is the share of all cores a trial uses."""
+
+    name = "cpu"
+
+    def __init__(self) -> None:
+        total = psutil.virtual_memory().total // 2**20
+        self._device = GpuSpec(index=0, arch="CPU", memory_mib=max(1, int(total * 0.8)),
+                               uuid="cpu")
+
+    def devices(self) -> tuple[GpuSpec, ...]:
+        return (self._device,)
+
+    def cores(self) -> float:
+        return _usable_cores()
+
+    def env_for(self, device: GpuSpec) -> dict[str, str]:
+        return {"CUDA_VISIBLE_DEVICES": ""}
+
+    def sample(self) -> list[DeviceState]:
+        vm = psutil.virtual_memory()
+        return [DeviceState(0, psutil.cpu_percent(interval=None),
+                            (vm.total - vm.available) // 2**20)]
+
+    def demand(self, device: GpuSpec, measured: Measured) -> tuple[float, int, float]:
+        compute = min(100.0, max(1.0, 100.0 * measured.cpu_cores / self.cores()))
+        return (round(compute, 2), max(1, round(measured.peak_rss_mib)),
+                round(max(0.01, measured.cpu_cores), 3))
+
+
+class FakeBackend(DeviceBackend):
+    """A made-up inventory; trials run on the CPU with no GPU visible."""
+
+    name = "fake"
+
+    def __init__(self, inventory: str, node: str = "fake") -> None:
+        text = inventory.strip()
+        if text.count("x") < 2:
+            text = "1x" + text
+        cluster = parse_shorthand(text)
+        if len(cluster.nodes) != 1:
+            raise InvalidInput(f"fake inventory {inventory!r}: describe one node, like "
+                               "4xA100-80GB@88")
+        spec = cluster.nodes[0]
+        self._cores = spec.cores
+        self._devices = tuple(g.model_copy(update={"uuid": f"FAKE-{node}-{g.index}"})
+                              for g in spec.gpus)
+
+    def devices(self) -> tuple[GpuSpec, ...]:
+        return self._devices
+
+    def cores(self) -> float:
+        return self._cores
+
+    def env_for(self, device: GpuSpec) -> dict[str, str]:
+        return {"CUDA_VISIBLE_DEVICES": "", "HYPERSACK_FAKE_DEVICE": device.uuid}
+
+
+def make_backend(name: str, *, inventory: str | None = None, node: str = "node") -> DeviceBackend:
+    if name not in BACKENDS:
+        raise InvalidInput(f"unknown device backend {name!r}; valid: {', '.join(BACKENDS)}")
+    if name == "fake":
+        if not inventory:
+            raise InvalidInput("the fake backend needs an inventory, like --inventory "
+                               "4xA100-80GB@88")
+        return FakeBackend(inventory, node)
+    if inventory:
+        raise InvalidInput("--inventory is for the fake backend only")
+    if name in ("nvml", "auto"):
+        from hypersack.agent.nvml import NvmlBackend, nvml_available
+
+        if nvml_available():
+            return NvmlBackend()
+        if name == "nvml":
+            raise InvalidInput("the nvml backend needs an NVIDIA driver and GPU; none found "
+                               "(use --backend cpu to run trials on the CPU)")
+    return CpuBackend()

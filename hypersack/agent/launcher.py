@@ -1,0 +1,170 @@
+"""Starts trial and profile processes: an argument list (never a shell string), its own
+working directory and log file, its device in the environment."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import re
+import shlex
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO, Any
+
+from hypersack.core.errors import InvalidInput
+from hypersack.grid.space import PLACEHOLDER, Program
+from hypersack.runner import sdk
+
+log = logging.getLogger(__name__)
+
+KILL_GRACE_S = 5.0
+_SAFE_NAME = re.compile(r"[^A-Za-z0-9_.-]")
+
+
+def argv_for(program: Program, fields: dict[str, Any]) -> list[str]:
+    """The argument list: built-ins run as `python -m hypersack.runner.NAME`; a command
+    template is split first, then each `{name}` is replaced by its value as text."""
+    if program.builtin is not None:
+        return [sys.executable, "-m", f"hypersack.runner.{program.builtin}"]
+    assert program.command is not None
+    values = {"python": sys.executable, **fields}
+
+    def fill(match: re.Match[str]) -> str:
+        name = match.group(1)
+        if name not in values:
+            raise InvalidInput(f"command template: no value for {{{name}}}")
+        return str(values[name])
+
+    return [PLACEHOLDER.sub(fill, arg) for arg in shlex.split(program.command)]
+
+
+@dataclass
+class Job:
+    """One child process: a trial, or a profile run of a workload."""
+
+    id: str
+    gpu_index: int
+    workdir: Path
+    argv: list[str]
+    env: dict[str, str]
+    profile: bool = False
+    proc: subprocess.Popen[bytes] | None = None
+    started_at: float = 0.0
+    killed_at: float | None = None
+    exit_code: int | None = None
+    metrics: dict[str, float] = field(default_factory=dict)
+    step: int = 0
+    _metrics_pos: int = 0
+    _log: IO[bytes] | None = None
+
+    @property
+    def log_path(self) -> Path:
+        return self.workdir / "log.txt"
+
+    @property
+    def metrics_path(self) -> Path:
+        return self.workdir / "metrics.jsonl"
+
+    @property
+    def profile_path(self) -> Path:
+        return self.workdir / "profile.json"
+
+    def start(self) -> None:
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        for p in (self.metrics_path, self.profile_path):
+            p.unlink(missing_ok=True)
+        env = dict(os.environ)
+        env.update(self.env)
+        env[sdk.ENV_METRICS] = str(self.metrics_path.resolve())
+        if self.profile:
+            env[sdk.ENV_PROFILE] = str(self.profile_path.resolve())
+        self._log = open(self.log_path, "ab")
+        self._log.write(f"$ {shlex.join(self.argv)}\n".encode())
+        self._log.flush()
+        try:
+            self.proc = subprocess.Popen(self.argv, cwd=self.workdir, env=env,
+                                         stdin=subprocess.DEVNULL, stdout=self._log,
+                                         stderr=subprocess.STDOUT, start_new_session=True)
+        except OSError as exc:
+            self._log.write(f"cannot start: {exc}\n".encode())
+            self._log.close()
+            self.exit_code = 127
+        self.started_at = time.monotonic()
+
+    def poll(self) -> int | None:
+        if self.exit_code is not None:
+            return self.exit_code
+        assert self.proc is not None
+        code = self.proc.poll()
+        if code is None and self.killed_at is not None and \
+                time.monotonic() - self.killed_at > KILL_GRACE_S:
+            self._signal(signal.SIGKILL)
+        if code is not None:
+            self.exit_code = code if code >= 0 else 128 - code
+            if self._log is not None:
+                self._log.close()
+        return self.exit_code
+
+    def kill(self) -> None:
+        """SIGTERM the process group now, SIGKILL after a grace period (in poll)."""
+        if self.killed_at is None and self.exit_code is None:
+            self.killed_at = time.monotonic()
+            self._signal(signal.SIGTERM)
+
+    def _signal(self, sig: int) -> None:
+        if self.proc is None:
+            return
+        try:
+            os.killpg(self.proc.pid, sig)
+        except (ProcessLookupError, PermissionError):
+            pass
+
+    def new_metrics(self) -> bool:
+        """Read lines the trial appended since the last call; True if any."""
+        try:
+            with open(self.metrics_path, "rb") as f:
+                f.seek(self._metrics_pos)
+                data = f.read()
+        except FileNotFoundError:
+            return False
+        end = data.rfind(b"\n") + 1  # a line still being written waits
+        self._metrics_pos += end
+        changed = False
+        for line in data[:end].splitlines():
+            try:
+                rec = json.loads(line)
+                values = rec.get("metrics", {})
+                for k, v in values.items():
+                    self.metrics[str(k)] = float(v)
+                if rec.get("step") is not None:
+                    self.step = int(rec["step"])
+                changed = True
+            except (ValueError, TypeError, AttributeError):
+                log.warning("%s: ignored a malformed metrics line: %r", self.id, line[:200])
+        return changed
+
+    def log_tail(self, chars: int = 4000) -> str:
+        try:
+            with open(self.log_path, "rb") as f:
+                f.seek(0, os.SEEK_END)
+                size = f.tell()
+                f.seek(max(0, size - chars))
+                return f.read().decode(errors="replace")
+        except FileNotFoundError:
+            return ""
+
+    def profile_result(self) -> dict[str, Any] | None:
+        try:
+            data = json.loads(self.profile_path.read_text())
+        except (FileNotFoundError, ValueError):
+            return None
+        return data if isinstance(data, dict) else None
+
+
+def job_dir(root: Path, group: str, job_id: str) -> Path:
+    return root / _SAFE_NAME.sub("_", group) / _SAFE_NAME.sub("_", job_id)

@@ -1,0 +1,93 @@
+"""A thin client of the Scheduler service: RPC errors come back as domain errors."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from typing import Any, TypeVar
+
+import grpc
+
+from hypersack._proto.v1 import hypersack_pb2 as pb
+from hypersack._proto.v1 import hypersack_pb2_grpc as pb_grpc
+from hypersack.core.errors import AlreadyExists, HyperSackError, InvalidInput, NotFound
+
+T = TypeVar("T")
+
+
+class Unreachable(HyperSackError):
+    pass
+
+
+def domain_error(exc: grpc.RpcError, server: str) -> HyperSackError:
+    code = exc.code()
+    detail = exc.details() or str(code)
+    if code == grpc.StatusCode.NOT_FOUND:
+        return NotFound(detail)
+    if code == grpc.StatusCode.ALREADY_EXISTS:
+        return AlreadyExists(detail)
+    if code in (grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.RESOURCE_EXHAUSTED):
+        return InvalidInput(detail)
+    if code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
+        return Unreachable(f"cannot reach the HyperSack server at {server} ({detail}); is "
+                           "hypersack-server running there? (--server or HYPERSACK_SERVER)")
+    return HyperSackError(f"server error ({code.name}): {detail}")
+
+
+class Client:
+    def __init__(self, server: str, timeout_s: float = 30.0) -> None:
+        self.server = server
+        self.timeout_s = timeout_s
+        self._channel = grpc.insecure_channel(server)
+        self._stub = pb_grpc.SchedulerStub(self._channel)  # type: ignore[no-untyped-call]
+
+    def close(self) -> None:
+        self._channel.close()
+
+    def __enter__(self) -> Client:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _call(self, method: str, request: Any) -> Any:
+        try:
+            return getattr(self._stub, method)(request, timeout=self.timeout_s)
+        except grpc.RpcError as exc:
+            raise domain_error(exc, self.server) from None
+
+    def submit(self, text: str, source: str) -> pb.Study:
+        return self._call("SubmitStudy", pb.SubmitStudyRequest(space_yaml=text, source=source))  # type: ignore[no-any-return]
+
+    def study(self, study_id: str) -> pb.Study:
+        return self._call("GetStudy", pb.GetStudyRequest(study_id=study_id))  # type: ignore[no-any-return]
+
+    def studies(self) -> list[pb.Study]:
+        return list(self._call("ListStudies", pb.ListStudiesRequest()).studies)
+
+    def trials(self, study_id: str) -> list[pb.Trial]:
+        return list(self._call("ListTrials", pb.ListTrialsRequest(study_id=study_id)).trials)
+
+    def trial(self, trial_id: str) -> pb.Trial:
+        return self._call("GetTrial", pb.GetTrialRequest(trial_id=trial_id))  # type: ignore[no-any-return]
+
+    def cancel(self, study_id: str) -> pb.Study:
+        return self._call("CancelStudy", pb.CancelStudyRequest(study_id=study_id))  # type: ignore[no-any-return]
+
+    def nodes(self) -> list[pb.Node]:
+        return list(self._call("ListNodes", pb.ListNodesRequest()).nodes)
+
+    def drain(self, node: str) -> pb.Node:
+        return self._call("DrainNode", pb.DrainNodeRequest(node=node))  # type: ignore[no-any-return]
+
+    def watch(self, study_id: str, min_interval_s: float = 0.2) -> Iterator[pb.StudyUpdate]:
+        try:
+            yield from self._stub.WatchStudy(
+                pb.WatchStudyRequest(study_id=study_id, min_interval_s=min_interval_s))
+        except grpc.RpcError as exc:
+            raise domain_error(exc, self.server) from None
+
+
+def params_of(t: pb.Trial) -> dict[str, Any]:
+    value = json.loads(t.params_json or "{}")
+    return value if isinstance(value, dict) else {}

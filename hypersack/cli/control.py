@@ -1,0 +1,261 @@
+"""Commands that talk to a running server: submit, status, watch, cancel, nodes, drain,
+results, logs."""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import io
+import json
+import math
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from hypersack._proto.v1 import hypersack_pb2 as pb
+from hypersack.cli.client import Client, params_of
+from hypersack.core.errors import InvalidInput
+
+DEFAULT_SERVER = "127.0.0.1:50051"
+STATE_STYLE = {"PENDING": "dim", "PROFILING": "cyan", "RUNNING": "yellow",
+               "COMPLETED": "green", "FAILED": "bold red", "CANCELLED": "magenta"}
+TERMINAL = ("COMPLETED", "FAILED", "CANCELLED")
+
+
+def add_server_flag(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--server", default=os.environ.get("HYPERSACK_SERVER", DEFAULT_SERVER),
+                   help=f"server address (default $HYPERSACK_SERVER or {DEFAULT_SERVER})")
+
+
+def add_parsers(sub: Any) -> None:
+    p = sub.add_parser("submit", help="submit a search space to the server as a new study")
+    p.add_argument("space", help="search-space file (YAML or JSON)")
+    p.add_argument("--watch", action="store_true", help="then follow it until it ends")
+    add_server_flag(p)
+
+    p = sub.add_parser("status", help="studies, or one study's trials (the Grid), coloured")
+    p.add_argument("study", nargs="?", help="study id (default: list every study)")
+    p.add_argument("--all", action="store_true", help="show every trial, not the first 40")
+    add_server_flag(p)
+
+    p = sub.add_parser("watch", help="follow a study live: done / running / pending, occupancy")
+    p.add_argument("study")
+    add_server_flag(p)
+
+    p = sub.add_parser("cancel", help="cancel a study: kill its running trials, drop the rest")
+    p.add_argument("study")
+    add_server_flag(p)
+
+    p = sub.add_parser("nodes", help="nodes and GPUs: connection, trials, occupancy")
+    add_server_flag(p)
+
+    p = sub.add_parser("drain", help="stop placing trials on a node; running ones finish")
+    p.add_argument("node")
+    add_server_flag(p)
+
+    p = sub.add_parser("results", help="a study's trials, best objective first")
+    p.add_argument("study")
+    p.add_argument("--format", choices=["table", "csv", "json"], default="table")
+    p.add_argument("--top", type=int, help="only the best N")
+    add_server_flag(p)
+
+    p = sub.add_parser("logs", help="a trial's state, failure reason and the tail of its log")
+    p.add_argument("trial")
+    add_server_flag(p)
+
+
+def make_console() -> Console:
+    """Wide tables when the output is a file or a pipe, the terminal's width otherwise."""
+    return Console(width=None if sys.stdout.isatty() else 160)
+
+
+def run_control(args: argparse.Namespace) -> int:
+    console = make_console()
+    with Client(args.server) as client:
+        cmd = args.command
+        if cmd == "submit":
+            return _submit(client, args, console)
+        if cmd == "status":
+            return _status(client, args, console)
+        if cmd == "watch":
+            watch(client, args.study, console)
+            return 0
+        if cmd == "cancel":
+            study = client.cancel(args.study)
+            console.print(f"{study.id}: {study.state}")
+            return 0
+        if cmd == "nodes":
+            print_nodes(client.nodes(), console)
+            return 0
+        if cmd == "drain":
+            node = client.drain(args.node)
+            console.print(f"{node.name}: draining (no new trials; running ones finish)")
+            return 0
+        if cmd == "results":
+            print_results(client, args.study, args.format, args.top, console)
+            return 0
+        if cmd == "logs":
+            return _logs(client, args.trial, console)
+    raise InvalidInput(f"unknown command {args.command}")
+
+
+def _submit(client: Client, args: argparse.Namespace, console: Console) -> int:
+    path = Path(args.space)
+    if not path.exists():
+        raise InvalidInput(f"search space file {args.space!r} does not exist")
+    study = client.submit(path.read_text(), str(path))
+    console.print(f"submitted {study.id}: {sum(study.counts.values())} trials")
+    if args.watch:
+        watch(client, study.id, console)
+    return 0
+
+
+def _counts_line(counts: Any) -> str:
+    parts = [f"[{STATE_STYLE[s]}]{s.lower()} {counts.get(s, 0)}[/]" for s in STATE_STYLE
+             if counts.get(s, 0)]
+    return ", ".join(parts) or "no trials"
+
+
+def _status(client: Client, args: argparse.Namespace, console: Console) -> int:
+    if not args.study:
+        studies = client.studies()
+        if not studies:
+            console.print("no studies")
+            return 0
+        table = Table("study", "state", "trials")
+        for s in studies:
+            table.add_row(s.id, s.state, _counts_line(s.counts))
+        console.print(table)
+        return 0
+    study = client.study(args.study)
+    trials = client.trials(args.study)
+    console.print(f"{study.id} [{study.state}]: {_counts_line(study.counts)}")
+    table = Table("trial", "state", "params", "where", "tries", "objective")
+    shown = trials if args.all else trials[:40]
+    for t in shown:
+        params = ", ".join(f"{k}={v}" for k, v in params_of(t).items())
+        where = f"{t.node}:{t.gpu_index}" if t.node else ""
+        table.add_row(t.id, f"[{STATE_STYLE.get(t.state, '')}]{t.state}[/]", params, where,
+                      str(t.launches), f"{t.objective:.6g}" if t.has_objective else "")
+    console.print(table)
+    if len(shown) < len(trials):
+        console.print(f"... {len(trials) - len(shown)} more (--all)")
+    return 0
+
+
+def watch(client: Client, study_id: str, console: Console) -> pb.Study:
+    """A live progress bar until the study ends; returns its last state."""
+    last: pb.Study | None = None
+    columns = (TextColumn("{task.description}"), BarColumn(),
+               TextColumn("{task.completed}/{task.total}"), TextColumn("{task.fields[detail]}"),
+               TimeElapsedColumn())
+    with Progress(*columns, console=console, transient=False) as progress:
+        task = progress.add_task(study_id, total=None, detail="")
+        for update in client.watch(study_id):
+            s = update.study
+            last = s
+            done = sum(s.counts.get(k, 0) for k in TERMINAL)
+            total = sum(s.counts.values())
+            shares = [g.compute_share for g in update.gpus]
+            occupancy = sum(shares) / len(shares) if shares else 0.0
+            detail = (f"running {s.counts.get('RUNNING', 0)}, pending "
+                      f"{s.counts.get('PENDING', 0) + s.counts.get('PROFILING', 0)}, failed "
+                      f"{s.counts.get('FAILED', 0)}; occupancy {occupancy:.0%} of "
+                      f"{len(shares)} devices")
+            progress.update(task, completed=done, total=total, detail=detail)
+    if last is None:
+        last = client.study(study_id)
+    console.print(f"{last.id}: {last.state}, {_counts_line(last.counts)}")
+    return last
+
+
+def print_nodes(nodes: list[pb.Node], console: Console) -> None:
+    if not nodes:
+        console.print("no nodes registered")
+        return
+    table = Table("node", "backend", "state", "last seen", "GPU", "arch", "memory", "trials",
+                  "occupancy", "util")
+    for n in nodes:
+        state = ("connected" if n.connected else "[red]disconnected[/]") + (
+            ", [yellow]draining[/]" if n.draining else "")
+        for i, g in enumerate(n.gpus):
+            head = (n.name, n.backend, state, f"{n.last_seen_s:.1f} s ago") if i == 0 else \
+                ("", "", "", "")
+            table.add_row(*head, str(g.index), g.arch, f"{g.memory_mib} MiB", str(g.trials),
+                          f"{g.compute_share:.0%}", f"{g.utilization_pct:.0f}%")
+    console.print(table)
+
+
+def ranked(study: pb.Study, trials: list[pb.Trial]) -> list[pb.Trial]:
+    """Best objective first (the study's mode); trials without one after, by id."""
+    sign = -1.0 if study.objective_mode == "max" else 1.0
+
+    def key(t: pb.Trial) -> tuple[int, float, str]:
+        if t.has_objective and not math.isnan(t.objective):
+            return (0, sign * t.objective, t.id)
+        return (1, 0.0, t.id)
+
+    return sorted(trials, key=key)
+
+
+def print_results(client: Client, study_id: str, fmt: str, top: int | None,
+                  console: Console) -> None:
+    study = client.study(study_id)
+    trials = ranked(study, client.trials(study_id))
+    if top is not None:
+        trials = trials[:max(0, top)]
+    names = sorted({k for t in trials for k in params_of(t)})
+    metrics = sorted({k for t in trials for k in t.metrics})
+    rows = []
+    for t in trials:
+        p = params_of(t)
+        rows.append({"trial": t.id, "state": t.state,
+                     "objective": t.objective if t.has_objective else None,
+                     **{k: p.get(k) for k in names},
+                     **{f"metric.{k}": t.metrics.get(k) for k in metrics},
+                     "tries": t.launches, "reason": t.reason})
+    if fmt == "json":
+        json.dump({"study": study.id, "state": study.state,
+                   "objective": {"metric": study.objective_metric, "mode": study.objective_mode},
+                   "trials": rows}, sys.stdout, indent=2)
+        sys.stdout.write("\n")
+        return
+    if fmt == "csv":
+        buf = io.StringIO()
+        writer = csv.DictWriter(buf, fieldnames=list(rows[0]) if rows else ["trial"])
+        writer.writeheader()
+        writer.writerows(rows)
+        sys.stdout.write(buf.getvalue())
+        return
+    console.print(f"{study.id} [{study.state}]: {_counts_line(study.counts)}; objective "
+                  f"{study.objective_metric} ({study.objective_mode}), best first")
+    table = Table("#", "trial", "state", study.objective_metric, *names, "tries")
+    for i, t in enumerate(trials, 1):
+        p = params_of(t)
+        table.add_row(str(i), t.id, f"[{STATE_STYLE.get(t.state, '')}]{t.state}[/]",
+                      f"{t.objective:.6g}" if t.has_objective else "",
+                      *[str(p.get(k, "")) for k in names], str(t.launches))
+    console.print(table)
+
+
+def _logs(client: Client, trial_id: str, console: Console) -> int:
+    t = client.trial(trial_id)
+    where = f" on {t.node}:{t.gpu_index}" if t.node else ""
+    console.print(f"{t.id} [{STATE_STYLE.get(t.state, '')}]{t.state}[/]{where}, launched "
+                  f"{t.launches} time(s), failures {t.failures}")
+    if t.reason:
+        console.print(f"reason: {t.reason}")
+    if t.log_tail:
+        console.print("--- log tail ---", style="dim")
+        sys.stdout.write(t.log_tail if t.log_tail.endswith("\n") else t.log_tail + "\n")
+    elif t.state == "RUNNING":
+        console.print("running: its log is in the agent's work directory on that node "
+                      f"(<workdir>/{t.node}/{t.study_id}/{t.id}/log.txt)")
+    else:
+        console.print("no log recorded")
+    return 0

@@ -1,0 +1,104 @@
+"""`hypersack run SPACE`: an embedded server and a local agent in one process, one study
+to the end, then its results. Both talk over real gRPC on loopback."""
+
+from __future__ import annotations
+
+import argparse
+import threading
+from pathlib import Path
+from typing import Any
+
+from hypersack.agent.agent import Agent
+from hypersack.agent.devices import BACKENDS, make_backend
+from hypersack.cli.client import Client
+from hypersack.cli.control import make_console, print_results, watch
+from hypersack.core.errors import HyperSackError, InvalidInput
+from hypersack.grid.space import load_space
+from hypersack.server.app import HyperSackServer
+from hypersack.server.settings import ServerSettings
+
+
+def add_parser(sub: Any) -> None:
+    p = sub.add_parser(
+        "run", help="run a study on this machine: embedded server plus a local agent",
+        description="Start an embedded HyperSack server and a local agent in this process, "
+                    "submit the search space, show progress until every trial ends and "
+                    "print the results, best first. Without a GPU the CPU is the device. "
+                    "The profile history is kept in --db, so a second run of the same "
+                    "workloads is not profiled again.")
+    p.add_argument("space", help="search-space file, e.g. examples/quickstart.yaml")
+    p.add_argument("--backend", choices=BACKENDS, default="auto",
+                   help="auto (NVIDIA GPUs through NVML if present, else the CPU), nvml, "
+                        "cpu, or fake with --inventory")
+    p.add_argument("--inventory", help="for --backend fake, e.g. 4xA100-80GB@88")
+    p.add_argument("--state-dir", type=Path, default=Path(".hypersack"),
+                   help="database (run.db) and trial work directories (default .hypersack)")
+    p.add_argument("--policy", help="override the study's policy")
+    p.add_argument("--profiles", type=Path, action="append", default=[],
+                   help="import a profiles file into the history first (repeatable)")
+    p.add_argument("--top", type=int, default=10, help="results to print (default 10)")
+
+
+def run_embedded(args: argparse.Namespace) -> int:
+    console = make_console()
+    path = Path(args.space)
+    space = load_space(path)  # fails here, before anything starts, on a bad file
+    state = args.state_dir
+    state.mkdir(parents=True, exist_ok=True)
+    settings = ServerSettings(listen="127.0.0.1:0", db=state / "run.db", policy=args.policy,
+                              heartbeat_interval_s=1.0, heartbeat_timeout_s=15.0,
+                              tick_interval_s=0.5, profiles=list(args.profiles))
+    backend = make_backend(args.backend, inventory=args.inventory, node="local")
+    server = HyperSackServer(settings)
+    server.start()
+    agent = Agent(server.address, "local", backend, state / "work", poll_interval_s=0.1)
+    failure: list[BaseException] = []
+
+    def serve() -> None:
+        try:
+            agent.run()
+        except BaseException as exc:
+            failure.append(exc)
+
+    thread = threading.Thread(target=serve, name="local-agent", daemon=True)
+    thread.start()
+    devices = ", ".join(f"{d.arch}:{d.index}" for d in backend.devices())
+    study_id = ""
+    try:
+        with Client(server.address) as client:
+            for old in client.studies():
+                if old.state == "ACTIVE":
+                    client.cancel(old.id)
+                    console.print(f"cancelled {old.id}, left unfinished by an earlier run")
+            study = client.submit(path.read_text(), str(path))
+            study_id = study.id
+            console.print(f"{study.id}: {space.size()} trials on {backend.name} devices "
+                          f"[{devices}], policy {args.policy or space.settings.policy}")
+            last = watch(client, study.id, console)
+            if failure:
+                raise HyperSackError(f"the local agent stopped: {failure[0]}")
+            print_results(client, study.id, "table", args.top, console)
+            failed = last.counts.get("FAILED", 0)
+            if failed:
+                console.print(f"[red]{failed} trial(s) failed[/]; see `hypersack logs TRIAL` "
+                              "while a server runs, or the log under "
+                              f"{state / 'work'}")
+            return 1 if failed or last.state != "COMPLETED" else 0
+    except KeyboardInterrupt:
+        console.print(f"interrupted; {study_id or 'the study'} is cancelled")
+        if study_id:
+            try:
+                with Client(server.address) as client:
+                    client.cancel(study_id)
+            except HyperSackError:
+                pass
+        return 130
+    finally:
+        agent.stop()
+        thread.join(timeout=15)
+        server.stop()
+
+
+def check_backend_flags(args: argparse.Namespace) -> None:
+    if args.inventory and args.backend != "fake":
+        raise InvalidInput("--inventory is for --backend fake")

@@ -1,0 +1,168 @@
+"""`hypersack-server`: builds the store, the service and the gRPC server, and runs them."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import signal
+import sys
+import threading
+from collections.abc import Sequence
+from concurrent import futures
+from pathlib import Path
+
+import grpc
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+
+from hypersack import __version__
+from hypersack._proto.v1 import hypersack_pb2_grpc as pb_grpc
+from hypersack.core.clock import Clock
+from hypersack.core.errors import HyperSackError, InvalidInput
+from hypersack.orchestrator import OrchestratorConfig
+from hypersack.policies.registry import policy_names
+from hypersack.sampler.profiles import load_profiles
+from hypersack.server.service import SchedulerService
+from hypersack.server.servicers import AgentLinkServicer, SchedulerServicer
+from hypersack.server.settings import ServerSettings, load_settings
+from hypersack.store.sqlite import SqliteStore
+
+log = logging.getLogger(__name__)
+
+MAX_MESSAGE_BYTES = 4 << 20
+SERVICES = ("hypersack.v1.Scheduler", "hypersack.v1.AgentLink")
+
+
+class HyperSackServer:
+    """The server daemon's parts, startable in a process of its own or embedded."""
+
+    def __init__(self, settings: ServerSettings, clock: Clock | None = None) -> None:
+        if settings.policy is not None and settings.policy not in policy_names():
+            raise InvalidInput(f"unknown policy {settings.policy!r}; valid: "
+                               f"{', '.join(policy_names())}")
+        self.settings = settings
+        settings.db.parent.mkdir(parents=True, exist_ok=True)
+        self.store = SqliteStore(settings.db)
+        known = {(p.key, p.arch) for p in self.store.list_profiles()}
+        for path in settings.profiles:
+            with self.store.transaction():
+                for p in load_profiles(path):
+                    if (p.key, p.arch) not in known:  # measured history wins over a file
+                        self.store.put_profile(p)
+        config = OrchestratorConfig(oversubscription=dict(settings.oversubscription),
+                                    default_ratio=settings.default_ratio,
+                                    heartbeat_timeout_s=settings.heartbeat_timeout_s,
+                                    policy=settings.policy)
+        self.service = SchedulerService(
+            self.store, config, clock=clock, heartbeat_interval_s=settings.heartbeat_interval_s,
+            tick_interval_s=settings.tick_interval_s, default_retries=settings.retries,
+            max_study_trials=settings.max_study_trials)
+        self._grpc = grpc.server(
+            futures.ThreadPoolExecutor(max_workers=settings.max_agents + 64,
+                                       thread_name_prefix="hypersack-rpc"),
+            options=[("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
+                     ("grpc.max_send_message_length", 64 << 20),
+                     ("grpc.so_reuseport", 0)])
+        pb_grpc.add_SchedulerServicer_to_server(  # type: ignore[no-untyped-call]
+            SchedulerServicer(self.service), self._grpc)
+        pb_grpc.add_AgentLinkServicer_to_server(  # type: ignore[no-untyped-call]
+            AgentLinkServicer(self.service), self._grpc)
+        self._health = health.HealthServicer()
+        health_pb2_grpc.add_HealthServicer_to_server(self._health, self._grpc)
+        self.port = 0
+
+    def start(self) -> int:
+        """Listen and serve; returns the bound port (useful with port 0)."""
+        self.port = self._grpc.add_insecure_port(self.settings.listen)
+        if self.port == 0:
+            raise InvalidInput(f"cannot listen on {self.settings.listen!r}")
+        self.service.start()
+        self._grpc.start()
+        for name in ("", *SERVICES):
+            self._health.set(name, health_pb2.HealthCheckResponse.SERVING)
+        log.info("hypersack-server %s listening on %s (port %d), database %s", __version__,
+                 self.settings.listen, self.port, self.settings.db)
+        return self.port
+
+    @property
+    def address(self) -> str:
+        host = self.settings.listen.rsplit(":", 1)[0]
+        if host in ("0.0.0.0", "[::]", ""):  # noqa: S104 - a wildcard: dial loopback
+            host = "127.0.0.1"
+        return f"{host}:{self.port}"
+
+    def stop(self, grace_s: float = 1.0) -> None:
+        self._health.enter_graceful_shutdown()
+        self.service.stop()
+        self._grpc.stop(grace_s).wait()
+        self.store.close()
+
+    def wait(self) -> None:
+        self._grpc.wait_for_termination()
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="hypersack-server",
+        description="HyperSack head-node daemon: accepts studies from the CLI, keeps one "
+                    "stream per agent, packs trials onto GPUs. Settings come from flags, "
+                    "then HYPERSACK_* environment variables, then --config.")
+    p.add_argument("--config", type=Path, help="YAML file of settings (the flag names, "
+                   "with underscores: listen, db, heartbeat_timeout_s, ...)")
+    p.add_argument("--listen", help="address (default 127.0.0.1:50051; 0.0.0.0:50051 to "
+                   "accept agents from other hosts)")
+    p.add_argument("--db", type=Path, help="SQLite database (default hypersack.db); "
+                   "restart on the same file to resume every study")
+    p.add_argument("--policy", help=f"override every study's policy: {', '.join(policy_names())}")
+    p.add_argument("--ratio", action="append", default=[], metavar="ARCH=R",
+                   help="oversubscription ratio per architecture (repeatable); default "
+                        "A100=3, H100=2.5")
+    p.add_argument("--heartbeat-timeout-s", type=float,
+                   help="a node silent this long is lost and its trials run elsewhere "
+                        "(default 30)")
+    p.add_argument("--heartbeat-interval-s", type=float, help="agents' heartbeat (default 5)")
+    p.add_argument("--retries", type=int, help="default retries of a failing trial for "
+                   "studies that set none (default 2)")
+    p.add_argument("--profiles", type=Path, action="append",
+                   help="import a profile file into the history (repeatable)")
+    p.add_argument("--log-level", default="INFO", help="DEBUG, INFO, WARNING (default INFO)")
+    p.add_argument("--version", action="version", version=f"hypersack-server {__version__}")
+    return p
+
+
+def settings_from_args(args: argparse.Namespace) -> ServerSettings:
+    from hypersack.cli.main import parse_ratios
+
+    flags = {"listen": args.listen, "db": args.db, "policy": args.policy,
+             "heartbeat_timeout_s": args.heartbeat_timeout_s,
+             "heartbeat_interval_s": args.heartbeat_interval_s, "retries": args.retries,
+             "profiles": args.profiles,
+             "oversubscription": ({"A100": 3.0, "H100": 2.5} | parse_ratios(args.ratio))
+             if args.ratio else None}
+    return load_settings(ServerSettings, flags, args.config)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    logging.basicConfig(level=args.log_level.upper(),
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:
+        server = HyperSackServer(settings_from_args(args))
+        server.start()
+    except HyperSackError as exc:
+        print(f"hypersack-server: error: {exc}", file=sys.stderr)
+        return 2
+    done = threading.Event()
+
+    def _stop(signum: int, frame: object) -> None:
+        done.set()
+
+    signal.signal(signal.SIGTERM, _stop)
+    signal.signal(signal.SIGINT, _stop)
+    done.wait()
+    log.info("shutting down")
+    server.stop()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

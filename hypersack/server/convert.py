@@ -1,0 +1,70 @@
+"""Translation between domain types and protocol messages, shared by server, agent, CLI."""
+
+from __future__ import annotations
+
+import json
+import math
+from typing import Any
+
+from hypersack._proto.v1 import hypersack_pb2 as pb
+from hypersack.core.types import GpuSpec, NodeSpec, StudyRecord, TrialRecord, WorkloadKey
+from hypersack.grid.space import Program, parse_space
+
+MAX_METRICS = 64
+MAX_METRIC_NAME = 64
+LOG_TAIL_CHARS = 4000
+
+
+def key_to_pb(key: WorkloadKey) -> pb.WorkloadKey:
+    return pb.WorkloadKey(model=key.model, batch_size=key.batch_size, optimizer=key.optimizer,
+                          precision=key.precision, fusion_width=key.fusion_width)
+
+
+def key_from_pb(msg: pb.WorkloadKey) -> WorkloadKey:
+    return WorkloadKey(model=msg.model, batch_size=msg.batch_size, optimizer=msg.optimizer or "sgd",
+                       precision=msg.precision or "fp32", fusion_width=msg.fusion_width or 1)
+
+
+def program_to_pb(program: Program) -> pb.Program:
+    return pb.Program(builtin=program.builtin or "", command=program.command or "",
+                      options_json=json.dumps(program.options))
+
+
+def program_from_pb(msg: pb.Program) -> Program:
+    return Program(builtin=msg.builtin or None, command=msg.command or None,
+                   options=json.loads(msg.options_json or "{}"))
+
+
+def node_from_register(msg: pb.Register) -> NodeSpec:
+    """Raises pydantic's ValidationError (turned into InvalidInput by the caller)."""
+    return NodeSpec(name=msg.node, cores=msg.cores,
+                    gpus=tuple(GpuSpec(index=g.index, arch=g.arch, memory_mib=g.memory_mib,
+                                       uuid=g.uuid) for g in msg.gpus))
+
+
+def clean_metrics(values: Any) -> dict[str, float]:
+    """At most MAX_METRICS metrics with short names; NaN dropped."""
+    out: dict[str, float] = {}
+    for name, value in sorted(dict(values).items())[:MAX_METRICS]:
+        if len(name) <= MAX_METRIC_NAME and not math.isnan(value):
+            out[str(name)] = float(value)
+    return out
+
+
+def study_to_pb(study: StudyRecord, counts: dict[str, int]) -> pb.Study:
+    space = parse_space(study.space, source=f"study {study.id}")
+    return pb.Study(id=study.id, name=study.name, state=study.state.value,
+                    submitted_at=study.submitted_at, counts=counts,
+                    space_json=json.dumps(study.space, sort_keys=True),
+                    objective_metric=space.settings.objective.metric,
+                    objective_mode=space.settings.objective.mode)
+
+
+def trial_to_pb(t: TrialRecord) -> pb.Trial:
+    return pb.Trial(id=t.id, study_id=t.study_id, state=t.state.value,
+                    params_json=json.dumps(t.params, sort_keys=True), workload=t.key.label(),
+                    node=t.node or "", gpu_index=-1 if t.gpu_index is None else t.gpu_index,
+                    failures=t.failures, launches=t.launches, metrics=t.metrics,
+                    has_objective=t.objective is not None, objective=t.objective or 0.0,
+                    reason=t.reason, log_tail=t.log_tail, started_at=t.started_at or 0.0,
+                    finished_at=t.finished_at or 0.0)

@@ -1,0 +1,350 @@
+"""The server's wiring: drives the orchestrator in real time, under one lock.
+
+Agent sessions receive the commands the orchestrator returns; watchers are woken on
+every change; a ticker thread sends `Tick` so silent nodes are noticed and pending
+work is retried. Nothing here decides what runs where: that is the orchestrator's.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import queue
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+
+from pydantic import ValidationError
+
+from hypersack._proto.v1 import hypersack_pb2 as pb
+from hypersack.core.clock import Clock, SystemClock
+from hypersack.core.errors import AlreadyExists, InvalidInput, NotFound, StaleEvent
+from hypersack.core.types import NodeRecord, NodeSpec, Profile, StudyRecord, TrialState
+from hypersack.core.validation import format_validation_error
+from hypersack.grid.space import SearchSpace, load_yaml, parse_space
+from hypersack.orchestrator import Orchestrator, OrchestratorConfig
+from hypersack.orchestrator.commands import Command, KillTrial, LaunchTrial, ProfileWorkload
+from hypersack.orchestrator.events import (
+    Event,
+    Heartbeat,
+    NodeDrained,
+    NodeJoined,
+    ProfileFailed,
+    ProfileMeasured,
+    RunningTrial,
+    StudyCancelled,
+    StudySubmitted,
+    Tick,
+    TrialFailed,
+    TrialFinished,
+    TrialOutOfMemory,
+    TrialProgress,
+    TrialStarted,
+)
+from hypersack.runner import builtin_trainable
+from hypersack.runner.sdk import OOM_EXIT_CODE
+from hypersack.server.convert import (
+    LOG_TAIL_CHARS,
+    clean_metrics,
+    key_from_pb,
+    key_to_pb,
+    node_from_register,
+    program_to_pb,
+)
+from hypersack.store.base import Store
+
+log = logging.getLogger(__name__)
+
+MAX_SPACE_BYTES = 1 << 20
+
+
+@dataclass
+class AgentSession:
+    node: str
+    backend: str
+    spec: NodeSpec
+    outbox: queue.Queue[pb.ServerMessage | None] = field(default_factory=queue.Queue)
+    connected: bool = True
+    last_seen: float = 0.0
+    gpu_state: dict[int, pb.GpuState] = field(default_factory=dict)
+
+    def send(self, msg: pb.ServerMessage) -> None:
+        self.outbox.put(msg)
+
+    def messages(self) -> Iterator[pb.ServerMessage]:
+        """What to send down the stream, until the session is closed."""
+        while True:
+            msg = self.outbox.get()
+            if msg is None:
+                return
+            yield msg
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    study: StudyRecord
+    counts: dict[str, int]
+    gpus: list[tuple[str, int, int, float]]
+
+
+class SchedulerService:
+    def __init__(self, store: Store, config: OrchestratorConfig | None = None, *,
+                 clock: Clock | None = None, heartbeat_interval_s: float = 5.0,
+                 tick_interval_s: float = 1.0, default_retries: int | None = None,
+                 max_study_trials: int = 100_000) -> None:
+        self._clock = clock or SystemClock()
+        self._lock = threading.RLock()
+        self._changed = threading.Condition(self._lock)
+        self._version = 0
+        self.orch = Orchestrator(store, self._clock, config)
+        self._sessions: dict[str, AgentSession] = {}
+        self.heartbeat_interval_s = heartbeat_interval_s
+        self.tick_interval_s = tick_interval_s
+        self.default_retries = default_retries
+        self.max_study_trials = max_study_trials
+        self._stop = threading.Event()
+        self._ticker: threading.Thread | None = None
+        self.stats = {"events": 0, "heartbeats": 0, "stale": 0}
+        # Called with each finished trial's node and GPU (benchmarks measure launch delay).
+        self.on_commands: Callable[[Event, list[Command]], None] | None = None
+
+    # ----------------------------------------------------------------- lifecycle
+    def start(self) -> None:
+        self._ticker = threading.Thread(target=self._tick_loop, name="hypersack-ticker",
+                                        daemon=True)
+        self._ticker.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        with self._lock:
+            for s in self._sessions.values():
+                s.outbox.put(None)
+            self._changed.notify_all()
+        if self._ticker is not None:
+            self._ticker.join(timeout=5)
+
+    def _tick_loop(self) -> None:
+        while not self._stop.wait(self.tick_interval_s):
+            with self._lock:
+                self._apply(Tick())
+
+    # ----------------------------------------------------------------- core
+    def _apply(self, event: Event) -> list[Command]:
+        """Hand one event to the orchestrator and deliver its commands (lock held)."""
+        try:
+            commands = self.orch.handle(event)
+        except StaleEvent as exc:
+            self.stats["stale"] += 1
+            log.warning("ignored %s: %s", type(event).__name__, exc)
+            return []
+        self.stats["events"] += 1
+        self._route(commands)
+        if self.on_commands is not None:
+            self.on_commands(event, commands)
+        self._version += 1
+        self._changed.notify_all()
+        return commands
+
+    def _route(self, commands: list[Command]) -> None:
+        for c in commands:
+            session = self._sessions.get(c.node)
+            if session is None or not session.connected:
+                log.warning("%s for node %s not sent: its agent is not connected (it is "
+                            "reconciled when the agent reconnects)", type(c).__name__, c.node)
+                continue
+            session.send(self._to_message(c))
+
+    def _to_message(self, c: Command) -> pb.ServerMessage:
+        if isinstance(c, LaunchTrial):
+            program = self.orch.space(c.study_id).program
+            return pb.ServerMessage(launch=pb.LaunchTrial(
+                trial_id=c.trial_id, study_id=c.study_id, gpu_index=c.gpu_index,
+                params_json=json.dumps(c.params, sort_keys=True), key=key_to_pb(c.key),
+                epochs=c.epochs, program=program_to_pb(program),
+                compute_pct=c.demand.compute_pct, memory_mib=c.demand.memory_mib,
+                cores=c.demand.cores))
+        if isinstance(c, KillTrial):
+            return pb.ServerMessage(kill=pb.KillTrial(trial_id=c.trial_id, reason=c.reason))
+        assert isinstance(c, ProfileWorkload)
+        # Profile with a representative trial of that workload: its program and parameters.
+        sample = next((t for t in self.orch.trials() if t.key == c.key
+                       and t.state in (TrialState.PENDING, TrialState.PROFILING)), None)
+        if sample is None:
+            sample = next(t for t in self.orch.trials() if t.key == c.key)
+        program = self.orch.space(sample.study_id).program
+        return pb.ServerMessage(profile=pb.ProfileWorkload(
+            key=key_to_pb(c.key), arch=c.arch, gpu_index=c.gpu_index, iterations=c.iterations,
+            warmup=c.warmup, program=program_to_pb(program),
+            params_json=json.dumps(sample.params, sort_keys=True), epochs=sample.epochs))
+
+    # ----------------------------------------------------------------- clients
+    def submit(self, text: str, source: str) -> StudyRecord:
+        if len(text.encode()) > MAX_SPACE_BYTES:
+            raise InvalidInput(f"{source}: search space larger than {MAX_SPACE_BYTES} bytes")
+        space = parse_space(load_yaml(text, source), source=source)
+        check_runnable(space, source)
+        if space.size() > self.max_study_trials:
+            raise InvalidInput(f"{source}: {space.size()} trials; this server accepts at most "
+                               f"{self.max_study_trials} per study")
+        if self.default_retries is not None and "retries" not in space.settings.model_fields_set:
+            settings = space.settings.model_copy(update={"retries": self.default_retries})
+            space = space.model_copy(update={"settings": settings})
+        with self._lock:
+            self._apply(StudySubmitted(space))
+            return self.orch.studies()[-1]
+
+    def cancel(self, study_id: str) -> StudyRecord:
+        with self._lock:
+            self.orch.study(study_id)
+            self._apply(StudyCancelled(study_id))
+            return self.orch.study(study_id)
+
+    def drain(self, node: str) -> NodeRecord:
+        with self._lock:
+            if node not in {n.spec.name for n in self.orch.nodes()}:
+                raise NotFound(f"no node {node!r}")
+            self._apply(NodeDrained(node))
+            return next(n for n in self.orch.nodes() if n.spec.name == node)
+
+    def counts(self, study_id: str) -> dict[str, int]:
+        with self._lock:
+            out = {s.value: 0 for s in TrialState}
+            for t in self.orch.trials(study_id):
+                out[t.state.value] += 1
+            return out
+
+    def snapshot(self, study_id: str) -> Snapshot:
+        with self._lock:
+            study = self.orch.study(study_id)
+            gpus = [(node, idx, n, share)
+                    for (node, idx), (n, share) in sorted(self.orch.gpu_load().items())]
+            return Snapshot(study, self.counts(study_id), gpus)
+
+    def watch(self, study_id: str, min_interval_s: float, active: Callable[[], bool]
+              ) -> Iterator[Snapshot]:
+        """Snapshots of a study as it changes, ending once it is terminal."""
+        self.snapshot(study_id)  # NotFound before the stream starts
+        seen = -1
+        while active() and not self._stop.is_set():
+            with self._changed:
+                if self._version == seen:
+                    self._changed.wait(timeout=1.0)
+                if self._version == seen:
+                    continue
+                seen = self._version
+                snap = self.snapshot(study_id)
+            yield snap
+            if snap.study.state.value != "ACTIVE":
+                return
+            time.sleep(max(0.0, min_interval_s))
+
+    def since(self, t: float) -> float:
+        return self._clock.now() - t
+
+    def sessions(self) -> dict[str, AgentSession]:
+        with self._lock:
+            return dict(self._sessions)
+
+    # ----------------------------------------------------------------- agents
+    def register(self, msg: pb.Register) -> AgentSession:
+        try:
+            spec = node_from_register(msg)
+        except ValidationError as exc:
+            raise InvalidInput(format_validation_error(exc, "register")) from None
+        indexes = [g.index for g in spec.gpus]
+        if len(set(indexes)) != len(indexes):
+            raise InvalidInput(f"register: GPU indexes repeat in {indexes}")
+        with self._lock:
+            old = self._sessions.get(spec.name)
+            if old is not None and old.connected:
+                raise AlreadyExists(f"node {spec.name!r} is already connected; every agent "
+                                    "needs its own node name")
+            session = AgentSession(node=spec.name, backend=msg.backend or "?", spec=spec,
+                                   last_seen=self._clock.now())
+            self._sessions[spec.name] = session
+            session.send(pb.ServerMessage(registered=pb.Registered(
+                heartbeat_interval_s=self.heartbeat_interval_s)))
+            running = tuple(RunningTrial(r.trial_id, r.gpu_index) for r in msg.running)
+            self._apply(NodeJoined(spec, running))
+            log.info("agent %s connected (%s backend, %d GPUs, %d trials still running)",
+                     spec.name, session.backend, len(spec.gpus), len(running))
+            return session
+
+    def disconnected(self, session: AgentSession) -> None:
+        with self._lock:
+            session.connected = False
+            session.outbox.put(None)
+            self._changed.notify_all()
+        if not self._stop.is_set():
+            log.warning("agent %s disconnected; its node is lost unless it reconnects "
+                        "within the heartbeat timeout", session.node)
+
+    def agent_message(self, session: AgentSession, msg: pb.AgentMessage) -> None:
+        kind = msg.WhichOneof("body")
+        node = session.node
+        with self._lock:
+            session.last_seen = self._clock.now()
+            if kind == "heartbeat":
+                self.stats["heartbeats"] += 1
+                for g in msg.heartbeat.gpus:
+                    session.gpu_state[g.index] = g
+                running = tuple(RunningTrial(r.trial_id, r.gpu_index)
+                                for r in msg.heartbeat.running)
+                if node not in {n.spec.name for n in self.orch.nodes()}:
+                    # Declared lost (silent too long) but alive: it joins again.
+                    log.warning("node %s was lost but its agent is alive; it joins again", node)
+                    self._apply(NodeJoined(session.spec, running))
+                else:
+                    self._apply(Heartbeat(node, running))
+            elif kind == "started":
+                self._apply(TrialStarted(msg.started.trial_id, node))
+            elif kind == "metrics":
+                m = msg.metrics
+                self._apply(TrialProgress(m.trial_id, node, int(m.step), clean_metrics(m.metrics)))
+            elif kind == "exited":
+                self._apply(self._exit_event(node, msg.exited))
+            elif kind == "profile":
+                self._apply(self._profile_event(node, msg.profile))
+            elif kind == "register":
+                raise InvalidInput("register: already registered on this stream")
+            else:
+                raise InvalidInput("empty agent message")
+
+    @staticmethod
+    def _exit_event(node: str, e: pb.TrialExited) -> Event:
+        tail = e.log_tail[-LOG_TAIL_CHARS:]
+        if e.exit_code == 0:
+            return TrialFinished(e.trial_id, node, clean_metrics(e.metrics), log_tail=tail)
+        if e.out_of_memory or e.exit_code == OOM_EXIT_CODE:
+            return TrialOutOfMemory(e.trial_id, node, max(0, int(e.peak_memory_mib)))
+        return TrialFailed(e.trial_id, node, e.exit_code, tail)
+
+    @staticmethod
+    def _profile_event(node: str, p: pb.ProfileResult) -> Event:
+        key = key_from_pb(p.key)
+        if not p.ok:
+            return ProfileFailed(key, p.arch, node, p.error[-LOG_TAIL_CHARS:] or "failed")
+        try:
+            profile = Profile.model_validate({
+                "key": key, "arch": p.arch,
+                "demand": {"compute_pct": p.compute_pct, "memory_mib": p.memory_mib,
+                           "cores": p.cores},
+                "iter_time_s": p.iter_time_s, "iters_per_epoch": p.iters_per_epoch,
+                "data_fraction": p.data_fraction, "source": p.source or f"measured on {node}"})
+        except ValidationError as exc:
+            return ProfileFailed(key, p.arch, node,
+                                 "invalid measurement: " + format_validation_error(exc, "profile"))
+        return ProfileMeasured(profile, node)
+
+
+def check_runnable(space: SearchSpace, source: str) -> None:
+    """A study the agents can run: the built-in trainer knows every model."""
+    if space.program.builtin == "train":
+        missing = [m for m in space.models if m not in builtin_trainable()]
+        if missing:
+            raise InvalidInput(
+                f"{source}: program: the built-in train program cannot train "
+                f"{', '.join(missing)} in this installation (it trains: "
+                f"{', '.join(sorted(builtin_trainable()))}); give program: {{command: ...}} "
+                "or program: {builtin: sleep}")

@@ -1,0 +1,106 @@
+"""Settings for both daemons: flags, then `HYPERSACK_*` environment, then a YAML config
+file, then defaults (pydantic-settings)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, TypeVar
+
+from pydantic import Field, ValidationError, field_validator
+from pydantic.fields import FieldInfo
+from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
+
+from hypersack.core.errors import InvalidInput
+from hypersack.core.validation import format_validation_error
+from hypersack.grid.space import load_yaml
+
+
+class ServerSettings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="HYPERSACK_", extra="forbid")
+
+    listen: str = Field(default="127.0.0.1:50051",
+                        description="address to listen on; 0.0.0.0:50051 for a cluster")
+    db: Path = Field(default=Path("hypersack.db"), description="SQLite database file")
+    policy: str | None = Field(default=None, description="override every study's policy")
+    oversubscription: dict[str, float] = Field(
+        default_factory=lambda: {"A100": 3.0, "H100": 2.5},
+        description="oversubscription ratio per GPU architecture")
+    default_ratio: float = Field(default=1.0, gt=0)
+    heartbeat_interval_s: float = Field(default=5.0, gt=0)
+    heartbeat_timeout_s: float = Field(default=30.0, gt=0)
+    tick_interval_s: float = Field(default=1.0, gt=0)
+    retries: int | None = Field(default=None, ge=0,
+                                description="default retries for studies that set none")
+    max_study_trials: int = Field(default=100_000, ge=1)
+    max_agents: int = Field(default=512, ge=1)
+    profiles: list[Path] = Field(default_factory=list,
+                                 description="profile files imported into the history")
+
+    @field_validator("oversubscription")
+    @classmethod
+    def _ratios(cls, ratios: dict[str, float]) -> dict[str, float]:
+        for arch, r in ratios.items():
+            if not r > 0:
+                raise ValueError(f"ratio for {arch!r} must be positive (got {r})")
+        return ratios
+
+
+class AgentSettings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="HYPERSACK_", extra="forbid")
+
+    server: str = Field(default="127.0.0.1:50051", description="server address")
+    node: str | None = Field(default=None, description="node name (default: host name)")
+    backend: str = Field(default="auto", description="auto, nvml, cpu or fake")
+    inventory: str | None = Field(default=None,
+                                  description="for the fake backend: e.g. 4xA100-80GB@88")
+    workdir: Path = Field(default=Path("hypersack-work"),
+                          description="trial working directories and logs")
+    poll_interval_s: float = Field(default=0.2, gt=0)
+    reconnect_max_s: float = Field(default=10.0, gt=0)
+
+
+S = TypeVar("S", bound=BaseSettings)
+
+
+class _FileSource(PydanticBaseSettingsSource):
+    def __init__(self, settings_cls: type[BaseSettings], values: dict[str, Any]) -> None:
+        super().__init__(settings_cls)
+        self._values = values
+
+    def get_field_value(self, field: FieldInfo, field_name: str) -> tuple[Any, str, bool]:
+        return self._values.get(field_name), field_name, False
+
+    def __call__(self) -> dict[str, Any]:
+        return dict(self._values)
+
+
+def load_settings(cls: type[S], flags: dict[str, Any], config: Path | None = None) -> S:
+    """Flags (the ones given) override the environment, which overrides the file."""
+    values: dict[str, Any] = {}
+    if config is not None:
+        if not config.exists():
+            raise InvalidInput(f"config file {str(config)!r} does not exist")
+        data = load_yaml(config.read_text(), str(config))
+        if data is not None and not isinstance(data, dict):
+            raise InvalidInput(f"{config}: expected a mapping of settings")
+        values = data or {}
+        unknown = sorted(set(values) - set(cls.model_fields))
+        if unknown:
+            raise InvalidInput(f"{config}: unknown setting(s) {unknown}; valid: "
+                               f"{', '.join(cls.model_fields)}")
+
+    class _WithFile(cls):  # type: ignore[valid-type,misc]
+        @classmethod
+        def settings_customise_sources(
+            cls_, settings_cls: type[BaseSettings], init_settings: PydanticBaseSettingsSource,
+            env_settings: PydanticBaseSettingsSource,
+            dotenv_settings: PydanticBaseSettingsSource,
+            file_secret_settings: PydanticBaseSettingsSource,
+        ) -> tuple[PydanticBaseSettingsSource, ...]:
+            return init_settings, env_settings, _FileSource(settings_cls, values)
+
+    try:
+        settings = _WithFile(**{k: v for k, v in flags.items() if v is not None})
+    except ValidationError as exc:
+        raise InvalidInput(format_validation_error(exc, "settings")) from None
+    return cls.model_validate(settings.model_dump())
