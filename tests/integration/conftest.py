@@ -1,0 +1,142 @@
+"""Real processes on loopback: a hypersack-server and fake-backend agents, each its own
+process, so SIGKILL means what it says."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import grpc
+import pytest
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from hypersack.cli.client import Client
+from tests.conftest import EXAMPLES
+
+pytestmark = pytest.mark.slow
+
+# Fast failure detection for tests: heartbeats every 0.3 s, a node is lost after 3 s.
+SERVER_FLAGS = ["--heartbeat-interval-s", "0.3", "--heartbeat-timeout-s", "3",
+                "--profiles", str(EXAMPLES / "profiles-estimates.yaml")]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def wait_for(what: str, check: Callable[[], bool], timeout_s: float = 60.0,
+             every_s: float = 0.1) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if check():
+            return
+        time.sleep(every_s)
+    raise AssertionError(f"timed out after {timeout_s} s waiting for {what}")
+
+
+class Cluster:
+    """A server and agents as child processes, logs under tmp_path."""
+
+    def __init__(self, tmp_path: Path) -> None:
+        self.tmp = tmp_path
+        self.port = free_port()
+        self.address = f"127.0.0.1:{self.port}"
+        self.db = tmp_path / "server.db"
+        self.server: subprocess.Popen[bytes] | None = None
+        self.agents: dict[str, subprocess.Popen[bytes]] = {}
+        self._env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+        for key in [k for k in self._env if k.startswith("HYPERSACK_")]:
+            del self._env[key]
+
+    def _spawn(self, name: str, argv: list[str]) -> subprocess.Popen[bytes]:
+        log = open(self.tmp / f"{name}.log", "ab")  # noqa: SIM115
+        return subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=self._env,
+                                cwd=self.tmp, start_new_session=True)
+
+    def start_server(self, *extra: str) -> None:
+        self.server = self._spawn("server", [
+            sys.executable, "-m", "hypersack.server.app", "--listen", self.address,
+            "--db", str(self.db), *SERVER_FLAGS, *extra])
+        channel = grpc.insecure_channel(self.address)
+        stub = health_pb2_grpc.HealthStub(channel)
+
+        def serving() -> bool:
+            assert self.server is not None and self.server.poll() is None, self.logs("server")
+            try:
+                reply = stub.Check(health_pb2.HealthCheckRequest(service="hypersack.v1.Scheduler"),
+                                   timeout=1)
+            except grpc.RpcError:
+                return False
+            return bool(reply.status == health_pb2.HealthCheckResponse.SERVING)
+
+        wait_for("the server to serve", serving, 30)
+        channel.close()
+
+    def kill_server(self) -> None:
+        assert self.server is not None
+        os.killpg(self.server.pid, signal.SIGKILL)
+        self.server.wait()
+
+    def start_agent(self, name: str, inventory: str = "1xA100-80GB@48") -> None:
+        self.agents[name] = self._spawn(name, [
+            sys.executable, "-m", "hypersack.agent.app", "--server", self.address,
+            "--node", name, "--backend", "fake", "--inventory", inventory,
+            "--workdir", str(self.tmp / "work")])
+
+    def kill_agent(self, name: str) -> None:
+        proc = self.agents.pop(name)
+        os.kill(proc.pid, signal.SIGKILL)  # the agent only: its trials are orphaned
+        proc.wait()
+
+    def client(self) -> Client:
+        return Client(self.address, timeout_s=10)
+
+    def logs(self, name: str) -> str:
+        path = self.tmp / f"{name}.log"
+        return path.read_text()[-3000:] if path.exists() else ""
+
+    def stop(self) -> None:
+        for proc in [*self.agents.values(), *([self.server] if self.server else [])]:
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGTERM)
+        for proc in [*self.agents.values(), *([self.server] if self.server else [])]:
+            try:
+                proc.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+        # Trials orphaned by a SIGKILLed agent sleep on; end them.
+        subprocess.run(["pkill", "-f", str(self.tmp / "work")], check=False)
+
+
+@pytest.fixture
+def cluster(tmp_path: Path) -> Iterator[Cluster]:
+    c = Cluster(tmp_path)
+    try:
+        yield c
+    finally:
+        c.stop()
+
+
+def space_yaml(name: str, *, seconds_per_epoch: float = 1.0, epochs: float = 2,
+               lrs: str = "[0.001, 0.01]", models: str = "[resnet18, mobilenet_v2]",
+               batch_sizes: str = "[64, 128]", retries: int = 2,
+               program: str | None = None, ratio: float = 3.0) -> str:
+    program = program or ("{builtin: sleep, options: {seconds_per_epoch: "
+                          f"{seconds_per_epoch}, iters_per_epoch: 4}}}}")
+    return f"""
+name: {name}
+models: {models}
+hyperparameters:
+  batch_size: {batch_sizes}
+  lr: {lrs}
+settings: {{epochs: {epochs}, retries: {retries}, oversubscription: {{A100: {ratio}}}}}
+program: {program}
+"""

@@ -1,0 +1,119 @@
+"""Faults and elasticity with real processes: agents and the server die, join, drain."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+
+from tests.integration.conftest import Cluster, space_yaml, wait_for
+
+
+def _submit(c: Cluster, text: str) -> str:
+    with c.client() as client:
+        return str(client.submit(text, "test.yaml").id)
+
+
+def _trials(c: Cluster, study: str) -> list:  # type: ignore[type-arg]
+    with c.client() as client:
+        return client.trials(study)
+
+
+def _state(c: Cluster, study: str) -> str:
+    with c.client() as client:
+        return str(client.study(study).state)
+
+
+def _done(c: Cluster, study: str, timeout_s: float = 90) -> list:  # type: ignore[type-arg]
+    wait_for(f"{study} to complete", lambda: _state(c, study) != "ACTIVE", timeout_s, 0.3)
+    return _trials(c, study)
+
+
+def test_agent_killed_mid_study_its_trials_finish_elsewhere(cluster: Cluster) -> None:
+    cluster.start_server()
+    cluster.start_agent("n1")
+    study = _submit(cluster, space_yaml("killed", seconds_per_epoch=2.0, ratio=1.0))
+    wait_for("trials running on n1",
+             lambda: any(t.node == "n1" and t.state == "RUNNING" for t in _trials(cluster, study)))
+    cluster.start_agent("n2")
+    on_n1 = {t.id for t in _trials(cluster, study) if t.node == "n1" and t.state == "RUNNING"}
+    cluster.kill_agent("n1")
+    trials = _done(cluster, study)
+    assert {t.state for t in trials} == {"COMPLETED"}, [(t.id, t.state, t.reason) for t in trials]
+    moved = [t for t in trials if t.id in on_n1]
+    assert moved and all(t.node == "n2" and t.launches == 2 for t in moved)
+    assert all(t.has_objective for t in trials)
+
+
+def test_agent_joining_mid_study_gets_work(cluster: Cluster) -> None:
+    cluster.start_server()
+    cluster.start_agent("n1")
+    study = _submit(cluster, space_yaml("join", seconds_per_epoch=1.0, ratio=1.0,
+                                        lrs="[0.001, 0.003, 0.01]"))
+    wait_for("n1 busy", lambda: any(t.state == "RUNNING" for t in _trials(cluster, study)))
+    assert any(t.state == "PENDING" for t in _trials(cluster, study))  # n1 alone is full
+    joined_at = time.time()
+    cluster.start_agent("n2")
+    trials = _done(cluster, study)
+    assert {t.state for t in trials} == {"COMPLETED"}
+    on_n2 = [t for t in trials if t.node == "n2"]
+    assert on_n2 and all(t.started_at >= joined_at for t in on_n2)
+
+
+def test_drained_node_gets_no_new_trials_and_finishes_its_own(cluster: Cluster) -> None:
+    cluster.start_server()
+    cluster.start_agent("n1")
+    cluster.start_agent("n2")
+    study = _submit(cluster, space_yaml("drain", seconds_per_epoch=1.5, ratio=1.0,
+                                        lrs="[0.001, 0.003, 0.01]"))
+    wait_for("both nodes busy", lambda: {t.node for t in _trials(cluster, study)
+                                         if t.state == "RUNNING"} == {"n1", "n2"})
+    with cluster.client() as client:
+        node = client.drain("n1")
+        assert node.draining
+    drained_at = time.time()
+    running_on_n1 = {t.id for t in _trials(cluster, study)
+                     if t.node == "n1" and t.state == "RUNNING"}
+    trials = _done(cluster, study)
+    assert {t.state for t in trials} == {"COMPLETED"}
+    late_on_n1 = [t.id for t in trials if t.node == "n1" and t.started_at > drained_at]
+    assert late_on_n1 == []
+    assert all(t.node == "n1" and t.launches == 1 for t in trials if t.id in running_on_n1)
+    with cluster.client() as client:
+        n1 = next(n for n in client.nodes() if n.name == "n1")
+        assert n1.draining and n1.connected
+
+
+def test_crashing_trial_is_retried_then_failed_with_its_log(cluster: Cluster) -> None:
+    cluster.start_server()
+    cluster.start_agent("n1")
+    crash = "{command: \"{python} -c 'import sys; print(\\\"boom at lr\\\", {lr}); sys.exit(3)'\"}"
+    study = _submit(cluster, space_yaml("crash", models="[resnet18]", batch_sizes="[64]",
+                                        lrs="[0.001]", retries=1, program=crash))
+    trials = _done(cluster, study, 60)
+    (t,) = trials
+    assert t.state == "FAILED" and t.failures == 2 and t.launches == 2
+    assert "exit code 3" in t.reason and "boom at lr 0.001" in t.log_tail
+    out = subprocess.run([sys.executable, "-m", "hypersack.cli.main", "logs", t.id,
+                          "--server", cluster.address], capture_output=True, text=True,
+                         check=True).stdout
+    assert "FAILED" in out and "boom at lr 0.001" in out and "exit code 3" in out
+
+
+def test_server_killed_and_restarted_study_completes_once(cluster: Cluster) -> None:
+    cluster.start_server()
+    cluster.start_agent("n1")
+    cluster.start_agent("n2")
+    study = _submit(cluster, space_yaml("restart", seconds_per_epoch=1.5, ratio=1.0,
+                                        lrs="[0.001, 0.003, 0.01]"))
+    wait_for("some trials done and some running", lambda: (
+        {"COMPLETED", "RUNNING"} <= {t.state for t in _trials(cluster, study)}), 60, 0.2)
+    running = {t.id for t in _trials(cluster, study) if t.state == "RUNNING"}
+    cluster.kill_server()
+    time.sleep(1.0)  # agents notice and keep their trials running
+    cluster.start_server()
+    trials = _done(cluster, study)
+    assert {t.state for t in trials} == {"COMPLETED"}
+    # Adopted, not started again: every trial ran exactly once and has one result.
+    assert [t.id for t in trials if t.launches != 1] == []
+    assert running and all(t.has_objective for t in trials)
