@@ -239,6 +239,10 @@ class SchedulerService:
                 return
             time.sleep(max(0.0, min_interval_s))
 
+    def locked(self) -> threading.RLock:
+        """The service's lock: hold it to read the orchestrator consistently."""
+        return self._lock
+
     def since(self, t: float) -> float:
         return self._clock.now() - t
 
@@ -322,7 +326,10 @@ class SchedulerService:
 
     @staticmethod
     def _profile_event(node: str, p: pb.ProfileResult) -> Event:
-        key = key_from_pb(p.key)
+        try:
+            key = key_from_pb(p.key)
+        except ValidationError as exc:
+            raise InvalidInput(format_validation_error(exc, "profile.key")) from None
         if not p.ok:
             return ProfileFailed(key, p.arch, node, p.error[-LOG_TAIL_CHARS:] or "failed")
         try:

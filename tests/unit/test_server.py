@@ -1,0 +1,217 @@
+"""The server in-process on 127.0.0.1:0, driven through real gRPC by the client and by a
+raw agent stream that sends exactly the messages a test wants."""
+
+from __future__ import annotations
+
+import json
+import queue
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+import grpc
+import pytest
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from hypersack._proto.v1 import hypersack_pb2 as pb
+from hypersack._proto.v1 import hypersack_pb2_grpc as pb_grpc
+from hypersack.cli.client import Client
+from hypersack.core.errors import InvalidInput, NotFound
+from hypersack.server.app import HyperSackServer
+from hypersack.server.settings import ServerSettings
+from tests.conftest import EXAMPLES
+
+SLEEP_SPACE = """
+name: tiny
+models: [resnet18]
+hyperparameters: {batch_size: [64, 128], lr: [0.001, 0.01]}
+settings: {epochs: 1, retries: 1, objective: {metric: loss, mode: min}}
+program: {builtin: sleep}
+"""
+
+
+def make_server(tmp_path: Path) -> HyperSackServer:
+    settings = ServerSettings(listen="127.0.0.1:0", db=tmp_path / "s.db",
+                              heartbeat_interval_s=0.2, heartbeat_timeout_s=30,
+                              tick_interval_s=0.1,
+                              profiles=[EXAMPLES / "profiles-estimates.yaml"])
+    server = HyperSackServer(settings)
+    server.start()
+    return server
+
+
+@pytest.fixture
+def server(tmp_path: Path) -> Iterator[HyperSackServer]:
+    s = make_server(tmp_path)
+    try:
+        yield s
+    finally:
+        s.stop(0)
+
+
+class RawAgent:
+    """One AgentLink stream; `send` puts a message up, `next` reads one down."""
+
+    def __init__(self, address: str) -> None:
+        self.channel = grpc.insecure_channel(address)
+        self.up: queue.Queue[pb.AgentMessage | None] = queue.Queue()
+        self.down: queue.Queue[pb.ServerMessage | grpc.RpcError | None] = queue.Queue()
+        stub = pb_grpc.AgentLinkStub(self.channel)
+        self.call = stub.Connect(iter(self.up.get, None))
+        threading.Thread(target=self._read, daemon=True).start()
+
+    def _read(self) -> None:
+        try:
+            for msg in self.call:
+                self.down.put(msg)
+            self.down.put(None)
+        except grpc.RpcError as exc:
+            self.down.put(exc)
+
+    def register(self, node: str, gpus: int = 1, running: tuple[str, ...] = ()) -> None:
+        self.send(pb.AgentMessage(register=pb.Register(
+            node=node, cores=48, backend="fake",
+            gpus=[pb.GpuInfo(index=i, arch="A100", memory_mib=81920, uuid=f"U{i}")
+                  for i in range(gpus)],
+            running=[pb.RunningTrial(trial_id=t, gpu_index=0) for t in running])))
+
+    def send(self, msg: pb.AgentMessage) -> None:
+        self.up.put(msg)
+
+    def next(self, timeout_s: float = 10) -> pb.ServerMessage | grpc.RpcError | None:
+        return self.down.get(timeout=timeout_s)
+
+    def launches(self, n: int) -> list[pb.LaunchTrial]:
+        out = []
+        while len(out) < n:
+            msg = self.next()
+            assert isinstance(msg, pb.ServerMessage), msg
+            if msg.WhichOneof("body") == "launch":
+                out.append(msg.launch)
+        return out
+
+    def close(self) -> None:
+        self.up.put(None)
+        self.channel.close()
+
+
+def test_submit_inspect_and_errors(server: HyperSackServer) -> None:
+    with Client(server.address) as c:
+        study = c.submit(SLEEP_SPACE, "tiny.yaml")
+        assert study.id == "tiny-1" and study.counts["PROFILING"] + study.counts["PENDING"] == 4
+        assert [s.id for s in c.studies()] == ["tiny-1"]
+        trials = c.trials("tiny-1")
+        assert len(trials) == 4 and json.loads(trials[0].params_json)["model"] == "resnet18"
+        assert c.trial(trials[0].id).id == trials[0].id
+        with pytest.raises(NotFound, match="no study 'nope'"):
+            c.study("nope")
+        with pytest.raises(NotFound):
+            c.trials("nope")
+        with pytest.raises(NotFound, match="no trial"):
+            c.trial("nope-t00001")
+        with pytest.raises(InvalidInput, match=r"bad.yaml: models.0: unknown model 'resnet99'"):
+            c.submit(SLEEP_SPACE.replace("resnet18", "resnet99"), "bad.yaml")
+        with pytest.raises(InvalidInput, match="not valid YAML"):
+            c.submit("name: [", "broken.yaml")
+        with pytest.raises(InvalidInput, match="larger than"):
+            c.submit("# " + "x" * (2 << 20), "huge.yaml")
+        with pytest.raises(InvalidInput, match="cannot train resnet18.*program"):
+            c.submit(SLEEP_SPACE.replace("builtin: sleep", "builtin: train"), "t.yaml")
+        with pytest.raises(NotFound, match="no node"):
+            c.drain("ghost")
+        assert c.cancel("tiny-1").state == "CANCELLED"
+        assert c.study("tiny-1").counts["CANCELLED"] == 4
+        health = health_pb2_grpc.HealthStub(grpc.insecure_channel(server.address))
+        reply = health.Check(health_pb2.HealthCheckRequest(service="hypersack.v1.AgentLink"))
+        assert reply.status == health_pb2.HealthCheckResponse.SERVING
+
+
+def test_agent_stream_launch_finish_and_stale_events(server: HyperSackServer) -> None:
+    agent = RawAgent(server.address)
+    agent.register("n1")
+    first = agent.next()
+    assert isinstance(first, pb.ServerMessage) and first.registered.heartbeat_interval_s == 0.2
+    with Client(server.address) as c:
+        c.submit(SLEEP_SPACE, "tiny.yaml")
+        launches = agent.launches(4)
+        assert {m.program.builtin for m in launches} == {"sleep"}
+        assert all(m.compute_pct > 0 and m.memory_mib > 0 for m in launches)
+        done = launches[0].trial_id
+        agent.send(pb.AgentMessage(started=pb.TrialStarted(trial_id=done)))
+        agent.send(pb.AgentMessage(metrics=pb.TrialMetrics(trial_id=done, step=1,
+                                                           metrics={"loss": 0.5})))
+        agent.send(pb.AgentMessage(exited=pb.TrialExited(
+            trial_id=done, exit_code=0, log_tail="ok\n", metrics={"loss": 0.25, "acc": 0.9})))
+        # Events for trials this agent does not hold change nothing and keep the stream.
+        agent.send(pb.AgentMessage(exited=pb.TrialExited(trial_id="ghost", exit_code=0)))
+        agent.send(pb.AgentMessage(exited=pb.TrialExited(trial_id=done, exit_code=1)))
+        agent.send(pb.AgentMessage(register=pb.Register(node="again")))
+        agent.send(pb.AgentMessage())
+        failed = launches[1].trial_id
+        agent.send(pb.AgentMessage(exited=pb.TrialExited(trial_id=failed, exit_code=3,
+                                                         log_tail="boom")))
+
+        def settled() -> bool:
+            t = c.trial(failed)
+            return c.trial(done).state == "COMPLETED" and t.launches == 2
+
+        _wait(settled)
+        t = c.trial(done)
+        assert t.objective == 0.25 and t.metrics["acc"] == 0.9 and t.log_tail == "ok\n"
+        relaunch = agent.launches(1)[0]
+        assert relaunch.trial_id == failed
+        assert c.trial(failed).failures == 1 and "retry 1 of 1" in c.trial(failed).reason
+        (node,) = c.nodes()
+        assert node.name == "n1" and node.connected and node.gpus[0].trials == 3
+    agent.close()
+
+
+def test_duplicate_node_name_is_refused_and_first_agent_keeps_going(
+        server: HyperSackServer) -> None:
+    a = RawAgent(server.address)
+    a.register("n1")
+    assert isinstance(a.next(), pb.ServerMessage)
+    b = RawAgent(server.address)
+    b.register("n1")
+    err = b.next()
+    assert isinstance(err, grpc.RpcError)
+    assert err.code() == grpc.StatusCode.ALREADY_EXISTS and "already connected" in err.details()
+    c = RawAgent(server.address)
+    c.send(pb.AgentMessage(heartbeat=pb.Heartbeat()))
+    err = c.next()
+    assert isinstance(err, grpc.RpcError) and err.code() == grpc.StatusCode.INVALID_ARGUMENT
+    d = RawAgent(server.address)
+    d.send(pb.AgentMessage(register=pb.Register(node="", cores=-1)))
+    err = d.next()
+    assert isinstance(err, grpc.RpcError) and err.code() == grpc.StatusCode.INVALID_ARGUMENT
+    with Client(server.address) as client:
+        client.submit(SLEEP_SPACE, "tiny.yaml")
+        assert len(a.launches(4)) == 4
+    for x in (a, b, c, d):
+        x.close()
+
+
+def test_reconnecting_agent_has_its_trials_adopted(server: HyperSackServer) -> None:
+    a = RawAgent(server.address)
+    a.register("n1")
+    with Client(server.address) as c:
+        c.submit(SLEEP_SPACE, "tiny.yaml")
+        ids = [m.trial_id for m in a.launches(4)]
+        a.close()
+        _wait(lambda: not c.nodes()[0].connected)
+        b = RawAgent(server.address)
+        b.register("n1", running=tuple(ids[:3]))  # one did not survive
+        _wait(lambda: c.trial(ids[3]).launches == 2)
+        assert [c.trial(i).launches for i in ids[:3]] == [1, 1, 1]
+        b.close()
+
+
+def _wait(check: object, timeout_s: float = 10) -> None:
+    import time
+
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if check():  # type: ignore[operator]
+            return
+        time.sleep(0.05)
+    raise AssertionError("timed out")

@@ -1,0 +1,104 @@
+"""Random messages at the servicers: the server answers with clear status codes, keeps
+serving, and its state stays consistent."""
+
+from __future__ import annotations
+
+import logging
+import string
+import time
+from pathlib import Path
+
+import grpc
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from hypersack._proto.v1 import hypersack_pb2 as pb
+from hypersack._proto.v1 import hypersack_pb2_grpc as pb_grpc
+from hypersack.core.types import TrialState
+from hypersack.policies.base import Need, compute_capacity
+from tests.unit.test_server import SLEEP_SPACE, RawAgent, make_server
+
+text = st.text(alphabet=string.printable, max_size=30)
+ids = st.one_of(text, st.sampled_from(["tiny-1-t00000", "tiny-1-t00001", "tiny-1-t00003",
+                                       "tiny-1", ""]))
+numbers = st.floats(allow_nan=True, allow_infinity=True)
+metrics = st.dictionaries(text, numbers, max_size=4)
+key = st.builds(pb.WorkloadKey, model=st.sampled_from(["resnet18", "x", ""]),
+                batch_size=st.integers(-5, 300), optimizer=text, precision=text,
+                fusion_width=st.integers(-1, 3))
+agent_messages = st.one_of(
+    st.builds(lambda r: pb.AgentMessage(heartbeat=pb.Heartbeat(running=r)),
+              st.lists(st.builds(pb.RunningTrial, trial_id=ids,
+                                 gpu_index=st.integers(-2, 3)), max_size=3)),
+    st.builds(lambda t: pb.AgentMessage(started=pb.TrialStarted(trial_id=t)), ids),
+    st.builds(lambda t, s, m: pb.AgentMessage(metrics=pb.TrialMetrics(trial_id=t, step=s,
+                                                                      metrics=m)),
+              ids, st.integers(-2**40, 2**40), metrics),
+    st.builds(lambda t, c, log, m, oom, peak: pb.AgentMessage(exited=pb.TrialExited(
+        trial_id=t, exit_code=c, log_tail=log, metrics=m, out_of_memory=oom,
+        peak_memory_mib=peak)), ids, st.integers(-300, 300), text, metrics, st.booleans(),
+        st.integers(-10, 10**7)),
+    st.builds(lambda k, a, ok, c, m, it, ipe: pb.AgentMessage(profile=pb.ProfileResult(
+        key=k, arch=a, ok=ok, compute_pct=c, memory_mib=m, iter_time_s=it,
+        iters_per_epoch=ipe, error="x")), key, st.sampled_from(["A100", "H100", ""]),
+        st.booleans(), numbers, st.integers(-10, 10**6), numbers, st.integers(-3, 10)),
+    st.builds(lambda n: pb.AgentMessage(register=pb.Register(node=n)), text),
+    st.just(pb.AgentMessage()),
+)
+
+
+def test_random_agent_and_client_messages_leave_the_server_consistent(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    server = make_server(tmp_path)
+    counter = iter(range(10**6))
+    channel = grpc.insecure_channel(server.address)
+    stub = pb_grpc.SchedulerStub(channel)
+    stub.SubmitStudy(pb.SubmitStudyRequest(space_yaml=SLEEP_SPACE, source="t"))
+    allowed = {grpc.StatusCode.NOT_FOUND, grpc.StatusCode.INVALID_ARGUMENT,
+               grpc.StatusCode.ALREADY_EXISTS, grpc.StatusCode.FAILED_PRECONDITION}
+
+    @settings(max_examples=40, deadline=None,
+              suppress_health_check=[HealthCheck.too_slow])
+    @given(st.lists(agent_messages, max_size=12), st.lists(ids, max_size=4),
+           st.integers(0, 3))
+    def check(messages: list[pb.AgentMessage], study_ids: list[str], gpus: int) -> None:
+        agent = RawAgent(server.address)
+        agent.register(f"fuzz{next(counter)}", gpus=gpus)
+        for m in messages:
+            agent.send(m)
+        for sid in study_ids:
+            for call, req in ((stub.GetStudy, pb.GetStudyRequest(study_id=sid)),
+                              (stub.ListTrials, pb.ListTrialsRequest(study_id=sid)),
+                              (stub.GetTrial, pb.GetTrialRequest(trial_id=sid)),
+                              (stub.DrainNode, pb.DrainNodeRequest(node=sid))):
+                try:
+                    call(req, timeout=5)
+                except grpc.RpcError as exc:
+                    assert exc.code() in allowed, (exc.code(), exc.details())
+        time.sleep(0.05)
+        agent.close()
+        _consistent(server)
+
+    check()
+    assert stub.GetStudy(pb.GetStudyRequest(study_id="tiny-1")).id == "tiny-1"
+    channel.close()
+    server.stop(0)
+    errors = [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR]
+    assert errors == []
+
+
+def _consistent(server: object) -> None:
+    """Every running trial sits on a registered node's GPU, and no GPU is over capacity."""
+    orch = server.service.orch  # type: ignore[attr-defined]
+    with server.service.locked():  # type: ignore[attr-defined]
+        nodes = {n.spec.name: n for n in orch.nodes()}
+        used: dict[tuple[str, int], int] = {}
+        for t in orch.trials():
+            if t.state == TrialState.RUNNING:
+                assert t.node in nodes and t.demand is not None
+                gpu = (t.node, t.gpu_index)
+                used[gpu] = used.get(gpu, 0) + Need.of(t.demand).compute
+        for (node, idx), (count, share) in orch.gpu_load().items():
+            assert share <= 1.0 + 1e-9
+            assert used.get((node, idx), 0) <= compute_capacity(3.0)
