@@ -57,7 +57,7 @@ class Cluster:
             del self._env[key]
 
     def _spawn(self, name: str, argv: list[str]) -> subprocess.Popen[bytes]:
-        log = open(self.tmp / f"{name}.log", "ab")  # noqa: SIM115
+        log = open(self.tmp / f"{name}.log", "ab")
         return subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=self._env,
                                 cwd=self.tmp, start_new_session=True)
 

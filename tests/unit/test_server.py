@@ -115,7 +115,7 @@ def test_submit_inspect_and_errors(server: HyperSackServer) -> None:
             c.submit("name: [", "broken.yaml")
         with pytest.raises(InvalidInput, match="larger than"):
             c.submit("# " + "x" * (2 << 20), "huge.yaml")
-        with pytest.raises(InvalidInput, match="cannot train resnet18.*program"):
+        with pytest.raises(InvalidInput, match=r"cannot train resnet18.*program"):
             c.submit(SLEEP_SPACE.replace("builtin: sleep", "builtin: train"), "t.yaml")
         with pytest.raises(NotFound, match="no node"):
             c.drain("ghost")

@@ -99,6 +99,6 @@ def _consistent(server: object) -> None:
                 assert t.node in nodes and t.demand is not None
                 gpu = (t.node, t.gpu_index)
                 used[gpu] = used.get(gpu, 0) + Need.of(t.demand).compute
-        for (node, idx), (count, share) in orch.gpu_load().items():
+        for (node, idx), (_count, share) in orch.gpu_load().items():
             assert share <= 1.0 + 1e-9
             assert used.get((node, idx), 0) <= compute_capacity(3.0)

@@ -1,0 +1,107 @@
+"""Agent pieces without a server: device backends, the launcher, the SDK, settings."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from hypersack.agent.devices import CpuBackend, FakeBackend, Measured, make_backend
+from hypersack.agent.launcher import Job, argv_for
+from hypersack.agent.nvml import arch_of
+from hypersack.core.errors import InvalidInput
+from hypersack.grid.space import Program
+from hypersack.runner import sdk
+from hypersack.server.settings import AgentSettings, ServerSettings, load_settings
+
+
+def test_fake_backend_reports_its_inventory() -> None:
+    b = FakeBackend("4xA100-80GB@88", node="n7")
+    assert [d.arch for d in b.devices()] == ["A100"] * 4
+    assert b.devices()[0].memory_mib == 80 * 1024 and b.cores() == 88
+    assert b.devices()[3].uuid == "FAKE-n7-3"
+    assert b.env_for(b.devices()[0])["CUDA_VISIBLE_DEVICES"] == ""
+    with pytest.raises(InvalidInput, match="one node"):
+        FakeBackend("2x4xA100-80GB")
+    with pytest.raises(InvalidInput, match="needs an inventory"):
+        make_backend("fake")
+    with pytest.raises(InvalidInput, match="valid: auto, nvml, cpu, fake"):
+        make_backend("tpu")
+
+
+def test_cpu_backend_is_one_device_and_scales_demand_by_cores() -> None:
+    b = CpuBackend()
+    (d,) = b.devices()
+    assert d.arch == "CPU" and d.memory_mib > 0
+    compute, memory, cores = b.demand(d, Measured(cpu_cores=1.0, peak_rss_mib=40.4))
+    assert compute == pytest.approx(100 / b.cores(), abs=0.01) and memory == 40 and cores == 1.0
+    assert b.demand(d, Measured(0.0, 0.0)) == (1.0, 1, 0.01)  # floors keep demands positive
+
+
+def test_arch_names_from_nvml() -> None:
+    assert arch_of("NVIDIA A100-SXM4-80GB") == "A100"
+    assert arch_of("NVIDIA H100 80GB HBM3") == "H100"
+    assert arch_of("Tesla V100-SXM2-16GB") == "V100"
+
+
+def test_command_template_fills_arguments_never_a_shell() -> None:
+    p = Program(command="{python} train.py --lr {lr} --name '{model} run'")
+    argv = argv_for(p, {"lr": "1; rm -rf /", "model": "resnet18"})
+    assert argv == [sys.executable, "train.py", "--lr", "1; rm -rf /", "--name", "resnet18 run"]
+    with pytest.raises(InvalidInput, match=r"no value for \{momentum\}"):
+        argv_for(Program(command="x --m {momentum}"), {})
+    assert argv_for(Program(builtin="sleep"), {})[1:] == ["-m", "hypersack.runner.sleep"]
+
+
+def test_job_runs_reports_metrics_and_keeps_its_log(tmp_path: Path) -> None:
+    code = "import hypersack, sys; hypersack.report(step=1, loss=0.5); " \
+           "hypersack.report(step=2, loss=0.25, acc=1); print('bye'); sys.exit(4)"
+    job = Job("t1", 0, tmp_path / "t1", [sys.executable, "-c", code], {})
+    job.start()
+    while job.poll() is None:
+        pass
+    assert job.exit_code == 4
+    assert job.new_metrics() and job.metrics == {"loss": 0.25, "acc": 1.0} and job.step == 2
+    assert "bye" in job.log_tail()
+
+
+def test_job_kill_ends_the_process_group(tmp_path: Path) -> None:
+    job = Job("t2", 0, tmp_path / "t2", [sys.executable, "-c", "import time; time.sleep(60)"], {})
+    job.start()
+    job.kill()
+    while job.poll() is None:
+        pass
+    assert job.exit_code == 128 + 15
+
+
+def test_profile_run_measures_iterations(tmp_path: Path) -> None:
+    env = {**os.environ, sdk.ENV_PROFILE: str(tmp_path / "p.json"),
+           sdk.ENV_PROFILE_ITERATIONS: "5", sdk.ENV_PROFILE_WARMUP: "1",
+           sdk.ENV_OPTIONS: json.dumps({"seconds_per_epoch": 0.4, "iters_per_epoch": 4}),
+           sdk.ENV_EPOCHS: "100"}
+    subprocess.run([sys.executable, "-m", "hypersack.runner.sleep"], env=env, check=True,
+                   timeout=30, capture_output=True)
+    result = json.loads((tmp_path / "p.json").read_text())
+    assert result["iterations"] == 5 and result["iters_per_epoch"] == 4
+    assert 0.09 < result["iter_time_s"] < 0.2 and result["cpu_cores"] < 0.5
+    assert result["peak_rss_mib"] > 1
+
+
+def test_settings_flags_beat_environment_beat_file(tmp_path: Path,
+                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    cfg = tmp_path / "server.yaml"
+    cfg.write_text("listen: 0.0.0.0:6000\nheartbeat_timeout_s: 9\nretries: 5\n")
+    monkeypatch.setenv("HYPERSACK_HEARTBEAT_TIMEOUT_S", "12")
+    s = load_settings(ServerSettings, {"retries": 1, "listen": None}, cfg)
+    assert (s.listen, s.heartbeat_timeout_s, s.retries) == ("0.0.0.0:6000", 12.0, 1)
+    cfg.write_text("lisen: x\n")
+    with pytest.raises(InvalidInput, match=r"unknown setting.*lisen"):
+        load_settings(ServerSettings, {}, cfg)
+    with pytest.raises(InvalidInput, match="heartbeat_timeout_s"):
+        load_settings(ServerSettings, {"heartbeat_timeout_s": -1})
+    monkeypatch.setenv("HYPERSACK_SERVER", "head:7000")
+    assert load_settings(AgentSettings, {}).server == "head:7000"

@@ -1,0 +1,99 @@
+"""The CLI's server commands against an in-process server, and `hypersack run`."""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+from pathlib import Path
+
+import pytest
+
+from hypersack._proto.v1 import hypersack_pb2 as pb
+from hypersack.cli.main import main
+from hypersack.server.app import HyperSackServer
+from hypersack.store.sqlite import SqliteStore
+from tests.unit.test_server import SLEEP_SPACE, RawAgent, server  # noqa: F401 - fixture
+
+
+def test_submit_status_results_nodes_drain_cancel(server: HyperSackServer,  # noqa: F811
+                                                  tmp_path: Path,
+                                                  capsys: pytest.CaptureFixture[str]) -> None:
+    space = tmp_path / "tiny.yaml"
+    space.write_text(SLEEP_SPACE)
+    s = ["--server", server.address]
+    agent = RawAgent(server.address)
+    agent.register("n1")
+    assert main(["submit", str(space), *s]) == 0
+    assert "submitted tiny-1: 4 trials" in capsys.readouterr().out
+    launches = agent.launches(4)
+    for i, m in enumerate(launches[:3]):
+        agent.send(pb.AgentMessage(exited=pb.TrialExited(trial_id=m.trial_id, exit_code=0,
+                                                         metrics={"loss": 1.0 - i / 10})))
+    from hypersack.cli.client import Client
+    from tests.unit.test_server import _wait
+
+    with Client(server.address) as c:
+        _wait(lambda: c.study("tiny-1").counts["COMPLETED"] == 3)
+    assert main(["status", *s]) == 0
+    assert "tiny-1" in capsys.readouterr().out
+    assert main(["status", "tiny-1", *s]) == 0
+    out = capsys.readouterr().out
+    assert "completed 3" in out and "running 1" in out and "n1:0" in out
+    assert main(["results", "tiny-1", "--format", "json", *s]) == 0
+    data = json.loads(capsys.readouterr().out)
+    objectives = [t["objective"] for t in data["trials"]]
+    assert objectives[:3] == [0.8, 0.9, 1.0] and objectives[3] is None  # best first
+    assert main(["results", "tiny-1", "--format", "csv", "--top", "2", *s]) == 0
+    rows = list(csv.DictReader(io.StringIO(capsys.readouterr().out)))
+    assert [r["objective"] for r in rows] == ["0.8", "0.9"] and rows[0]["lr"]
+    assert main(["nodes", *s]) == 0
+    assert "n1" in capsys.readouterr().out
+    assert main(["drain", "n1", *s]) == 0
+    assert "draining" in capsys.readouterr().out
+    assert main(["logs", launches[3].trial_id, *s]) == 0
+    assert "RUNNING" in capsys.readouterr().out
+    assert main(["cancel", "tiny-1", *s]) == 0
+    assert "CANCELLED" in capsys.readouterr().out
+    assert main(["status", "nope", *s]) == 2
+    assert "error: no study 'nope'" in capsys.readouterr().err
+    agent.close()
+
+
+def test_unreachable_server_is_a_clear_error(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["status", "--server", "127.0.0.1:1"]) == 2
+    assert "cannot reach the HyperSack server at 127.0.0.1:1" in capsys.readouterr().err
+
+
+def test_run_fake_cluster_to_the_end(tmp_path: Path, capsys: pytest.CaptureFixture[str]
+                                     ) -> None:
+    space = tmp_path / "s.yaml"
+    space.write_text(SLEEP_SPACE.replace("{builtin: sleep}",
+                                         "{builtin: sleep, options: {seconds_per_epoch: 0.3}}"))
+    code = main(["run", str(space), "--backend", "fake", "--inventory", "2xA100-80GB",
+                 "--state-dir", str(tmp_path / "st"), "--profiles",
+                 str(Path(__file__).parents[2] / "examples" / "profiles-estimates.yaml")])
+    out = capsys.readouterr().out
+    assert code == 0, out
+    assert "tiny-1: COMPLETED, completed 4" in out and "best first" in out
+
+
+def test_run_on_cpu_profiles_once_then_remembers(tmp_path: Path,
+                                                 capsys: pytest.CaptureFixture[str]) -> None:
+    space = tmp_path / "q.yaml"
+    space.write_text("name: q\nmodels: [linreg]\nhyperparameters: {batch_size: [256], "
+                     "lr: [0.01, 0.03]}\nsettings: {epochs: 1}\n")
+    state = tmp_path / "st"
+    assert main(["run", str(space), "--backend", "cpu", "--state-dir", str(state)]) == 0
+    assert "q-1: COMPLETED, completed 2" in capsys.readouterr().out
+    store = SqliteStore(state / "run.db")
+    (profile,) = store.list_profiles()
+    store.close()
+    assert profile.arch == "CPU" and profile.key.model == "linreg"
+    assert "measured on local (cpu" in profile.source and profile.iter_time_s > 0
+    assert profile.iters_per_epoch == 16  # 4096 samples / batch 256
+    assert main(["run", str(space), "--backend", "cpu", "--state-dir", str(state)]) == 0
+    assert "q-2: COMPLETED, completed 2" in capsys.readouterr().out
+    store = SqliteStore(state / "run.db")
+    assert store.list_profiles() == [profile]  # not profiled again
+    store.close()
