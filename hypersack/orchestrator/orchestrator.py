@@ -154,6 +154,8 @@ class Orchestrator:
         self.decisions: deque[Decision] = deque(maxlen=self.config.decision_log)
         self.decision_count = 0
         self.decision_time_s = 0.0
+        self._deferred = False
+        self._schedule_wanted = False
         self._restore()
 
     # ----------------------------------------------------------------- restore
@@ -212,6 +214,9 @@ class Orchestrator:
         except KeyError:
             raise NotFound(f"no trial {trial_id!r}") from None
 
+    def has_node(self, name: str) -> bool:
+        return name in self._nodes
+
     def nodes(self) -> list[NodeRecord]:
         return [NodeRecord(spec=n.spec, draining=n.draining) for n in self._nodes.values()]
 
@@ -235,6 +240,29 @@ class Orchestrator:
             commands = self._dispatch(event)
             self._flush()
         return commands
+
+    def handle_batch(self, events: Iterable[Event]) -> tuple[list[Command], list[StaleEvent]]:
+        """Apply several events, then decide once: under load one decision serves every
+        exit that arrived meanwhile. Each event is its own transaction; a stale one is
+        skipped (returned) and changes nothing."""
+        commands: list[Command] = []
+        stale: list[StaleEvent] = []
+        self._deferred = True
+        try:
+            for event in events:
+                try:
+                    with self._store.transaction():
+                        commands += self._dispatch(event)
+                        self._flush()
+                except StaleEvent as exc:
+                    stale.append(exc)
+        finally:
+            self._deferred = False
+        if self._schedule_wanted:
+            with self._store.transaction():
+                commands += self._schedule()
+                self._flush()
+        return commands, stale
 
     def _dispatch(self, event: Event) -> list[Command]:
         if isinstance(event, TrialProgress):
@@ -539,6 +567,10 @@ class Orchestrator:
         return needs
 
     def _schedule(self) -> list[Command]:
+        if self._deferred:
+            self._schedule_wanted = True
+            return []
+        self._schedule_wanted = False
         commands: list[Command] = []
         open_nodes = self._open_nodes()
         archs = frozenset(g.arch for n in open_nodes for g in n.gpus.values())
@@ -546,18 +578,30 @@ class Orchestrator:
         commands += self._profile_missing(active, open_nodes, archs)
         for study in active:
             space = self._spaces[study.id]
+            view = self._view(open_nodes, space.settings.oversubscription)
             batch: list[Item] = []
+            # Trials with equal needs are interchangeable: once one fails to fit, so do
+            # the rest. Pass each group only as many as could fit in the free compute,
+            # plus one, so a decision costs what is placeable, not what is pending.
+            room: dict[tuple[WorkloadKey, int | None], int] = {}
             for tid in self._by_study[study.id]:
                 t = self._trials[tid]
                 if t.state != TrialState.PENDING:
                     continue
+                group = (t.key, t.memory_override_mib)
+                left = room.get(group)
+                if left is None:
+                    needs = self._needs(t, archs)
+                    left = _fit_bound(needs, view) if needs else 0
+                if left <= 0:
+                    room[group] = 0
+                    continue
+                room[group] = left - 1
                 needs = self._needs(t, archs)
-                if needs:
-                    run_time = max(self._profiles[t.key, a].run_time_s(t.epochs) for a in needs)
-                    batch.append(Item(t.id, needs, run_time))
+                run_time = max(self._profiles[t.key, a].run_time_s(t.epochs) for a in needs)
+                batch.append(Item(t.id, needs, run_time))
             if not batch:
                 continue
-            view = self._view(open_nodes, space.settings.oversubscription)
             policy = self._policy(space)
             plan = policy.place(batch, view)
             self.decision_count += 1
@@ -663,3 +707,19 @@ class Orchestrator:
                                gpu_index=gpu.spec_index,
                                iterations=self.config.profile_iterations,
                                warmup=self.config.profile_warmup)
+
+
+def _fit_bound(needs: Mapping[str, Need], view: ClusterView) -> int:
+    """An upper bound on how many items with these needs fit in the view, plus one."""
+    total = 0
+    for node in view.nodes:
+        for gpu in node.gpus:
+            need = needs.get(gpu.arch)
+            if need is None:
+                continue
+            if need.compute <= 0 and need.memory <= 0:
+                return 1 << 30
+            by_compute = gpu.compute // need.compute if need.compute > 0 else 1 << 30
+            by_memory = gpu.memory // need.memory if need.memory > 0 else 1 << 30
+            total += min(by_compute, by_memory)
+    return total + 1

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import signal
 import sys
@@ -161,6 +162,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     done.wait()
     log.info("shutting down")
     server.stop()
+    # One JSON line of counters for operators and benchmarks.
+    orch = server.service.orch
+    print(json.dumps({**server.service.stats, "decisions": orch.decision_count,
+                      "decision_mean_ms": round(1000 * orch.decision_time_s
+                                                / max(1, orch.decision_count), 3)}), flush=True)
     return 0
 
 

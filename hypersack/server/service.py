@@ -19,7 +19,13 @@ from pydantic import ValidationError
 
 from hypersack._proto.v1 import hypersack_pb2 as pb
 from hypersack.core.clock import Clock, SystemClock
-from hypersack.core.errors import AlreadyExists, InvalidInput, NotFound, StaleEvent
+from hypersack.core.errors import (
+    AlreadyExists,
+    HyperSackError,
+    InvalidInput,
+    NotFound,
+    StaleEvent,
+)
 from hypersack.core.types import NodeRecord, NodeSpec, Profile, StudyRecord, TrialState
 from hypersack.core.validation import format_validation_error
 from hypersack.grid.space import SearchSpace, load_yaml, parse_space
@@ -105,15 +111,18 @@ class SchedulerService:
         self.max_study_trials = max_study_trials
         self._stop = threading.Event()
         self._ticker: threading.Thread | None = None
-        self.stats = {"events": 0, "heartbeats": 0, "stale": 0}
-        # Called with each finished trial's node and GPU (benchmarks measure launch delay).
-        self.on_commands: Callable[[Event, list[Command]], None] | None = None
+        self.stats = {"events": 0, "heartbeats": 0, "stale": 0, "batches": 0}
+        self._inbox: queue.Queue[tuple[AgentSession, pb.AgentMessage]] = queue.Queue()
+        self._worker: threading.Thread | None = None
 
     # ----------------------------------------------------------------- lifecycle
     def start(self) -> None:
         self._ticker = threading.Thread(target=self._tick_loop, name="hypersack-ticker",
                                         daemon=True)
         self._ticker.start()
+        self._worker = threading.Thread(target=self._event_loop, name="hypersack-events",
+                                        daemon=True)
+        self._worker.start()
 
     def stop(self) -> None:
         self._stop.set()
@@ -121,8 +130,9 @@ class SchedulerService:
             for s in self._sessions.values():
                 s.outbox.put(None)
             self._changed.notify_all()
-        if self._ticker is not None:
-            self._ticker.join(timeout=5)
+        for thread in (self._ticker, self._worker):
+            if thread is not None:
+                thread.join(timeout=5)
 
     def _tick_loop(self) -> None:
         while not self._stop.wait(self.tick_interval_s):
@@ -140,8 +150,6 @@ class SchedulerService:
             return []
         self.stats["events"] += 1
         self._route(commands)
-        if self.on_commands is not None:
-            self.on_commands(event, commands)
         self._version += 1
         self._changed.notify_all()
         return commands
@@ -285,35 +293,73 @@ class SchedulerService:
                         "within the heartbeat timeout", session.node)
 
     def agent_message(self, session: AgentSession, msg: pb.AgentMessage) -> None:
+        """Queue one message from an agent; the event worker applies queued messages in
+        batches and decides once per batch."""
+        self._inbox.put((session, msg))
+
+    def _event_loop(self) -> None:
+        while not self._stop.is_set():
+            try:
+                first = self._inbox.get(timeout=0.2)
+            except queue.Empty:
+                continue
+            items = [first]
+            while len(items) < 5000:
+                try:
+                    items.append(self._inbox.get_nowait())
+                except queue.Empty:
+                    break
+            with self._lock:
+                events = []
+                for session, msg in items:
+                    try:
+                        event = self._event_of(session, msg)
+                    except HyperSackError as exc:
+                        log.warning("agent %s: refused message: %s", session.node, exc)
+                        continue
+                    if event is not None:
+                        events.append(event)
+                self._apply_batch(events)
+
+    def _apply_batch(self, events: list[Event]) -> None:
+        commands, stale = self.orch.handle_batch(events)
+        self.stats["events"] += len(events) - len(stale)
+        self.stats["stale"] += len(stale)
+        self.stats["batches"] += 1
+        for exc in stale:
+            log.warning("ignored an event: %s", exc)
+        self._route(commands)
+        self._version += 1
+        self._changed.notify_all()
+
+    def _event_of(self, session: AgentSession, msg: pb.AgentMessage) -> Event | None:
         kind = msg.WhichOneof("body")
         node = session.node
-        with self._lock:
-            session.last_seen = self._clock.now()
-            if kind == "heartbeat":
-                self.stats["heartbeats"] += 1
-                for g in msg.heartbeat.gpus:
-                    session.gpu_state[g.index] = g
-                running = tuple(RunningTrial(r.trial_id, r.gpu_index)
-                                for r in msg.heartbeat.running)
-                if node not in {n.spec.name for n in self.orch.nodes()}:
-                    # Declared lost (silent too long) but alive: it joins again.
-                    log.warning("node %s was lost but its agent is alive; it joins again", node)
-                    self._apply(NodeJoined(session.spec, running))
-                else:
-                    self._apply(Heartbeat(node, running))
-            elif kind == "started":
-                self._apply(TrialStarted(msg.started.trial_id, node))
-            elif kind == "metrics":
-                m = msg.metrics
-                self._apply(TrialProgress(m.trial_id, node, int(m.step), clean_metrics(m.metrics)))
-            elif kind == "exited":
-                self._apply(self._exit_event(node, msg.exited))
-            elif kind == "profile":
-                self._apply(self._profile_event(node, msg.profile))
-            elif kind == "register":
-                raise InvalidInput("register: already registered on this stream")
-            else:
-                raise InvalidInput("empty agent message")
+        session.last_seen = self._clock.now()
+        if kind == "heartbeat":
+            self.stats["heartbeats"] += 1
+            for g in msg.heartbeat.gpus:
+                session.gpu_state[g.index] = g
+            running = tuple(RunningTrial(r.trial_id, r.gpu_index) for r in msg.heartbeat.running)
+            if not session.connected:
+                return None
+            if not self.orch.has_node(node):
+                # Declared lost (silent too long) but alive: it joins again.
+                log.warning("node %s was lost but its agent is alive; it joins again", node)
+                return NodeJoined(session.spec, running)
+            return Heartbeat(node, running)
+        if kind == "started":
+            return TrialStarted(msg.started.trial_id, node)
+        if kind == "metrics":
+            m = msg.metrics
+            return TrialProgress(m.trial_id, node, int(m.step), clean_metrics(m.metrics))
+        if kind == "exited":
+            return self._exit_event(node, msg.exited)
+        if kind == "profile":
+            return self._profile_event(node, msg.profile)
+        if kind == "register":
+            raise InvalidInput("register: already registered on this stream")
+        raise InvalidInput("empty agent message")
 
     @staticmethod
     def _exit_event(node: str, e: pb.TrialExited) -> Event:

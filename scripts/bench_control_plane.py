@@ -1,0 +1,266 @@
+"""Control-plane load: N simulated agents on one hypersack-server, one big study.
+
+The server runs as its own process (its memory is measured alone); the agents are
+gRPC streams from this process, each with fake GPUs. A launched trial "runs" for a
+random time, then its agent reports the exit. Reported: decisions per second,
+heartbeats handled per second, the delay from the latest exit reported on a GPU to the
+next launch the agent receives for that GPU (agent-side, round trip included; counted
+while trials are pending), and the server's peak RSS. A GPU whose freed capacity fits
+no pending trial waits for more exits, which shows in the tail of that delay.
+
+    python scripts/bench_control_plane.py                  # 200 agents, 10,000 trials
+    python scripts/bench_control_plane.py --agents 20 --trials 1000 --min-s 1 --max-s 3
+"""
+
+from __future__ import annotations
+
+import argparse
+import heapq
+import json
+import os
+import queue
+import random
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import grpc
+import psutil
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from hypersack._proto.v1 import hypersack_pb2 as pb  # noqa: E402
+from hypersack._proto.v1 import hypersack_pb2_grpc as pb_grpc  # noqa: E402
+from hypersack.cli.client import Client  # noqa: E402
+
+SPACE = """
+name: load
+models: {models}
+hyperparameters:
+  batch_size: {batch_sizes}
+  lr: {{distribution: loguniform, low: 1.0e-5, high: 1.0e-1}}
+search: {{type: random, samples: {trials}, seed: 0}}
+settings: {{epochs: 1, retries: 0, policy: wfd}}
+program: {{builtin: sleep}}
+"""
+
+
+class SimAgent:
+    def __init__(self, name: str, channel: grpc.Channel, gpus: int, bench: Bench) -> None:
+        self.name = name
+        self.gpus = gpus
+        self.bench = bench
+        self.up: queue.Queue[pb.AgentMessage | None] = queue.Queue()
+        self.running: dict[str, int] = {}
+        self.lock = threading.Lock()
+        self.up.put(pb.AgentMessage(register=pb.Register(
+            node=name, cores=22 * gpus, backend="bench",
+            gpus=[pb.GpuInfo(index=i, arch="A100", memory_mib=81920, uuid=f"{name}-{i}")
+                  for i in range(gpus)])))
+        stub = pb_grpc.AgentLinkStub(channel)
+        self.call = stub.Connect(iter(self.up.get, None))
+        self.registered = threading.Event()
+        threading.Thread(target=self._read, daemon=True).start()
+
+    def _read(self) -> None:
+        try:
+            for msg in self.call:
+                kind = msg.WhichOneof("body")
+                if kind == "registered":
+                    self.registered.set()
+                elif kind == "launch":
+                    self.bench.launched(self, msg.launch)
+        except grpc.RpcError:
+            pass
+
+    def heartbeat(self) -> None:
+        with self.lock:
+            running = [pb.RunningTrial(trial_id=t, gpu_index=g) for t, g in self.running.items()]
+        self.up.put(pb.AgentMessage(heartbeat=pb.Heartbeat(running=running)))
+        self.bench.heartbeats_sent += 1
+
+    def finish(self, trial_id: str) -> None:
+        with self.lock:
+            gpu = self.running.pop(trial_id)
+        self.bench.exited(self.name, gpu)
+        self.up.put(pb.AgentMessage(exited=pb.TrialExited(trial_id=trial_id, exit_code=0,
+                                                          metrics={"loss": 1.0})))
+
+
+class Bench:
+    def __init__(self, min_s: float, max_s: float) -> None:
+        self.min_s, self.max_s = min_s, max_s
+        self.timers: list[tuple[float, int, SimAgent, str]] = []
+        self.cv = threading.Condition()
+        self.seq = 0
+        self.rng = random.Random(0)
+        self.waiting: dict[tuple[str, int], float] = {}  # GPU -> when a trial on it exited
+        self.delays: list[float] = []
+        self.launches = 0
+        self.heartbeats_sent = 0
+        self.pending_left = True
+        self.lock = threading.Lock()
+
+    def launched(self, agent: SimAgent, m: pb.LaunchTrial) -> None:
+        now = time.monotonic()
+        with self.lock:
+            self.launches += 1
+            t0 = self.waiting.pop((agent.name, m.gpu_index), None)
+            if t0 is not None:
+                self.delays.append(now - t0)
+        with agent.lock:
+            agent.running[m.trial_id] = m.gpu_index
+        with self.cv:
+            self.seq += 1
+            heapq.heappush(self.timers, (now + self.rng.uniform(self.min_s, self.max_s),
+                                         self.seq, agent, m.trial_id))
+            self.cv.notify()
+
+    def exited(self, node: str, gpu: int) -> None:
+        if self.pending_left:
+            with self.lock:
+                self.waiting[node, gpu] = time.monotonic()  # the latest exit on that GPU
+
+    def run_timers(self, stop: threading.Event) -> None:
+        while not stop.is_set():
+            with self.cv:
+                if not self.timers:
+                    self.cv.wait(0.1)
+                    continue
+                due, _, agent, tid = self.timers[0]
+                delay = due - time.monotonic()
+                if delay > 0:
+                    self.cv.wait(min(delay, 0.1))
+                    continue
+                heapq.heappop(self.timers)
+            agent.finish(tid)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--agents", type=int, default=200)
+    ap.add_argument("--gpus", type=int, default=4, help="GPUs per agent")
+    ap.add_argument("--trials", type=int, default=10_000)
+    ap.add_argument("--min-s", type=float, default=4.0, help="shortest simulated trial")
+    ap.add_argument("--max-s", type=float, default=12.0, help="longest simulated trial")
+    ap.add_argument("--heartbeat-s", type=float, default=1.0)
+    ap.add_argument("--mixed", action="store_true",
+                    help="24 workloads of SP1 instead of one: freed capacity then often "
+                         "fits no pending trial at once, which the relaunch delay includes")
+    ap.add_argument("--json", action="store_true")
+    args = ap.parse_args()
+
+    tmp = Path(tempfile.mkdtemp(prefix="hs-bench-"))
+    with __import__("socket").socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    address = f"127.0.0.1:{port}"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("HYPERSACK_")}
+    server = subprocess.Popen(
+        [sys.executable, "-m", "hypersack.server.app", "--listen", address, "--db",
+         str(tmp / "bench.db"), "--heartbeat-interval-s", str(args.heartbeat_s),
+         "--heartbeat-timeout-s", "60", "--profiles",
+         str(ROOT / "examples" / "profiles-estimates.yaml"), "--log-level", "ERROR"],
+        env=env, stdout=open(tmp / "server.log", "wb"), stderr=subprocess.STDOUT)
+    proc = psutil.Process(server.pid)
+    peak_rss = [0]
+    stop = threading.Event()
+
+    def sample_rss() -> None:
+        while not stop.is_set():
+            try:
+                peak_rss[0] = max(peak_rss[0], proc.memory_info().rss)
+            except psutil.Error:
+                return
+            time.sleep(0.1)
+
+    threading.Thread(target=sample_rss, daemon=True).start()
+    try:
+        client = Client(address, timeout_s=60)
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                client.studies()
+                break
+            except Exception:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.2)
+        bench = Bench(args.min_s, args.max_s)
+        threading.Thread(target=bench.run_timers, args=(stop,), daemon=True).start()
+        channel = grpc.insecure_channel(address)
+        t0 = time.monotonic()
+        agents = [SimAgent(f"a{i:03d}", channel, args.gpus, bench) for i in range(args.agents)]
+        for a in agents:
+            a.registered.wait(30)
+        connect_s = time.monotonic() - t0
+
+        def beat() -> None:
+            while not stop.wait(args.heartbeat_s):
+                for a in agents:
+                    a.heartbeat()
+
+        threading.Thread(target=beat, daemon=True).start()
+        t_submit = time.monotonic()
+        study = client.submit(SPACE.format(
+            trials=args.trials,
+            models="[shufflenet, mobilenet_v2, vit_tiny, deit_tiny, resnet18, resnet34]"
+            if args.mixed else "[resnet18]",
+            batch_sizes="[64, 128, 256, 512]" if args.mixed else "[128]"), "load.yaml")
+        submit_s = time.monotonic() - t_submit
+        total = sum(study.counts.values())
+        last_print = 0.0
+        while True:
+            s = client.study(study.id)
+            done = s.counts.get("COMPLETED", 0) + s.counts.get("FAILED", 0)
+            bench.pending_left = s.counts.get("PENDING", 0) > 0
+            if time.monotonic() - last_print > 5:
+                print(f"  {time.monotonic() - t_submit:6.1f} s: {done}/{total} done, "
+                      f"{s.counts.get('RUNNING', 0)} running", file=sys.stderr)
+                last_print = time.monotonic()
+            if s.state != "ACTIVE":
+                break
+            time.sleep(0.5)
+        wall = time.monotonic() - t_submit
+        stop.set()
+        server.send_signal(signal.SIGTERM)
+        server.wait(30)
+        stats = {}
+        for line in (tmp / "server.log").read_text().splitlines():
+            if line.startswith("{"):
+                stats = json.loads(line)
+        d = sorted(bench.delays)
+        result = {
+            "agents": args.agents, "gpus": args.agents * args.gpus, "trials": total,
+            "connect_s": round(connect_s, 2), "submit_s": round(submit_s, 3),
+            "study_wall_s": round(wall, 1), "launches": bench.launches,
+            "decisions": stats.get("decisions"),
+            "decisions_per_s": round(stats.get("decisions", 0) / wall, 1),
+            "decision_mean_ms": stats.get("decision_mean_ms"),
+            "heartbeats_handled": stats.get("heartbeats"),
+            "heartbeats_per_s": round(stats.get("heartbeats", 0) / wall, 1),
+            "relaunch_delay_samples": len(d),
+            "relaunch_delay_p50_ms": round(1000 * statistics.median(d), 1) if d else None,
+            "relaunch_delay_p99_ms": round(1000 * d[int(0.99 * (len(d) - 1))], 1) if d else None,
+            "server_peak_rss_mib": round(peak_rss[0] / 2**20, 1),
+        }
+    finally:
+        stop.set()
+        if server.poll() is None:
+            server.kill()
+    if args.json:
+        print(json.dumps(result, indent=2))
+    else:
+        for k, v in result.items():
+            print(f"{k:>24}: {v}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
