@@ -144,6 +144,7 @@ class Orchestrator:
         self._spaces: dict[str, SearchSpace] = {}
         self._trials: dict[str, TrialRecord] = {}
         self._by_study: dict[str, list[str]] = {}
+        self._open: dict[str, int] = {}  # trials not yet terminal, per study
         self._nodes: dict[str, _Node] = {}
         self._profiles: dict[tuple[WorkloadKey, str], Profile] = {}
         self._profile_failed: dict[tuple[WorkloadKey, str], str] = {}
@@ -170,9 +171,11 @@ class Orchestrator:
             self._studies[study.id] = study
             self._spaces[study.id] = parse_space(study.space, source=f"study {study.id}")
             self._by_study[study.id] = []
+            self._open[study.id] = 0
         for t in self._store.list_trials():
             self._trials[t.id] = t
             self._by_study.setdefault(t.study_id, []).append(t.id)
+            self._open[t.study_id] = self._open.get(t.study_id, 0) + (not t.state.terminal)
             if t.state == TrialState.RUNNING:
                 node = self._nodes.get(t.node or "")
                 index = t.gpu_index if t.gpu_index is not None else -1
@@ -243,25 +246,23 @@ class Orchestrator:
 
     def handle_batch(self, events: Iterable[Event]) -> tuple[list[Command], list[StaleEvent]]:
         """Apply several events, then decide once: under load one decision serves every
-        exit that arrived meanwhile. Each event is its own transaction; a stale one is
-        skipped (returned) and changes nothing."""
+        exit that arrived meanwhile. A stale event is
+        skipped (returned) and changes nothing, so one transaction holds the batch."""
         commands: list[Command] = []
         stale: list[StaleEvent] = []
         self._deferred = True
-        try:
-            for event in events:
-                try:
-                    with self._store.transaction():
+        with self._store.transaction():  # one commit: a stale event changes nothing
+            try:
+                for event in events:
+                    try:
                         commands += self._dispatch(event)
-                        self._flush()
-                except StaleEvent as exc:
-                    stale.append(exc)
-        finally:
-            self._deferred = False
-        if self._schedule_wanted:
-            with self._store.transaction():
+                    except StaleEvent as exc:
+                        stale.append(exc)
+            finally:
+                self._deferred = False
+            if self._schedule_wanted:
                 commands += self._schedule()
-                self._flush()
+            self._flush()
         return commands, stale
 
     def _dispatch(self, event: Event) -> list[Command]:
@@ -333,6 +334,7 @@ class Orchestrator:
         self._studies[study_id] = study
         self._spaces[study_id] = space
         self._by_study[study_id] = [t.id for t in trials]
+        self._open[study_id] = len(trials)
         for t in trials:
             self._trials[t.id] = t
         log.info("study %s submitted: %d trials", study_id, len(trials))
@@ -490,6 +492,8 @@ class Orchestrator:
         if "state" in changes and changes["state"] != t.state:
             check_transition(t.id, t.state, changes["state"])
         new = t.model_copy(update=changes)
+        if new.state.terminal != t.state.terminal:
+            self._open[t.study_id] += -1 if new.state.terminal else 1
         self._trials[t.id] = new
         self._dirty.add(t.id)
         return new
@@ -511,8 +515,7 @@ class Orchestrator:
 
     def _maybe_done(self, study_id: str) -> None:
         study = self._studies[study_id]
-        if study.state == StudyState.ACTIVE and all(
-                self._trials[t].state.terminal for t in self._by_study[study_id]):
+        if study.state == StudyState.ACTIVE and self._open[study_id] == 0:
             self._set_study(study, StudyState.COMPLETED)
             log.info("study %s completed", study_id)
 
