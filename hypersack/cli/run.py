@@ -4,6 +4,7 @@ to the end, then its results. Both talk over real gRPC on loopback."""
 from __future__ import annotations
 
 import argparse
+import logging
 import threading
 from pathlib import Path
 from typing import Any
@@ -94,6 +95,8 @@ def run_embedded(args: argparse.Namespace) -> int:
                 pass
         return 130
     finally:
+        # The local agent leaving is the plan here, not a fault worth a warning.
+        logging.getLogger("hypersack.server.service").setLevel(logging.ERROR)
         agent.stop()
         thread.join(timeout=15)
         server.stop()
