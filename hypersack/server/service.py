@@ -24,7 +24,6 @@ from hypersack.core.errors import (
     HyperSackError,
     InvalidInput,
     NotFound,
-    StaleEvent,
 )
 from hypersack.core.types import NodeRecord, NodeSpec, Profile, StudyRecord, TrialState
 from hypersack.core.validation import format_validation_error
@@ -140,19 +139,18 @@ class SchedulerService:
                 self._apply(Tick())
 
     # ----------------------------------------------------------------- core
-    def _apply(self, event: Event) -> list[Command]:
-        """Hand one event to the orchestrator and deliver its commands (lock held)."""
-        try:
-            commands = self.orch.handle(event)
-        except StaleEvent as exc:
-            self.stats["stale"] += 1
-            log.warning("ignored %s: %s", type(event).__name__, exc)
-            return []
-        self.stats["events"] += 1
+    def _apply(self, *events: Event) -> None:
+        """Hand events to the orchestrator, which decides once after all of them, and
+        deliver the commands (lock held). A stale event is logged and changes nothing."""
+        commands, stale = self.orch.handle_batch(events)
+        self.stats["events"] += len(events) - len(stale)
+        self.stats["stale"] += len(stale)
+        self.stats["batches"] += 1
+        for exc in stale:
+            log.warning("ignored an event: %s", exc)
         self._route(commands)
         self._version += 1
         self._changed.notify_all()
-        return commands
 
     def _route(self, commands: list[Command]) -> None:
         for c in commands:
@@ -319,18 +317,7 @@ class SchedulerService:
                         continue
                     if event is not None:
                         events.append(event)
-                self._apply_batch(events)
-
-    def _apply_batch(self, events: list[Event]) -> None:
-        commands, stale = self.orch.handle_batch(events)
-        self.stats["events"] += len(events) - len(stale)
-        self.stats["stale"] += len(stale)
-        self.stats["batches"] += 1
-        for exc in stale:
-            log.warning("ignored an event: %s", exc)
-        self._route(commands)
-        self._version += 1
-        self._changed.notify_all()
+                self._apply(*events)
 
     def _event_of(self, session: AgentSession, msg: pb.AgentMessage) -> Event | None:
         kind = msg.WhichOneof("body")
