@@ -8,7 +8,7 @@ from typing import Any
 
 from hypersack._proto.v1 import hypersack_pb2 as pb
 from hypersack.core.types import GpuSpec, NodeSpec, StudyRecord, TrialRecord, WorkloadKey
-from hypersack.grid.space import Program, parse_space
+from hypersack.grid.space import Objective, Program
 
 MAX_METRICS = 64
 MAX_METRIC_NAME = 64
@@ -51,13 +51,11 @@ def clean_metrics(values: Any) -> dict[str, float]:
     return out
 
 
-def study_to_pb(study: StudyRecord, counts: dict[str, int]) -> pb.Study:
-    space = parse_space(study.space, source=f"study {study.id}")
+def study_to_pb(study: StudyRecord, counts: dict[str, int], objective: Objective) -> pb.Study:
     return pb.Study(id=study.id, name=study.name, state=study.state.value,
                     submitted_at=study.submitted_at, counts=counts,
                     space_json=json.dumps(study.space, sort_keys=True),
-                    objective_metric=space.settings.objective.metric,
-                    objective_mode=space.settings.objective.mode)
+                    objective_metric=objective.metric, objective_mode=objective.mode)
 
 
 def trial_to_pb(t: TrialRecord) -> pb.Trial:

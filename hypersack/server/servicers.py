@@ -14,6 +14,7 @@ import grpc
 from hypersack._proto.v1 import hypersack_pb2 as pb
 from hypersack._proto.v1 import hypersack_pb2_grpc as pb_grpc
 from hypersack.core.errors import AlreadyExists, HyperSackError, InvalidInput, NotFound
+from hypersack.core.types import StudyRecord
 from hypersack.server.convert import study_to_pb, trial_to_pb
 from hypersack.server.service import AgentSession, SchedulerService, Snapshot
 
@@ -51,9 +52,14 @@ def translated(fn: Callable[..., T]) -> Callable[..., T]:
     return wrapper
 
 
-def _update(snap: Snapshot) -> pb.StudyUpdate:
+def _study(service: SchedulerService, study: StudyRecord, counts: dict[str, int]) -> pb.Study:
+    """The study's message; its objective comes from the orchestrator's parsed space."""
+    return study_to_pb(study, counts, service.orch.space(study.id).settings.objective)
+
+
+def _update(service: SchedulerService, snap: Snapshot) -> pb.StudyUpdate:
     return pb.StudyUpdate(
-        study=study_to_pb(snap.study, snap.counts),
+        study=_study(service, snap.study, snap.counts),
         gpus=[pb.GpuLoad(node=n, gpu_index=i, trials=k, compute_share=s)
               for n, i, k, s in snap.gpus])
 
@@ -66,18 +72,18 @@ class SchedulerServicer(pb_grpc.SchedulerServicer):
     def SubmitStudy(self, request: pb.SubmitStudyRequest, context: grpc.ServicerContext
                     ) -> pb.Study:
         study = self._s.submit(request.space_yaml, request.source or "search space")
-        return study_to_pb(study, self._s.counts(study.id))
+        return _study(self._s, study, self._s.counts(study.id))
 
     @translated
     def GetStudy(self, request: pb.GetStudyRequest, context: grpc.ServicerContext) -> pb.Study:
-        snap = self._s.snapshot(request.study_id)
-        return study_to_pb(snap.study, snap.counts)
+        study = self._s.orch.study(request.study_id)
+        return _study(self._s, study, self._s.counts(study.id))
 
     @translated
     def ListStudies(self, request: pb.ListStudiesRequest, context: grpc.ServicerContext
                     ) -> pb.ListStudiesResponse:
-        studies = [self._s.snapshot(s.id) for s in self._s.orch.studies()]
-        return pb.ListStudiesResponse(studies=[study_to_pb(s.study, s.counts) for s in studies])
+        return pb.ListStudiesResponse(studies=[_study(self._s, s, self._s.counts(s.id))
+                                               for s in self._s.orch.studies()])
 
     @translated
     def ListTrials(self, request: pb.ListTrialsRequest, context: grpc.ServicerContext
@@ -94,7 +100,7 @@ class SchedulerServicer(pb_grpc.SchedulerServicer):
         try:
             stream = self._s.watch(request.study_id, request.min_interval_s, context.is_active)
             for snap in stream:
-                yield _update(snap)
+                yield _update(self._s, snap)
         except HyperSackError as exc:
             context.abort(status_of(exc), str(exc))
 
@@ -102,7 +108,7 @@ class SchedulerServicer(pb_grpc.SchedulerServicer):
     def CancelStudy(self, request: pb.CancelStudyRequest, context: grpc.ServicerContext
                     ) -> pb.Study:
         study = self._s.cancel(request.study_id)
-        return study_to_pb(study, self._s.counts(study.id))
+        return _study(self._s, study, self._s.counts(study.id))
 
     @translated
     def ListNodes(self, request: pb.ListNodesRequest, context: grpc.ServicerContext
