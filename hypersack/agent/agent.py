@@ -22,6 +22,7 @@ from hypersack._proto.v1 import hypersack_pb2_grpc as pb_grpc
 from hypersack.agent.devices import DeviceBackend, Measured
 from hypersack.agent.launcher import Job, argv_for, job_dir
 from hypersack.core.errors import HyperSackError
+from hypersack.core.types import GpuSpec
 from hypersack.runner import sdk
 from hypersack.server.convert import LOG_TAIL_CHARS, key_from_pb, program_from_pb
 
@@ -55,12 +56,12 @@ class Agent:
         self.jobs: dict[str, Job] = {}
         self._profile_keys: dict[str, pb.ProfileWorkload] = {}
         self._stop = threading.Event()
-        self._resend: list[pb.AgentMessage] = []
-        self._sent: list[tuple[float, pb.AgentMessage]] = []
+        # Exit and profile reports, with the device they were about, kept for a re-send.
+        self._resend: list[tuple[pb.AgentMessage, int]] = []
+        self._sent: list[tuple[float, pb.AgentMessage, int]] = []
         self.connected = threading.Event()
         self.sessions = 0
         self.heartbeat_interval_s = 5.0
-        self._exit_gpu: dict[str, int] = {}
 
     # ----------------------------------------------------------------- lifecycle
     def run(self) -> None:
@@ -107,25 +108,25 @@ class Agent:
             time.sleep(0.05)
 
     # ----------------------------------------------------------------- one stream
+    def _running(self) -> list[pb.RunningTrial]:
+        return [pb.RunningTrial(trial_id=j.id, gpu_index=j.gpu_index)
+                for j in self.jobs.values() if not j.profile and j.exit_code is None]
+
     def _register(self) -> pb.AgentMessage:
-        running = [pb.RunningTrial(trial_id=j.id, gpu_index=j.gpu_index)
-                   for j in self.jobs.values() if not j.profile and j.exit_code is None]
-        running += [pb.RunningTrial(trial_id=m.exited.trial_id, gpu_index=self._gpu_of(m))
-                    for m in self._resend if m.WhichOneof("body") == "exited"]
+        running = self._running()
+        running += [pb.RunningTrial(trial_id=m.exited.trial_id, gpu_index=gpu)
+                    for m, gpu in self._resend if m.WhichOneof("body") == "exited"]
         return pb.AgentMessage(register=pb.Register(
             node=self.node, cores=self.backend.cores(), backend=self.backend.name,
             version=__version__, running=running,
             gpus=[pb.GpuInfo(index=d.index, arch=d.arch, memory_mib=d.memory_mib, uuid=d.uuid)
                   for d in self.backend.devices()]))
 
-    def _gpu_of(self, m: pb.AgentMessage) -> int:
-        return self._exit_gpu.get(m.exited.trial_id, 0)
-
     def _session(self) -> grpc.RpcError | None:
         outbox: queue.Queue[pb.AgentMessage | None] = queue.Queue()
         inbox: queue.Queue[pb.ServerMessage | _Ended] = queue.Queue()
         outbox.put(self._register())
-        for m in self._resend:
+        for m, _ in self._resend:
             outbox.put(m)
         self._resend = []
         self._sent = []
@@ -175,17 +176,17 @@ class Agent:
             channel.close()
             # Exits sent just before the break may not have arrived: send them again.
             horizon = time.monotonic() - RESEND_WINDOW_S
-            self._resend = [m for t, m in self._sent if t >= horizon]
+            self._resend = [(m, gpu) for t, m, gpu in self._sent if t >= horizon]
         return ended.error if ended is not None else None
 
-    def _send(self, outbox: queue.Queue[pb.AgentMessage | None], msg: pb.AgentMessage) -> None:
+    def _send(self, outbox: queue.Queue[pb.AgentMessage | None], msg: pb.AgentMessage,
+              gpu_index: int) -> None:
+        """Send an exit or profile report, remembered for a re-send after a broken stream."""
         outbox.put(msg)
-        if msg.WhichOneof("body") in ("exited", "profile"):
-            self._sent.append((time.monotonic(), msg))
+        self._sent.append((time.monotonic(), msg, gpu_index))
 
     def _heartbeat(self) -> pb.AgentMessage:
-        running = [pb.RunningTrial(trial_id=j.id, gpu_index=j.gpu_index)
-                   for j in self.jobs.values() if not j.profile and j.exit_code is None]
+        running = self._running()
         try:
             states = self.backend.sample()
         except Exception as exc:  # a device read failing must not stop heartbeats
@@ -216,56 +217,55 @@ class Agent:
         elif kind == "profile":
             self._profile(msg.profile, outbox)
 
+    def _job(self, job_id: str, study_id: str, group: str, gpu_index: int,
+             program: pb.Program, params_json: str, epochs: float,
+             extra_env: dict[str, str] | None = None, profile: bool = False
+             ) -> tuple[Job, GpuSpec]:
+        """A trial or profile process, not yet started: its argument list, work directory
+        and environment. Raises HyperSackError or ValueError if it cannot run here."""
+        device = next((d for d in self.backend.devices() if d.index == gpu_index), None)
+        if device is None:
+            raise HyperSackError(f"this node has no device {gpu_index}")
+        workdir = job_dir(self.workdir / self.node, group, job_id)
+        fields = {**json.loads(params_json or "{}"), "epochs": epochs, "trial_id": job_id,
+                  "study_id": study_id, "workdir": str(workdir.resolve())}
+        argv = argv_for(program_from_pb(program), fields)
+        env = {**self.backend.env_for(device), sdk.ENV_TRIAL_ID: job_id,
+               sdk.ENV_STUDY_ID: study_id, sdk.ENV_PARAMS: params_json or "{}",
+               sdk.ENV_EPOCHS: repr(epochs), sdk.ENV_OPTIONS: program.options_json or "{}",
+               **(extra_env or {})}
+        return Job(job_id, gpu_index, workdir, argv, env, profile=profile), device
+
     def _launch(self, m: pb.LaunchTrial, outbox: queue.Queue[pb.AgentMessage | None]) -> None:
         old = self.jobs.get(m.trial_id)
         if old is not None and old.exit_code is None:
             return  # already running (a repeated command)
-        device = next((d for d in self.backend.devices() if d.index == m.gpu_index), None)
         try:
-            if device is None:
-                raise HyperSackError(f"this node has no device {m.gpu_index}")
-            params = json.loads(m.params_json or "{}")
-            program = program_from_pb(m.program)
-            workdir = job_dir(self.workdir / self.node, m.study_id, m.trial_id)
-            fields = {**params, "epochs": m.epochs, "trial_id": m.trial_id,
-                      "study_id": m.study_id, "workdir": str(workdir.resolve())}
-            argv = argv_for(program, fields)
+            job, _ = self._job(m.trial_id, m.study_id, m.study_id, m.gpu_index, m.program,
+                               m.params_json, m.epochs)
         except (HyperSackError, ValueError) as exc:
             self._send(outbox, pb.AgentMessage(exited=pb.TrialExited(
-                trial_id=m.trial_id, exit_code=127, log_tail=f"cannot launch: {exc}")))
+                trial_id=m.trial_id, exit_code=127, log_tail=f"cannot launch: {exc}")),
+                m.gpu_index)
             return
-        env = {**self.backend.env_for(device), sdk.ENV_TRIAL_ID: m.trial_id,
-               sdk.ENV_STUDY_ID: m.study_id, sdk.ENV_PARAMS: m.params_json or "{}",
-               sdk.ENV_EPOCHS: repr(m.epochs), sdk.ENV_OPTIONS: m.program.options_json or "{}"}
-        job = Job(m.trial_id, m.gpu_index, workdir, argv, env)
         job.start()
         self.jobs[m.trial_id] = job
-        self._exit_gpu[m.trial_id] = m.gpu_index
-        log.info("launched %s on device %d: %s", m.trial_id, m.gpu_index, " ".join(argv))
+        log.info("launched %s on device %d: %s", m.trial_id, m.gpu_index, " ".join(job.argv))
         outbox.put(pb.AgentMessage(started=pb.TrialStarted(trial_id=m.trial_id)))
 
     def _profile(self, m: pb.ProfileWorkload, outbox: queue.Queue[pb.AgentMessage | None]
                  ) -> None:
         key = key_from_pb(m.key)
         job_id = f"profile-{key.label()}-{m.arch}"
-        device = next((d for d in self.backend.devices() if d.index == m.gpu_index), None)
         try:
-            if device is None:
-                raise HyperSackError(f"this node has no device {m.gpu_index}")
-            workdir = job_dir(self.workdir / self.node, "profiles", job_id)
-            params = json.loads(m.params_json or "{}")
-            fields = {**params, "epochs": m.epochs, "trial_id": job_id, "study_id": "profile",
-                      "workdir": str(workdir.resolve())}
-            argv = argv_for(program_from_pb(m.program), fields)
+            job, device = self._job(
+                job_id, "profile", "profiles", m.gpu_index, m.program, m.params_json, m.epochs,
+                {sdk.ENV_PROFILE_ITERATIONS: str(m.iterations),
+                 sdk.ENV_PROFILE_WARMUP: str(m.warmup)}, profile=True)
         except (HyperSackError, ValueError) as exc:
             self._send(outbox, pb.AgentMessage(profile=pb.ProfileResult(
-                key=m.key, arch=m.arch, ok=False, error=f"cannot launch: {exc}")))
+                key=m.key, arch=m.arch, ok=False, error=f"cannot launch: {exc}")), m.gpu_index)
             return
-        env = {**self.backend.env_for(device), sdk.ENV_TRIAL_ID: job_id,
-               sdk.ENV_STUDY_ID: "profile", sdk.ENV_PARAMS: m.params_json or "{}",
-               sdk.ENV_EPOCHS: repr(m.epochs), sdk.ENV_OPTIONS: m.program.options_json or "{}",
-               sdk.ENV_PROFILE_ITERATIONS: str(m.iterations), sdk.ENV_PROFILE_WARMUP: str(m.warmup)}
-        job = Job(job_id, m.gpu_index, workdir, argv, env, profile=True)
         job.start()
         if job.proc is not None:
             self.backend.start_measuring(device, job.proc.pid)
@@ -287,13 +287,13 @@ class Agent:
             if job.killed_at is not None:
                 continue  # the server asked for it; nothing to report
             if job.profile:
-                self._send(outbox, self._profile_result(job, code))
+                self._send(outbox, self._profile_result(job, code), job.gpu_index)
                 continue
             job.new_metrics()
             log.info("%s exited with code %d", job.id, code)
             self._send(outbox, pb.AgentMessage(exited=pb.TrialExited(
                 trial_id=job.id, exit_code=code, log_tail=job.log_tail(LOG_TAIL_CHARS),
-                metrics=job.metrics, out_of_memory=code == sdk.OOM_EXIT_CODE)))
+                metrics=job.metrics, out_of_memory=code == sdk.OOM_EXIT_CODE)), job.gpu_index)
 
     def _profile_result(self, job: Job, code: int) -> pb.AgentMessage:
         m = self._profile_keys.pop(job.id)
