@@ -34,7 +34,6 @@ def decide(args: argparse.Namespace) -> dict[str, Any]:
     decision = orch.decisions[-1] if orch.decisions else None
     launches = {c.trial_id: c for c in commands if isinstance(c, LaunchTrial)}
     trials = orch.trials(study.id)
-    trials_by_id = {t.id: t for t in trials}
     arch_of = {(n.name, g.index): g.arch for n in cluster.nodes for g in n.gpus}
     items = {it.id: it for it in decision.batch} if decision else {}
     placements = []
@@ -45,29 +44,30 @@ def decide(args: argparse.Namespace) -> dict[str, Any]:
                                "arch": arch_of[c.node, c.gpu_index], "params": t.params,
                                "demand": c.demand.model_dump()})
     # The orchestrator passes the policy only as many trials of a workload as could fit;
-    # the others share the reason of the first of their workload that did not.
-    by_group: dict[Any, Any] = {}
+    # the others share the reason of the first of their workload that did not, or, when
+    # all it passed were placed, have no room left.
+    unplaced: dict[Any, Any] = {}
+    passed: dict[Any, Any] = {}
     for t in trials:
         it = items.get(t.id)
-        if it is not None and t.id not in launches:
-            by_group.setdefault((t.key, t.memory_override_mib), it)
+        if it is not None:
+            group = (t.key, t.memory_override_mib)
+            passed.setdefault(group, it)
+            if t.id not in launches:
+                unplaced.setdefault(group, it)
     pending = []
     for t in trials:
         if t.id in launches:
             continue
         item = items.get(t.id)
+        group = (t.key, t.memory_override_mib)
         if item is None and t.state == TrialState.PENDING and decision is not None:
-            item = by_group.get((t.key, t.memory_override_mib))
-            if item is None:
-                same = next((i for tid, i in items.items()
-                             if (trials_by_id[tid].key, trials_by_id[tid].memory_override_mib)
-                             == (t.key, t.memory_override_mib)), None)
-                if same is not None:
-                    pending.append({"trial": t.id, "state": t.state.value, "params": t.params,
-                                    "demands": {a: _need(n) for a, n in same.needs.items()},
-                                    "reason": "no room left for more trials of "
-                                              f"{t.key.label()}"})
-                    continue
+            item = unplaced.get(group)
+            if item is None and group in passed:
+                pending.append({"trial": t.id, "state": t.state.value, "params": t.params,
+                                "demands": {a: _need(n) for a, n in passed[group].needs.items()},
+                                "reason": f"no room left for more trials of {t.key.label()}"})
+                continue
         if t.state == TrialState.PROFILING:
             reason = f"waiting for a profile of {t.key.label()}"
         elif item is not None and decision is not None:
