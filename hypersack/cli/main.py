@@ -125,9 +125,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
             return run_simulate(args)
         if args.command == "run":
-            from hypersack.cli.run import check_backend_flags, run_embedded
+            from hypersack.cli.run import run_embedded
 
-            check_backend_flags(args)
             return run_embedded(args)
         from hypersack.cli.control import run_control
 

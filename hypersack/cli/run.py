@@ -13,7 +13,7 @@ from hypersack.agent.agent import Agent
 from hypersack.agent.devices import BACKENDS, make_backend
 from hypersack.cli.client import Client
 from hypersack.cli.control import make_console, print_results, watch
-from hypersack.core.errors import HyperSackError, InvalidInput
+from hypersack.core.errors import HyperSackError
 from hypersack.grid.space import load_space
 from hypersack.server.app import HyperSackServer
 from hypersack.server.settings import ServerSettings
@@ -101,7 +101,3 @@ def run_embedded(args: argparse.Namespace) -> int:
         thread.join(timeout=15)
         server.stop()
 
-
-def check_backend_flags(args: argparse.Namespace) -> None:
-    if args.inventory and args.backend != "fake":
-        raise InvalidInput("--inventory is for --backend fake")
