@@ -586,22 +586,23 @@ class Orchestrator:
             # Trials with equal needs are interchangeable: once one fails to fit, so do
             # the rest. Pass each group only as many as could fit in the free compute,
             # plus one, so a decision costs what is placeable, not what is pending.
-            room: dict[tuple[WorkloadKey, int | None], int] = {}
+            # group -> (how many more to pass, needs, expected run time)
+            groups: dict[tuple[WorkloadKey, int | None], tuple[int, dict[str, Need], float]] = {}
             for tid in self._by_study[study.id]:
                 t = self._trials[tid]
                 if t.state != TrialState.PENDING:
                     continue
                 group = (t.key, t.memory_override_mib)
-                left = room.get(group)
-                if left is None:
+                entry = groups.get(group)
+                if entry is None:
                     needs = self._needs(t, archs)
-                    left = _fit_bound(needs, view) if needs else 0
+                    run_time = max((self._profiles[t.key, a].run_time_s(t.epochs)
+                                    for a in needs), default=0.0)
+                    entry = (_fit_bound(needs, view) if needs else 0, needs, run_time)
+                left, needs, run_time = entry
+                groups[group] = (left - 1, needs, run_time)
                 if left <= 0:
-                    room[group] = 0
                     continue
-                room[group] = left - 1
-                needs = self._needs(t, archs)
-                run_time = max(self._profiles[t.key, a].run_time_s(t.epochs) for a in needs)
                 batch.append(Item(t.id, needs, run_time))
             if not batch:
                 continue
