@@ -69,44 +69,87 @@ def profiling() -> bool:
 
 class _Profile:
     def __init__(self) -> None:
-        self.marks: list[float] = [time.perf_counter()]
-        self.cpu: list[float] = [time.process_time()]
+        self.marks: list[float] = []  # perf_counter at the end of each iteration
+        self.cpu: list[float] = []
         self.data_s: list[float] = []
+        self.info: dict[str, Any] = {}
 
 
-_profile: _Profile | None = None
+_profile = _Profile()
+
+
+def profile_iterations() -> int:
+    """Iterations a profile run needs (warm-up plus timed); 0 outside a profile run. A
+    program that trains fewer should keep going (repeating epochs) while profiling."""
+    if ENV_PROFILE not in os.environ:
+        return 0
+    return (max(1, int(os.environ.get(ENV_PROFILE_WARMUP, "1")))
+            + max(1, int(os.environ.get(ENV_PROFILE_ITERATIONS, "10"))))
+
+
+def set_profile_info(**info: Any) -> None:
+    """Add fields to the profile result (`eval_s_per_epoch`, `versions`, ...)."""
+    _profile.info.update(info)
 
 
 def iteration(data_s: float = 0.0, iters_per_epoch: int = 1) -> None:
     """Mark the end of one training iteration (`data_s`: seconds of it spent loading
-    data). Does nothing outside a profile run."""
-    global _profile
+    data). Does nothing outside a profile run.
+
+    In a profile run the first `$HYPERSACK_PROFILE_WARMUP` iterations (default 1: the
+    pipeline set-up) are not timed; the next `$HYPERSACK_PROFILE_ITERATIONS` (default
+    10) are. The result holds the mean seconds per iteration, the share of them spent
+    loading data, the set-up time from process start to the first iteration, the CPU
+    cores used and the peak resident memory; then the process ends with exit code 0."""
     path = os.environ.get(ENV_PROFILE)
     if path is None:
         return
-    if _profile is None:
-        _profile = _Profile()
-    _profile.marks.append(time.perf_counter())
-    _profile.cpu.append(time.process_time())
-    _profile.data_s.append(data_s)
-    warmup = int(os.environ.get(ENV_PROFILE_WARMUP, "1"))
-    wanted = int(os.environ.get(ENV_PROFILE_ITERATIONS, "10"))
-    if len(_profile.marks) - 1 >= warmup + wanted:
-        times = [b - a for a, b in zip(_profile.marks, _profile.marks[1:], strict=False)][warmup:]
-        data = _profile.data_s[warmup:]
-        total = sum(times)
-        cpu_s = _profile.cpu[-1] - _profile.cpu[warmup]
-        result = {
-            "cpu_cores": cpu_s / total if total > 0 else 0.0,
-            "peak_rss_mib": _peak_rss_mib(),
-            "iter_time_s": statistics.median(times),
-            "data_fraction": min(1.0, sum(data) / total) if total > 0 else 0.0,
-            "iters_per_epoch": max(1, int(iters_per_epoch)),
-            "iterations": len(times),
-        }
-        with open(path, "w") as f:
-            json.dump(result, f)
-        sys.exit(0)
+    p = _profile
+    p.marks.append(time.perf_counter())
+    p.cpu.append(time.process_time())
+    p.data_s.append(data_s)
+    warmup = max(1, int(os.environ.get(ENV_PROFILE_WARMUP, "1")))
+    if len(p.marks) < profile_iterations():
+        return
+    # Iteration k (1-based) ends at marks[k-1]; the timed ones are warmup+1 .. warmup+wanted.
+    times = [b - a for a, b in zip(p.marks[warmup - 1:], p.marks[warmup:], strict=False)]
+    data = p.data_s[warmup:]
+    total = sum(times)
+    iter_time = total / len(times)
+    cpu_s = p.cpu[-1] - p.cpu[warmup - 1]
+    # Set-up: from process start to the start of the first iteration, taken as the end
+    # of the first one less one timed iteration.
+    setup = max(0.0, p.marks[0] - iter_time - _process_start_perf())
+    result = {
+        "cpu_cores": cpu_s / total if total > 0 else 0.0,
+        "peak_rss_mib": _peak_rss_mib(),
+        "iter_time_s": iter_time,
+        "iter_time_median_s": statistics.median(times),
+        "data_fraction": min(1.0, sum(data) / total) if total > 0 else 0.0,
+        "iters_per_epoch": max(1, int(iters_per_epoch)),
+        "iterations": len(times),
+        "setup_s": setup,
+        **p.info,
+    }
+    tmp = path + ".tmp"
+    with open(tmp, "w") as f:
+        json.dump(result, f)
+    os.replace(tmp, path)
+    sys.exit(0)
+
+
+def _process_start_perf() -> float:
+    """This process's start time on the perf_counter clock."""
+    try:
+        import psutil
+
+        started = psutil.Process().create_time()
+    except Exception:
+        return _IMPORTED
+    return time.perf_counter() - (time.time() - started)
+
+
+_IMPORTED = time.perf_counter()
 
 
 def _peak_rss_mib() -> float:

@@ -1,94 +1,103 @@
 """Built-in `train` workload: trains the trial's model and reports loss per epoch.
 
-This installation trains the pure-Python `linreg` model (linear regression by
-mini-batch SGD on a fixed synthetic dataset: 4,096 training and 1,024 validation
-samples, 32 features). It uses one CPU core and no GPU, so the whole system runs real
-trials anywhere. Hyperparameters: `lr` (default 0.01), `batch_size`, `momentum`
-(default 0), `weight_decay` (default 0). Reports `loss` (validation mean squared
-error, the default objective) and `train_loss` after every epoch.
+The nine zoo models train with PyTorch (`hypersack.runner.torch_train`; install the
+`torch` extra on GPU nodes). `digits_mlp` trains with NumPy alone, on the bundled UCI
+digits, so the whole system runs real trials on any machine: the quick start.
+
+Hyperparameters (the trial's params): `lr`, `batch_size`, `momentum`,
+`weight_decay`, and `optimizer` (sgd, adam, adamw) and `precision` (fp32, bf16, fp16)
+for the zoo. Options: `hypersack.runner.options.TrainOptions`. Each epoch reports
+`loss` (validation cross-entropy, the default objective), `accuracy`, `train_loss`,
+`iter_time_s` and `data_fraction` (share of each iteration spent loading data).
 """
 
 from __future__ import annotations
 
 import math
-import random
 import sys
 import time
+from typing import Any
 
-from hypersack.runner import builtin_trainable, sdk
+import numpy as np
 
-FEATURES = 32
-TRAIN = 4096
-VALID = 1024
-
-
-Rows = list[list[float]]
-
-
-def dataset(seed: int = 0) -> tuple[Rows, list[float], Rows, list[float]]:
-    rng = random.Random(seed)
-    w = [rng.gauss(0, 1) for _ in range(FEATURES)]
-    # Features on scales from 0.05 to 2: ill-conditioned, so the learning rate and
-    # momentum matter (too large diverges, too small stays far from the optimum).
-    scale = [0.05 * (40 ** (k / (FEATURES - 1))) for k in range(FEATURES)]
-
-    def sample() -> tuple[list[float], float]:
-        x = [rng.gauss(0, s) for s in scale]
-        return x, sum(a * b for a, b in zip(w, x, strict=False)) + rng.gauss(0, 0.1)
-
-    train = [sample() for _ in range(TRAIN)]
-    valid = [sample() for _ in range(VALID)]
-    return ([x for x, _ in train], [y for _, y in train],
-            [x for x, _ in valid], [y for _, y in valid])
+from hypersack import __version__
+from hypersack.core.catalog import MODELS
+from hypersack.core.errors import HyperSackError
+from hypersack.runner import datasets, sdk
+from hypersack.runner.options import TrainOptions, parse_train_options
 
 
-def mse(w: list[float], xs: list[list[float]], ys: list[float]) -> float:
-    total = 0.0
-    for x, y in zip(xs, ys, strict=False):
-        err = sum(a * b for a, b in zip(w, x, strict=False)) - y
-        total += err * err
-        if not math.isfinite(total):
-            return math.inf
-    return total / len(xs)
+def train_mlp(params: dict[str, Any], epochs: float, opts: TrainOptions) -> float:
+    """A 64-64-10 perceptron with ReLU, trained by mini-batch SGD with momentum."""
+    data = datasets.load("digits_mlp", opts)
+    lr = float(params.get("lr", 0.1))
+    batch = int(params.get("batch_size", 32))
+    momentum = float(params.get("momentum", 0.0))
+    decay = float(params.get("weight_decay", 0.0))
+    rng = np.random.default_rng(opts.seed)
+    w1 = rng.normal(0, math.sqrt(2 / 64), (64, 64)).astype(np.float32)
+    w2 = rng.normal(0, math.sqrt(1 / 64), (64, 10)).astype(np.float32)
+    b1, b2 = np.zeros(64, np.float32), np.zeros(10, np.float32)
+    weights = [w1, b1, w2, b2]
+    velocity = [np.zeros_like(w) for w in weights]
+    sdk.set_profile_info(versions=f"hypersack={__version__} numpy={np.__version__}")
 
+    def forward(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        h = np.maximum(x @ w1 + b1, 0)
+        z = h @ w2 + b2
+        z = z - z.max(axis=1, keepdims=True)
+        p = np.exp(z)
+        return h, p / p.sum(axis=1, keepdims=True)
 
-def train_linreg(lr: float, batch_size: int, epochs: float, momentum: float = 0.0,
-                 weight_decay: float = 0.0) -> float:
-    t0 = time.perf_counter()
-    xs, ys, vx, vy = dataset()
-    data_s = time.perf_counter() - t0
-    w = [0.0] * FEATURES
-    velocity = [0.0] * FEATURES
-    iters_per_epoch = math.ceil(TRAIN / batch_size)
-    total = max(1, round(epochs * iters_per_epoch))
-    order = list(range(TRAIN))
-    rng = random.Random(1)
+    def evaluate() -> tuple[float, float]:
+        _, p = forward(data.val.x)
+        loss = -np.log(p[np.arange(len(data.val.y)), data.val.y] + 1e-12).mean()
+        return float(loss), float((p.argmax(axis=1) == data.val.y).mean())
+
+    n = data.train.size
+    profiling = sdk.profiling()
+    iters_per_epoch = math.ceil(n / batch)
+    # A profile run goes on until the SDK has timed enough iterations.
+    total = max(1, round(epochs * iters_per_epoch), sdk.profile_iterations())
     loss = math.inf
+    order = np.arange(n)
+    train_losses: list[float] = []
+    data_s = compute_s = 0.0
     for i in range(total):
-        pos = (i % iters_per_epoch) * batch_size
+        t0 = time.perf_counter()
+        pos = (i % iters_per_epoch) * batch
         if pos == 0:
-            rng.shuffle(order)
-        batch = order[pos:pos + batch_size]
-        grad = [0.0] * FEATURES
-        for j in batch:
-            x = xs[j]
-            err = sum(a * b for a, b in zip(w, x, strict=False)) - ys[j]
-            for k in range(FEATURES):
-                grad[k] += err * x[k]
-        scale = 2.0 / len(batch)
-        for k in range(FEATURES):
-            g = grad[k] * scale + weight_decay * w[k]
-            velocity[k] = momentum * velocity[k] + g
-            w[k] -= lr * velocity[k]
-        sdk.iteration(data_s=data_s if i == 0 else 0.0, iters_per_epoch=iters_per_epoch)
-        if (i + 1) % iters_per_epoch == 0 or i + 1 == total:
+            order = rng.permutation(n)
+        x, y = data.train.batch(order[pos:pos + batch])
+        t1 = time.perf_counter()
+        h, p = forward(x)
+        train_losses.append(float(-np.log(p[np.arange(len(y)), y] + 1e-12).mean()))
+        dz = p
+        dz[np.arange(len(y)), y] -= 1
+        dz /= len(y)
+        dh = (dz @ w2.T) * (h > 0)
+        grads = [x.T @ dh, dh.sum(axis=0), h.T @ dz, dz.sum(axis=0)]
+        for w, v, g in zip(weights, velocity, grads, strict=True):
+            v *= momentum
+            v += g + decay * w
+            w -= lr * v
+        t2 = time.perf_counter()
+        data_s += t1 - t0
+        compute_s += t2 - t1
+        sdk.iteration(data_s=t1 - t0, iters_per_epoch=iters_per_epoch)
+        if not profiling and ((i + 1) % iters_per_epoch == 0 or i + 1 == total):
             epoch = math.ceil((i + 1) / iters_per_epoch)
-            loss = mse(w, vx, vy)
-            train_loss = mse(w, xs[:VALID], ys[:VALID])
-            sdk.report(step=epoch, loss=sdk.finite(loss), train_loss=sdk.finite(train_loss),
-                       epoch=epoch)
-            print(f"epoch {epoch}: loss {loss:.6g} train_loss {train_loss:.6g}", flush=True)
-            if not math.isfinite(loss):
+            loss, acc = evaluate()
+            train_loss = sum(train_losses) / len(train_losses)
+            spent = data_s + compute_s
+            sdk.report(step=epoch, loss=sdk.finite(loss), accuracy=acc,
+                       train_loss=sdk.finite(train_loss), epoch=epoch,
+                       iter_time_s=spent / len(train_losses),
+                       data_fraction=data_s / spent if spent > 0 else 0.0)
+            print(f"epoch {epoch}: loss {loss:.4f} accuracy {acc:.4f} "
+                  f"train_loss {train_loss:.4f}", flush=True)
+            train_losses, data_s, compute_s = [], 0.0, 0.0
+            if not math.isfinite(loss) or not math.isfinite(train_loss):
                 print("diverged; stopping", flush=True)
                 break
     return loss
@@ -96,15 +105,27 @@ def train_linreg(lr: float, batch_size: int, epochs: float, momentum: float = 0.
 
 def main() -> None:
     params = sdk.params()
-    model = str(params.get("model", "linreg"))
-    if model not in builtin_trainable():
-        print(f"error: the built-in train program cannot train {model!r} in this "
-              f"installation (it trains: {', '.join(sorted(builtin_trainable()))})",
-              file=sys.stderr)
+    model = str(params.get("model", "digits_mlp"))
+    try:
+        if model not in MODELS:
+            raise HyperSackError(f"unknown model {model!r}; valid: {', '.join(sorted(MODELS))}")
+        opts = parse_train_options(sdk.options())
+        if not MODELS[model].needs_torch:
+            train_mlp(params, sdk.epochs(), opts)
+            return
+        try:
+            from hypersack.runner import torch_train
+        except ImportError as exc:
+            if exc.name != "torch":
+                raise
+            raise HyperSackError(
+                f"{model} trains with PyTorch, which is not installed on this node: install "
+                "it with pip install 'hypersack[torch]' (or a torch build for your CUDA)"
+            ) from None
+        torch_train.train(model, params, sdk.epochs(), opts)
+    except HyperSackError as exc:
+        print(f"error: {exc}", file=sys.stderr, flush=True)
         sys.exit(2)
-    train_linreg(lr=float(params.get("lr", 0.01)), batch_size=int(params.get("batch_size", 64)),
-                 epochs=sdk.epochs(), momentum=float(params.get("momentum", 0.0)),
-                 weight_decay=float(params.get("weight_decay", 0.0)))
 
 
 if __name__ == "__main__":

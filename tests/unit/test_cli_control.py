@@ -81,7 +81,7 @@ def test_run_fake_cluster_to_the_end(tmp_path: Path, capsys: pytest.CaptureFixtu
 def test_run_on_cpu_profiles_once_then_remembers(tmp_path: Path,
                                                  capsys: pytest.CaptureFixture[str]) -> None:
     space = tmp_path / "q.yaml"
-    space.write_text("name: q\nmodels: [linreg]\nhyperparameters: {batch_size: [256], "
+    space.write_text("name: q\nmodels: [digits_mlp]\nhyperparameters: {batch_size: [256], "
                      "lr: [0.01, 0.03]}\nsettings: {epochs: 1}\n")
     state = tmp_path / "st"
     assert main(["run", str(space), "--backend", "cpu", "--state-dir", str(state)]) == 0
@@ -89,9 +89,11 @@ def test_run_on_cpu_profiles_once_then_remembers(tmp_path: Path,
     store = SqliteStore(state / "run.db")
     (profile,) = store.list_profiles()
     store.close()
-    assert profile.arch == "CPU" and profile.key.model == "linreg"
+    assert profile.arch == "CPU" and profile.key.model == "digits_mlp"
     assert "measured on local (cpu" in profile.source and profile.iter_time_s > 0
-    assert profile.iters_per_epoch == 16  # 4096 samples / batch 256
+    assert profile.iters_per_epoch == 6  # 1,437 training images / batch 256
+    assert "numpy=" in profile.versions and "kernel=" in profile.versions
+    assert profile.measured_at > 0 and profile.setup_s > 0
     assert main(["run", str(space), "--backend", "cpu", "--state-dir", str(state)]) == 0
     assert "q-2: COMPLETED, completed 2" in capsys.readouterr().out
     store = SqliteStore(state / "run.db")

@@ -1,0 +1,195 @@
+"""The PyTorch training loop of the built-in `train` program (zoo models).
+
+One process trains one trial on the device it is given (`CUDA_VISIBLE_DEVICES`), or on
+the CPU when no GPU is visible. Batches are cut from arrays held in memory; images are
+augmented (random crop with 4 pixels of padding, horizontal flip) on the CPU and
+normalised on the device. The time spent producing a batch and moving it to the
+device is the iteration's data-loading time.
+
+In a profile run (`hypersack.runner.sdk.profiling()`) it first times a few
+validation batches (an epoch's evaluation cost), then the SDK times the training
+iterations and ends the process; the device is synchronised after each iteration so
+that the times are the device's, not the launch queue's.
+"""
+
+from __future__ import annotations
+
+import math
+import platform
+import time
+from typing import Any
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from hypersack import __version__
+from hypersack.core.errors import InvalidInput
+from hypersack.runner import datasets, sdk, zoo
+from hypersack.runner.options import TrainOptions
+
+PRECISIONS = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}
+EVAL_PROBE_BATCHES = 3
+
+
+def versions(device: torch.device) -> str:
+    parts = [f"hypersack={__version__}", f"torch={torch.__version__}",
+             f"python={platform.python_version()}"]
+    if device.type == "cuda":
+        parts += [f"cuda={torch.version.cuda}", f"cudnn={torch.backends.cudnn.version()}",
+                  f"gpu={torch.cuda.get_device_name(device)}"]
+    return " ".join(parts)
+
+
+def make_optimizer(name: str, model: nn.Module, params: dict[str, Any]) -> torch.optim.Optimizer:
+    lr = float(params.get("lr", 0.01))
+    decay = float(params.get("weight_decay", 0.0))
+    if name == "sgd":
+        return torch.optim.SGD(model.parameters(), lr=lr, weight_decay=decay,
+                               momentum=float(params.get("momentum", 0.9)))
+    if name == "adam":
+        return torch.optim.Adam(model.parameters(), lr=lr, weight_decay=decay)
+    if name == "adamw":
+        return torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=decay)
+    raise InvalidInput(f"unknown optimizer {name!r}; valid: adam, adamw, sgd")
+
+
+class Batches:
+    """Cuts, augments and moves batches of one split."""
+
+    def __init__(self, data: datasets.Data, split: datasets.Split, device: torch.device,
+                 augment: bool, seed: int) -> None:
+        self.data, self.split, self.device = data, split, device
+        self.augment = augment and data.kind == "image"
+        self.rng = np.random.default_rng(seed)
+        if data.kind == "image":
+            self.mean = torch.tensor(datasets.CIFAR_MEAN * 255, device=device)
+            self.std = torch.tensor(datasets.CIFAR_STD * 255, device=device)
+
+    def get(self, idx: np.ndarray) -> tuple[Tensor, Tensor]:
+        x, y = self.split.batch(idx)
+        if self.augment:
+            x = self._crop_flip(x)
+        xt = torch.from_numpy(np.ascontiguousarray(x)).to(self.device, non_blocking=True)
+        yt = torch.from_numpy(y).to(self.device, non_blocking=True)
+        if self.data.kind == "image":
+            xt = (xt.float() - self.mean) / self.std
+        return xt, yt
+
+    def _crop_flip(self, x: np.ndarray) -> np.ndarray:
+        n = len(x)
+        padded = np.pad(x, ((0, 0), (0, 0), (4, 4), (4, 4)))
+        dx, dy = self.rng.integers(0, 9, n), self.rng.integers(0, 9, n)
+        out = np.empty_like(x)
+        for i in range(n):
+            out[i] = padded[i, :, dy[i]:dy[i] + 32, dx[i]:dx[i] + 32]
+        flip = self.rng.random(n) < 0.5
+        out[flip] = out[flip, :, :, ::-1]
+        return out
+
+
+def train(model_name: str, params: dict[str, Any], epochs: float, opts: TrainOptions) -> float:
+    torch.manual_seed(opts.seed)
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    data = datasets.load(model_name, opts, zoo.VOCAB.get(model_name, 0))
+    model = zoo.build(model_name)
+    if data.kind == "text" or model_name in ("vit_tiny", "deit_tiny"):
+        zoo.init_scale(model)
+    model.to(device)
+    optimizer = make_optimizer(str(params.get("optimizer", "sgd")), model, params)
+    precision = str(params.get("precision", "fp32"))
+    if precision not in PRECISIONS:
+        raise InvalidInput(f"unknown precision {precision!r}; valid: {', '.join(PRECISIONS)}")
+    dtype = PRECISIONS[precision]
+    scaler = torch.amp.GradScaler(device.type, enabled=dtype == torch.float16)
+    batch = int(params.get("batch_size", 64))
+    train_b = Batches(data, data.train, device, opts.augment, opts.seed)
+    val_b = Batches(data, data.val, device, False, opts.seed)
+    iters_per_epoch = math.ceil(data.train.size / batch)
+    # A profile run goes on until the SDK has timed enough iterations.
+    total = max(1, round(epochs * iters_per_epoch), sdk.profile_iterations())
+    profiling = sdk.profiling()
+    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
+
+    def autocast() -> Any:
+        return torch.autocast(device.type, dtype=dtype, enabled=dtype is not None)
+
+    def evaluate(limit: int | None = None) -> tuple[float, float]:
+        model.eval()
+        loss_sum, correct, seen = 0.0, 0, 0
+        with torch.no_grad(), autocast():
+            for j, pos in enumerate(range(0, data.val.size, batch)):
+                if limit is not None and j >= limit:
+                    break
+                x, y = val_b.get(np.arange(pos, min(pos + batch, data.val.size)))
+                out = model(x).float()
+                loss_sum += float(F.cross_entropy(out, y, reduction="sum"))
+                correct += int((out.argmax(dim=1) == y).sum())
+                seen += len(y)
+        model.train()
+        return loss_sum / max(1, seen), correct / max(1, seen)
+
+    try:
+        if profiling:
+            # An epoch's evaluation cost, from a few validation batches after one warm-up.
+            evaluate(limit=1)
+            sync()
+            t0 = time.perf_counter()
+            probe = min(EVAL_PROBE_BATCHES, math.ceil(data.val.size / batch))
+            evaluate(limit=probe)
+            sync()
+            per_batch = (time.perf_counter() - t0) / probe
+            sdk.set_profile_info(eval_s_per_epoch=per_batch * math.ceil(data.val.size / batch),
+                                 versions=versions(device))
+        model.train()
+        loss = math.inf
+        order = np.arange(data.train.size)
+        rng = np.random.default_rng(opts.seed)
+        epoch_loss = torch.zeros((), device=device)
+        steps = 0
+        data_s = compute_s = 0.0
+        for i in range(total):
+            t0 = time.perf_counter()
+            pos = (i % iters_per_epoch) * batch
+            if pos == 0:
+                order = rng.permutation(data.train.size)
+            x, y = train_b.get(order[pos:pos + batch])
+            if profiling:
+                sync()
+            t1 = time.perf_counter()
+            with autocast():
+                out = model(x)
+                batch_loss = F.cross_entropy(out.float(), y)
+            optimizer.zero_grad(set_to_none=True)
+            scaler.scale(batch_loss).backward()
+            scaler.step(optimizer)
+            scaler.update()
+            epoch_loss += batch_loss.detach()
+            steps += 1
+            if profiling:
+                sync()
+            t2 = time.perf_counter()
+            data_s += t1 - t0
+            compute_s += t2 - t1
+            sdk.iteration(data_s=t1 - t0, iters_per_epoch=iters_per_epoch)
+            if not profiling and ((i + 1) % iters_per_epoch == 0 or i + 1 == total):
+                epoch = math.ceil((i + 1) / iters_per_epoch)
+                train_loss = float(epoch_loss) / steps
+                loss, acc = evaluate()
+                spent = data_s + compute_s
+                sdk.report(step=epoch, loss=sdk.finite(loss), accuracy=acc,
+                           train_loss=sdk.finite(train_loss), epoch=epoch,
+                           iter_time_s=spent / steps,
+                           data_fraction=data_s / spent if spent > 0 else 0.0)
+                print(f"epoch {epoch}: loss {loss:.4f} accuracy {acc:.4f} train_loss "
+                      f"{train_loss:.4f} ({spent / steps * 1000:.1f} ms/iteration, "
+                      f"{100 * data_s / max(spent, 1e-9):.0f} % loading data)", flush=True)
+                epoch_loss.zero_()
+                steps, data_s, compute_s = 0, 0.0, 0.0
+                if not math.isfinite(loss) or not math.isfinite(train_loss):
+                    print("diverged; stopping", flush=True)
+                    break
+    except torch.OutOfMemoryError:
+        sdk.out_of_memory(f"out of memory: {model_name} at batch size {batch} on {device}")
+    return loss
