@@ -29,6 +29,7 @@ from hypersack.server.convert import LOG_TAIL_CHARS, key_from_pb, program_from_p
 log = logging.getLogger(__name__)
 
 RESEND_WINDOW_S = 30.0
+OBSERVE_INTERVAL_S = 1.0  # how often running trials' device use is sampled
 FATAL = (grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.UNIMPLEMENTED)
 
 
@@ -62,6 +63,7 @@ class Agent:
         self.connected = threading.Event()
         self.sessions = 0
         self.heartbeat_interval_s = 5.0
+        self._observed_at = 0.0
 
     # ----------------------------------------------------------------- lifecycle
     def run(self) -> None:
@@ -109,8 +111,26 @@ class Agent:
 
     # ----------------------------------------------------------------- one stream
     def _running(self) -> list[pb.RunningTrial]:
-        return [pb.RunningTrial(trial_id=j.id, gpu_index=j.gpu_index)
+        return [pb.RunningTrial(trial_id=j.id, gpu_index=j.gpu_index,
+                                peak_memory_mib=j.peak_memory_mib,
+                                peak_utilization_pct=j.peak_util_pct)
                 for j in self.jobs.values() if not j.profile and j.exit_code is None]
+
+    def _observe(self) -> None:
+        """Sample each running trial's device use; the peaks go out with heartbeats and
+        exits, and the server corrects profiles that they exceed."""
+        devices = {d.index: d for d in self.backend.devices()}
+        jobs = {j.id: (devices[j.gpu_index], j.pids()) for j in self.jobs.values()
+                if not j.profile and j.exit_code is None and j.gpu_index in devices}
+        try:
+            usage = self.backend.observe({k: v for k, v in jobs.items() if v[1]})
+        except Exception as exc:  # a failed read must not stop the agent
+            log.warning("observing trials failed: %s", exc)
+            return
+        for job_id, u in usage.items():
+            job = self.jobs[job_id]
+            job.peak_memory_mib = max(job.peak_memory_mib, u.memory_mib)
+            job.peak_util_pct = max(job.peak_util_pct, u.utilization_pct)
 
     def _register(self) -> pb.AgentMessage:
         running = self._running()
@@ -275,6 +295,9 @@ class Agent:
 
     # ----------------------------------------------------------------- processes
     def _poll(self, outbox: queue.Queue[pb.AgentMessage | None]) -> None:
+        if time.monotonic() - self._observed_at >= OBSERVE_INTERVAL_S:
+            self._observed_at = time.monotonic()
+            self._observe()
         for job_id in list(self.jobs):
             job = self.jobs[job_id]
             if not job.profile and job.new_metrics() and job.killed_at is None:
@@ -293,16 +316,22 @@ class Agent:
             log.info("%s exited with code %d", job.id, code)
             self._send(outbox, pb.AgentMessage(exited=pb.TrialExited(
                 trial_id=job.id, exit_code=code, log_tail=job.log_tail(LOG_TAIL_CHARS),
-                metrics=job.metrics, out_of_memory=code == sdk.OOM_EXIT_CODE)), job.gpu_index)
+                metrics=job.metrics, out_of_memory=code == sdk.OOM_EXIT_CODE,
+                peak_memory_mib=job.peak_memory_mib)), job.gpu_index)
 
     def _profile_result(self, job: Job, code: int) -> pb.AgentMessage:
         m = self._profile_keys.pop(job.id)
         result = job.profile_result()
         device = next(d for d in self.backend.devices() if d.index == job.gpu_index)
         if code != 0 or result is None:
-            why = (f"exit code {code}" if code != 0 else
-                   "the program ended without measuring iterations (call "
-                   "hypersack.runner.sdk.iteration() once per training iteration)")
+            if code == sdk.OOM_EXIT_CODE:
+                why = f"out of memory on {m.arch} (device {job.gpu_index}, {device.memory_mib} MiB)"
+            elif code != 0:
+                why = f"exit code {code}"
+            else:
+                why = (f"the program ended before {m.warmup + m.iterations} iterations were "
+                       "timed (call hypersack.runner.sdk.iteration() once per training "
+                       "iteration, and keep training while sdk.profile_iterations() asks)")
             return pb.AgentMessage(profile=pb.ProfileResult(
                 key=m.key, arch=m.arch, ok=False,
                 error=f"{why}; log tail: {job.log_tail(1000)}"))
@@ -310,13 +339,20 @@ class Agent:
             measured = Measured(cpu_cores=float(result.get("cpu_cores", 0.0)),
                                 peak_rss_mib=float(result.get("peak_rss_mib", 0.0)))
             compute, memory, cores = self.backend.demand(device, measured)
-            return pb.AgentMessage(profile=pb.ProfileResult(
-                key=m.key, arch=m.arch, ok=True, compute_pct=compute, memory_mib=memory,
-                cores=cores, iter_time_s=float(result["iter_time_s"]),
+            versions = " ".join(v for v in (str(result.get("versions", "")),
+                                            self.backend.versions()) if v)
+            record = pb.ProfileRecord(
+                key=m.key, arch=m.arch, compute_pct=compute, memory_mib=memory, cores=cores,
+                iter_time_s=float(result["iter_time_s"]),
                 iters_per_epoch=int(result["iters_per_epoch"]),
                 data_fraction=float(result.get("data_fraction", 0.0)),
+                setup_s=float(result.get("setup_s", 0.0)),
+                eval_s_per_epoch=float(result.get("eval_s_per_epoch", 0.0)),
+                versions=versions, measured_at=time.time(),
                 source=f"measured on {self.node} ({self.backend.name}, "
-                       f"{int(result.get('iterations', m.iterations))} iterations)"))
+                       f"{int(result.get('iterations', m.iterations))} iterations)")
+            return pb.AgentMessage(profile=pb.ProfileResult(key=m.key, arch=m.arch, ok=True,
+                                                            profile=record))
         except (KeyError, ValueError, TypeError) as exc:
             return pb.AgentMessage(profile=pb.ProfileResult(
                 key=m.key, arch=m.arch, ok=False, error=f"unreadable profile result: {exc}"))

@@ -9,6 +9,7 @@ tests and for demos of a cluster on one machine; its trials run on the CPU. `nvm
 from __future__ import annotations
 
 import os
+import platform
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
 
@@ -36,6 +37,14 @@ class Measured:
     peak_rss_mib: float
 
 
+@dataclass(frozen=True)
+class Usage:
+    """What one trial's processes use of their device now."""
+
+    memory_mib: int
+    utilization_pct: float
+
+
 class DeviceBackend(ABC):
     name: str
 
@@ -52,6 +61,15 @@ class DeviceBackend(ABC):
     def sample(self) -> list[DeviceState]:
         return [DeviceState(d.index, 0.0, 0) for d in self.devices()]
 
+    def observe(self, jobs: dict[str, tuple[GpuSpec, list[int]]]) -> dict[str, Usage]:
+        """Each running trial's use of its device, by job id (`jobs`: device and process
+        ids). A backend that cannot tell leaves a trial out; the fake one tells nothing."""
+        return {}
+
+    def versions(self) -> str:
+        """Driver and system versions recorded with a profile."""
+        return f"kernel={platform.release()}"
+
     def start_measuring(self, device: GpuSpec, pid: int) -> None:  # noqa: B027
         """Begin sampling a profile run's device use (NVML); nothing by default."""
 
@@ -59,7 +77,7 @@ class DeviceBackend(ABC):
         """(compute %, memory MiB, cores) of a profile run; floors keep demands positive."""
         compute = min(100.0, max(1.0, 100.0 * measured.cpu_cores))
         return (round(compute, 2), max(1, round(measured.peak_rss_mib)),
-                round(max(0.01, measured.cpu_cores), 3))
+                round(min(self.cores(), max(0.01, measured.cpu_cores)), 3))
 
 
 def _usable_cores() -> float:
@@ -78,6 +96,7 @@ class CpuBackend(DeviceBackend):
         total = psutil.virtual_memory().total // 2**20
         self._device = GpuSpec(index=0, arch="CPU", memory_mib=max(1, int(total * 0.8)),
                                uuid="cpu")
+        self._procs: dict[int, psutil.Process] = {}
 
     def devices(self) -> tuple[GpuSpec, ...]:
         return (self._device,)
@@ -93,10 +112,32 @@ class CpuBackend(DeviceBackend):
         return [DeviceState(0, psutil.cpu_percent(interval=None),
                             (vm.total - vm.available) // 2**20)]
 
+    def observe(self, jobs: dict[str, tuple[GpuSpec, list[int]]]) -> dict[str, Usage]:
+        """Resident memory and CPU share (of all cores) of each trial's processes."""
+        out = {}
+        live: dict[int, psutil.Process] = {}
+        for job_id, (_, pids) in jobs.items():
+            rss, cpu = 0, 0.0
+            for pid in pids:
+                proc = self._procs.get(pid)
+                try:
+                    if proc is None:
+                        proc = psutil.Process(pid)
+                        proc.cpu_percent(None)  # the first call starts the interval
+                    rss += proc.memory_info().rss
+                    cpu += proc.cpu_percent(None)
+                    live[pid] = proc
+                except psutil.Error:
+                    continue
+            if rss:
+                out[job_id] = Usage(rss // 2**20, round(min(100.0, cpu / self.cores()), 2))
+        self._procs = live
+        return out
+
     def demand(self, device: GpuSpec, measured: Measured) -> tuple[float, int, float]:
         compute = min(100.0, max(1.0, 100.0 * measured.cpu_cores / self.cores()))
         return (round(compute, 2), max(1, round(measured.peak_rss_mib)),
-                round(max(0.01, measured.cpu_cores), 3))
+                round(min(self.cores(), max(0.01, measured.cpu_cores)), 3))
 
 
 class FakeBackend(DeviceBackend):
@@ -125,6 +166,9 @@ class FakeBackend(DeviceBackend):
 
     def env_for(self, device: GpuSpec) -> dict[str, str]:
         return {"CUDA_VISIBLE_DEVICES": "", "HYPERSACK_FAKE_DEVICE": device.uuid}
+
+    def versions(self) -> str:
+        return f"fake {super().versions()}"
 
 
 def make_backend(name: str, *, inventory: str | None = None, node: str = "node") -> DeviceBackend:

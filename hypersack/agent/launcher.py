@@ -16,6 +16,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
 
+import psutil
+
 from hypersack.core.errors import InvalidInput
 from hypersack.grid.space import PLACEHOLDER, Program
 from hypersack.runner import sdk
@@ -59,6 +61,8 @@ class Job:
     exit_code: int | None = None
     metrics: dict[str, float] = field(default_factory=dict)
     step: int = 0
+    peak_memory_mib: int = 0  # observed by the device backend while it ran; 0: not measured
+    peak_util_pct: float = 0.0
     _metrics_pos: int = 0
     _log: IO[bytes] | None = None
 
@@ -123,6 +127,16 @@ class Job:
             os.killpg(self.proc.pid, sig)
         except (ProcessLookupError, PermissionError):
             pass
+
+    def pids(self) -> list[int]:
+        """The process and its descendants (a command may start the real trainer)."""
+        if self.proc is None or self.exit_code is not None:
+            return []
+        try:
+            root = psutil.Process(self.proc.pid)
+            return [root.pid] + [c.pid for c in root.children(recursive=True)]
+        except psutil.Error:
+            return []
 
     def new_metrics(self) -> bool:
         """Read lines the trial appended since the last call; True if any."""

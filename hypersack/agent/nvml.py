@@ -7,7 +7,7 @@ import re
 import threading
 import time
 
-from hypersack.agent.devices import DeviceBackend, DeviceState, Measured, _usable_cores
+from hypersack.agent.devices import DeviceBackend, DeviceState, Measured, Usage, _usable_cores
 from hypersack.core.types import GpuSpec
 
 log = logging.getLogger(__name__)
@@ -53,6 +53,7 @@ class NvmlBackend(DeviceBackend):
             self._handles.append(h)
         self._devices = tuple(devices)
         self._peaks: dict[int, tuple[list[float], list[int]]] = {}
+        self._util_seen: dict[int, int] = {}  # last process-utilization timestamp per device
 
     def devices(self) -> tuple[GpuSpec, ...]:
         return self._devices
@@ -69,6 +70,56 @@ class NvmlBackend(DeviceBackend):
             util = self._nvml.nvmlDeviceGetUtilizationRates(h).gpu
             used = int(self._nvml.nvmlDeviceGetMemoryInfo(h).used) // 2**20
             out.append(DeviceState(d.index, float(util), used))
+        return out
+
+    def versions(self) -> str:
+        nv = self._nvml
+        parts = []
+        for name, call in (("driver", "nvmlSystemGetDriverVersion"),
+                           ("nvml", "nvmlSystemGetNVMLVersion")):
+            try:
+                value = getattr(nv, call)()
+                parts.append(f"{name}={value.decode() if isinstance(value, bytes) else value}")
+            except Exception as exc:
+                log.debug("%s failed: %s", call, exc)
+        try:
+            v = int(nv.nvmlSystemGetCudaDriverVersion())
+            parts.append(f"cuda_driver={v // 1000}.{v % 1000 // 10}")
+        except Exception as exc:
+            log.debug("nvmlSystemGetCudaDriverVersion failed: %s", exc)
+        return " ".join(parts)
+
+    def observe(self, jobs: dict[str, tuple[GpuSpec, list[int]]]) -> dict[str, Usage]:
+        """GPU memory (per process, from the running-process list) and SM utilization
+        (per-process samples since the last call) of each trial's processes."""
+        nv = self._nvml
+        by_device: dict[int, list[str]] = {}
+        for job_id, (device, _) in jobs.items():
+            by_device.setdefault(device.index, []).append(job_id)
+        out = {}
+        for index, job_ids in by_device.items():
+            h = self._handles[index]
+            try:
+                memory = {p.pid: int(p.usedGpuMemory or 0) // 2**20
+                          for p in nv.nvmlDeviceGetComputeRunningProcesses(h)}
+            except Exception as exc:
+                log.debug("NVML process list failed: %s", exc)
+                continue
+            util: dict[int, float] = {}
+            try:
+                last = self._util_seen.get(index, 0)
+                for sample in nv.nvmlDeviceGetProcessUtilization(h, last):
+                    util[sample.pid] = max(util.get(sample.pid, 0.0), float(sample.smUtil))
+                    self._util_seen[index] = max(self._util_seen.get(index, 0),
+                                                 int(sample.timeStamp))
+            except Exception as exc:  # no samples yet, or not supported (MPS clients)
+                log.debug("NVML process utilization: %s", exc)
+            for job_id in job_ids:
+                pids = jobs[job_id][1]
+                mem = sum(memory.get(pid, 0) for pid in pids)
+                if mem:
+                    out[job_id] = Usage(mem, max((util.get(pid, 0.0) for pid in pids),
+                                                 default=0.0))
         return out
 
     def start_measuring(self, device: GpuSpec, pid: int) -> None:
@@ -99,4 +150,4 @@ class NvmlBackend(DeviceBackend):
         compute = sum(busy) / len(busy) if busy else 1.0
         memory = max(mems, default=0)
         return (round(max(1.0, compute), 2), max(1, memory),
-                round(max(0.01, measured.cpu_cores), 3))
+                round(min(self.cores(), max(0.01, measured.cpu_cores)), 3))

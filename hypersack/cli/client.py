@@ -80,6 +80,15 @@ class Client:
     def drain(self, node: str) -> pb.Node:
         return self._call("DrainNode", pb.DrainNodeRequest(node=node))  # type: ignore[no-any-return]
 
+    def profiles(self, model: str = "", arch: str = "") -> list[pb.ProfileRecord]:
+        return list(self._call("ListProfiles",
+                               pb.ListProfilesRequest(model=model, arch=arch)).profiles)
+
+    def import_profiles(self, profiles: list[pb.ProfileRecord], replace: bool) -> tuple[int, int]:
+        reply = self._call("ImportProfiles",
+                           pb.ImportProfilesRequest(profiles=profiles, replace=replace))
+        return int(reply.imported), int(reply.kept)
+
     def watch(self, study_id: str, min_interval_s: float = 0.2) -> Iterator[pb.StudyUpdate]:
         try:
             yield from self._stub.WatchStudy(

@@ -100,10 +100,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--contention", type=float,
                    help="interference model: slowdown added per extra trial on a GPU")
 
-    from hypersack.cli import control, run
+    from hypersack.cli import control, profiles, run
 
     run.add_parser(sub)
     control.add_parsers(sub)
+    profiles.add_parser(sub)
     return parser
 
 
@@ -128,6 +129,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             from hypersack.cli.run import run_embedded
 
             return run_embedded(args)
+        if args.command == "profiles":
+            from hypersack.cli.profiles import run_profiles
+
+            return run_profiles(args)
         from hypersack.cli.control import run_control
 
         return run_control(args)

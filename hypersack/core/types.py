@@ -47,10 +47,23 @@ class Profile(Frozen):
     iters_per_epoch: int = Field(gt=0)
     data_fraction: float = Field(default=0.0, ge=0, le=1)
     source: str = "measured"
+    setup_s: float = Field(default=0.0, ge=0)  # process start to the first iteration
+    eval_s_per_epoch: float = Field(default=0.0, ge=0)  # validation after each epoch
+    versions: str = ""  # driver and library versions it was measured with
+    measured_at: float = Field(default=0.0, ge=0)  # seconds since the epoch; 0: estimated
+    # Feedback from trials that ran with this profile: the largest peak memory and
+    # utilization a single trial showed, and how many trials reported.
+    observed_memory_mib: int = Field(default=0, ge=0)
+    observed_compute_pct: float = Field(default=0.0, ge=0)
+    observed_trials: int = Field(default=0, ge=0)
+    corrected: str = ""  # why the demand was raised after it was measured
+
+    def epoch_time_s(self) -> float:
+        return self.iter_time_s * self.iters_per_epoch + self.eval_s_per_epoch
 
     def run_time_s(self, epochs: float) -> float:
         """Expected run time of a whole trial, inferred from the time per iteration."""
-        return self.iter_time_s * self.iters_per_epoch * epochs
+        return self.setup_s + self.epoch_time_s() * epochs
 
 
 class GpuSpec(Frozen):

@@ -13,6 +13,8 @@ from hypersack.grid.space import SearchSpace
 class RunningTrial:
     trial_id: str
     gpu_index: int
+    peak_memory_mib: int = 0  # observed by the agent since it started; 0: not measured
+    peak_utilization_pct: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -103,6 +105,14 @@ class ProfileFailed:
 
 
 @dataclass(frozen=True)
+class ProfilesImported:
+    """Profiles from a file or another cluster's history; `replace`: over what is known."""
+
+    profiles: tuple[Profile, ...]
+    replace: bool = False
+
+
+@dataclass(frozen=True)
 class Tick:
     pass
 
@@ -110,7 +120,7 @@ class Tick:
 Event = Union[
     StudySubmitted, StudyCancelled, NodeJoined, Heartbeat, NodeLost, NodeDrained,
     TrialStarted, TrialProgress, TrialFinished, TrialFailed, TrialOutOfMemory,
-    ProfileMeasured, ProfileFailed, Tick,
+    ProfileMeasured, ProfileFailed, ProfilesImported, Tick,
 ]
 
 

@@ -39,6 +39,7 @@ from hypersack.orchestrator.events import (
     NodeLost,
     ProfileFailed,
     ProfileMeasured,
+    ProfilesImported,
     RunningTrial,
     StudyCancelled,
     StudySubmitted,
@@ -78,6 +79,11 @@ class OrchestratorConfig:
     heartbeat_timeout_s: float = 30.0
     exclusive: bool = False  # one trial per GPU: the baseline the paper compares against
     oom_growth: float = 1.5  # memory demand factor after an out-of-memory death
+    # Feedback: a profile's memory demand becomes a trial's observed peak plus this share
+    # when the peak exceeds it; its compute demand becomes the observed utilization when
+    # that exceeds the demand by more than the tolerance (utilization is noisy).
+    feedback_margin: float = 0.05
+    feedback_compute_tolerance: float = 0.25
     profile_iterations: int = 10
     profile_warmup: int = 1
     policy: str | None = None  # overrides every study's policy when set
@@ -148,6 +154,7 @@ class Orchestrator:
         self._nodes: dict[str, _Node] = {}
         self._profiles: dict[tuple[WorkloadKey, str], Profile] = {}
         self._profile_failed: dict[tuple[WorkloadKey, str], str] = {}
+        self._observed: dict[str, tuple[str, int, float]] = {}  # trial: arch, peak MiB, peak %
         self._needs_cache: dict[tuple[WorkloadKey, int | None, frozenset[str]],
                                 dict[str, Need]] = {}
         self._dirty: set[str] = set()
@@ -301,6 +308,8 @@ class Orchestrator:
             return self._on_profile(event.profile)
         if isinstance(event, ProfileFailed):
             return self._on_profile_failed(event)
+        if isinstance(event, ProfilesImported):
+            return self._on_imported(event)
         if isinstance(event, Tick):
             now = self._clock.now()
             for name in [n for n, node in self._nodes.items()
@@ -387,6 +396,8 @@ class Orchestrator:
             t = self._trials.get(r.trial_id)
             gpu = node.gpus.get(r.gpu_index)
             if t is not None and t.state == TrialState.RUNNING and t.node == node.spec.name:
+                if gpu is not None:
+                    self._observe(t, gpu, r)
                 continue
             profile = None
             if t is not None and gpu is not None and t.state in (TrialState.PENDING,
@@ -451,6 +462,11 @@ class Orchestrator:
         self._release(t.id)
         grown = max(math.ceil(t.demand.memory_mib * self.config.oom_growth),
                     event.observed_memory_mib + 1)
+        node = self._nodes.get(t.node or "")
+        gpu = node.gpus.get(t.gpu_index if t.gpu_index is not None else -1) if node else None
+        if gpu is not None:
+            # Future trials of this workload ask for the grown memory from the start.
+            self._feedback(t.key, gpu.arch, grown, 0.0, t.id, oom_at=t.demand.memory_mib)
         largest = max((g.memory_mib for n in self._nodes.values() for g in n.gpus.values()),
                       default=0)
         if grown > largest:
@@ -472,12 +488,74 @@ class Orchestrator:
         self._store.put_profile(profile)
         return self._schedule()
 
+    def _on_imported(self, event: ProfilesImported) -> list[Command]:
+        for p in event.profiles:
+            slot = (p.key, p.arch)
+            if event.replace or slot not in self._profiles:
+                self._profiles[slot] = p
+                self._profile_failed.pop(slot, None)
+                self._store.put_profile(p)
+        self._needs_cache.clear()
+        return self._schedule()
+
     def _on_profile_failed(self, event: ProfileFailed) -> list[Command]:
         slot = (event.key, event.arch)
         self._end_profile_job(slot)
         self._profile_failed[slot] = event.reason
         log.warning("profiling %s on %s failed: %s", event.key.label(), event.arch, event.reason)
         return self._schedule()
+
+    # ----------------------------------------------------------------- feedback
+    def _observe(self, t: TrialRecord, gpu: _Gpu, r: RunningTrial) -> None:
+        """Keep a running trial's observed peaks; correct its profile when they exceed it."""
+        if r.peak_memory_mib <= 0 and r.peak_utilization_pct <= 0:
+            return
+        _, memory, util = self._observed.get(t.id, (gpu.arch, 0, 0.0))
+        memory, util = max(memory, r.peak_memory_mib), max(util, r.peak_utilization_pct)
+        if (gpu.arch, memory, util) == self._observed.get(t.id):
+            return
+        self._observed[t.id] = (gpu.arch, memory, util)
+        self._feedback(t.key, gpu.arch, memory, util, t.id)
+
+    def _feedback(self, key: WorkloadKey, arch: str, memory_mib: int, util_pct: float,
+                  trial_id: str, *, count: bool = False, oom_at: int | None = None) -> None:
+        """Record a trial's observed peaks in its profile and raise the profile's demand
+        where they exceed it (`oom_at`: the trial died of out-of-memory with that much)."""
+        p = self._profiles.get((key, arch))
+        if p is None:
+            return
+        update: dict[str, Any] = {}
+        if memory_mib > p.observed_memory_mib:
+            update["observed_memory_mib"] = memory_mib
+        if util_pct > p.observed_compute_pct:
+            update["observed_compute_pct"] = round(util_pct, 2)
+        if count:
+            update["observed_trials"] = p.observed_trials + 1
+        demand = p.demand
+        notes = []
+        if memory_mib > demand.memory_mib:
+            if oom_at is not None:
+                new = memory_mib
+                why = f"trial {trial_id} ran out of memory at {oom_at} MiB"
+            else:
+                new = math.ceil(memory_mib * (1 + self.config.feedback_margin))
+                why = f"trial {trial_id} used {memory_mib} MiB"
+            notes.append(f"memory {demand.memory_mib} -> {new} MiB ({why})")
+            demand = demand.model_copy(update={"memory_mib": new})
+        if util_pct > demand.compute_pct * (1 + self.config.feedback_compute_tolerance):
+            notes.append(f"compute {demand.compute_pct:g} -> {util_pct:.4g} % (trial "
+                         f"{trial_id} used {util_pct:.4g} %)")
+            demand = demand.model_copy(update={"compute_pct": round(util_pct, 2)})
+        if notes:
+            update["demand"] = demand
+            update["corrected"] = "; ".join(notes)
+            log.info("profile of %s on %s corrected: %s", key.label(), arch, update["corrected"])
+        if update:
+            corrected = p.model_copy(update=update)
+            self._profiles[key, arch] = corrected
+            self._store.put_profile(corrected)
+            if notes:
+                self._needs_cache.clear()
 
     def _end_profile_job(self, slot: tuple[WorkloadKey, str]) -> None:
         for node in self._nodes.values():
@@ -536,6 +614,9 @@ class Orchestrator:
 
     def _release(self, trial_id: str) -> None:
         t = self._trials[trial_id]
+        seen = self._observed.pop(trial_id, None)
+        if seen is not None:
+            self._feedback(t.key, seen[0], seen[1], seen[2], trial_id, count=True)
         node = self._nodes.get(t.node or "")
         if node is None or t.gpu_index is None or t.demand is None:
             return

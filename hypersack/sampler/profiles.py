@@ -17,7 +17,8 @@ from hypersack.core.validation import format_validation_error
 
 COLUMNS = ("model", "batch_size", "optimizer", "precision", "fusion_width", "arch",
            "compute_pct", "memory_mib", "cores", "iter_time_s", "iters_per_epoch",
-           "data_fraction", "source")
+           "data_fraction", "source", "setup_s", "eval_s_per_epoch", "versions", "measured_at",
+           "observed_memory_mib", "observed_compute_pct", "observed_trials", "corrected")
 _KEY = ("model", "batch_size", "optimizer", "precision", "fusion_width")
 _DEMAND = ("compute_pct", "memory_mib", "cores")
 
@@ -41,7 +42,7 @@ def profile_to_row(p: Profile) -> dict[str, Any]:
     return {
         **p.key.model_dump(), "arch": p.arch, **p.demand.model_dump(),
         "iter_time_s": p.iter_time_s, "iters_per_epoch": p.iters_per_epoch,
-        "data_fraction": p.data_fraction, "source": p.source,
+        **p.model_dump(exclude={"key", "arch", "demand", "iter_time_s", "iters_per_epoch"}),
     }
 
 

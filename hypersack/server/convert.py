@@ -7,7 +7,14 @@ import math
 from typing import Any
 
 from hypersack._proto.v1 import hypersack_pb2 as pb
-from hypersack.core.types import GpuSpec, NodeSpec, StudyRecord, TrialRecord, WorkloadKey
+from hypersack.core.types import (
+    GpuSpec,
+    NodeSpec,
+    Profile,
+    StudyRecord,
+    TrialRecord,
+    WorkloadKey,
+)
 from hypersack.grid.space import Objective, Program
 
 MAX_METRICS = 64
@@ -25,6 +32,27 @@ def key_from_pb(msg: pb.WorkloadKey) -> WorkloadKey:
                        precision=msg.precision or "fp32", fusion_width=msg.fusion_width or 1)
 
 
+_PROFILE_SCALARS = ("iter_time_s", "iters_per_epoch", "data_fraction", "source", "setup_s",
+                    "eval_s_per_epoch", "versions", "measured_at", "observed_memory_mib",
+                    "observed_compute_pct", "observed_trials", "corrected")
+
+
+def profile_to_pb(p: Profile) -> pb.ProfileRecord:
+    return pb.ProfileRecord(key=key_to_pb(p.key), arch=p.arch, compute_pct=p.demand.compute_pct,
+                            memory_mib=p.demand.memory_mib, cores=p.demand.cores,
+                            **{k: getattr(p, k) for k in _PROFILE_SCALARS})
+
+
+def profile_from_pb(msg: pb.ProfileRecord, default_source: str = "") -> Profile:
+    """Raises pydantic.ValidationError for a malformed record."""
+    return Profile.model_validate({
+        "key": key_from_pb(msg.key), "arch": msg.arch,
+        "demand": {"compute_pct": msg.compute_pct, "memory_mib": msg.memory_mib,
+                   "cores": msg.cores},
+        **{k: getattr(msg, k) for k in _PROFILE_SCALARS},
+        "source": msg.source or default_source})
+
+
 def program_to_pb(program: Program) -> pb.Program:
     return pb.Program(builtin=program.builtin or "", command=program.command or "",
                       options_json=json.dumps(program.options))
@@ -40,6 +68,11 @@ def node_from_register(msg: pb.Register) -> NodeSpec:
     return NodeSpec(name=msg.node, cores=msg.cores,
                     gpus=tuple(GpuSpec(index=g.index, arch=g.arch, memory_mib=g.memory_mib,
                                        uuid=g.uuid) for g in msg.gpus))
+
+
+def clean_number(value: float) -> float:
+    """A finite float; NaN and infinities become 0 (an observation not made)."""
+    return float(value) if math.isfinite(value) else 0.0
 
 
 def clean_metrics(values: Any) -> dict[str, float]:

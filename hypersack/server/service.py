@@ -37,6 +37,7 @@ from hypersack.orchestrator.events import (
     NodeJoined,
     ProfileFailed,
     ProfileMeasured,
+    ProfilesImported,
     RunningTrial,
     StudyCancelled,
     StudySubmitted,
@@ -47,14 +48,17 @@ from hypersack.orchestrator.events import (
     TrialProgress,
     TrialStarted,
 )
-from hypersack.runner import builtin_trainable
+from hypersack.runner.datasets import dataset_for
+from hypersack.runner.options import parse_train_options
 from hypersack.runner.sdk import OOM_EXIT_CODE
 from hypersack.server.convert import (
     LOG_TAIL_CHARS,
     clean_metrics,
+    clean_number,
     key_from_pb,
     key_to_pb,
     node_from_register,
+    profile_from_pb,
     program_to_pb,
 )
 from hypersack.store.base import Store
@@ -213,6 +217,20 @@ class SchedulerService:
             self._apply(NodeDrained(node))
             return next(n for n in self.orch.nodes() if n.spec.name == node)
 
+    def profiles(self, model: str = "", arch: str = "") -> list[Profile]:
+        with self._lock:
+            return sorted((p for p in self.orch.profiles()
+                           if (not model or p.key.model == model) and (not arch or p.arch == arch)),
+                          key=lambda p: (p.key.model, p.key.batch_size, p.key.label(), p.arch))
+
+    def import_profiles(self, profiles: list[Profile], replace: bool) -> tuple[int, int]:
+        """(imported, kept): kept ones were in the history already and not replaced."""
+        with self._lock:
+            known = {(p.key, p.arch) for p in self.orch.profiles()}
+            kept = 0 if replace else sum((p.key, p.arch) in known for p in profiles)
+            self._apply(ProfilesImported(tuple(profiles), replace))
+            return len(profiles) - kept, kept
+
     def counts(self, study_id: str) -> dict[str, int]:
         with self._lock:
             out = {s.value: 0 for s in TrialState}
@@ -327,7 +345,9 @@ class SchedulerService:
             self.stats["heartbeats"] += 1
             for g in msg.heartbeat.gpus:
                 session.gpu_state[g.index] = g
-            running = tuple(RunningTrial(r.trial_id, r.gpu_index) for r in msg.heartbeat.running)
+            running = tuple(RunningTrial(r.trial_id, r.gpu_index, max(0, int(r.peak_memory_mib)),
+                                         max(0.0, clean_number(r.peak_utilization_pct)))
+                            for r in msg.heartbeat.running)
             if not session.connected:
                 return None
             if not self.orch.has_node(node):
@@ -366,25 +386,24 @@ class SchedulerService:
         if not p.ok:
             return ProfileFailed(key, p.arch, node, p.error[-LOG_TAIL_CHARS:] or "failed")
         try:
-            profile = Profile.model_validate({
-                "key": key, "arch": p.arch,
-                "demand": {"compute_pct": p.compute_pct, "memory_mib": p.memory_mib,
-                           "cores": p.cores},
-                "iter_time_s": p.iter_time_s, "iters_per_epoch": p.iters_per_epoch,
-                "data_fraction": p.data_fraction, "source": p.source or f"measured on {node}"})
+            profile = profile_from_pb(p.profile, default_source=f"measured on {node}")
         except ValidationError as exc:
             return ProfileFailed(key, p.arch, node,
                                  "invalid measurement: " + format_validation_error(exc, "profile"))
+        if profile.key != key or profile.arch != p.arch:
+            return ProfileFailed(key, p.arch, node, "invalid measurement: it names another "
+                                 f"workload ({profile.key.label()} on {profile.arch})")
         return ProfileMeasured(profile, node)
 
 
 def check_runnable(space: SearchSpace, source: str) -> None:
-    """A study the agents can run: the built-in trainer knows every model."""
+    """A study the built-in trainer can run: valid options, and a dataset each model
+    trains on. Whether a node can train a model (torch, the dataset on its disk) shows
+    when the model is profiled there: a profile that fails fails its trials."""
     if space.program.builtin == "train":
-        missing = [m for m in space.models if m not in builtin_trainable()]
-        if missing:
-            raise InvalidInput(
-                f"{source}: program: the built-in train program cannot train "
-                f"{', '.join(missing)} in this installation (it trains: "
-                f"{', '.join(sorted(builtin_trainable()))}); give program: {{command: ...}} "
-                "or program: {builtin: sleep}")
+        opts = parse_train_options(space.program.options, f"{source}: program.options")
+        for model in space.models:
+            try:
+                dataset_for(model, opts)
+            except InvalidInput as exc:
+                raise InvalidInput(f"{source}: program.options.dataset: {exc}") from None

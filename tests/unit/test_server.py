@@ -115,8 +115,12 @@ def test_submit_inspect_and_errors(server: HyperSackServer) -> None:
             c.submit("name: [", "broken.yaml")
         with pytest.raises(InvalidInput, match="larger than"):
             c.submit("# " + "x" * (2 << 20), "huge.yaml")
-        with pytest.raises(InvalidInput, match=r"cannot train resnet18.*program"):
-            c.submit(SLEEP_SPACE.replace("builtin: sleep", "builtin: train"), "t.yaml")
+        train = "builtin: train, options: {%s}"
+        with pytest.raises(InvalidInput, match=r"t.yaml: program.options: seconds_per_epoch"):
+            c.submit(SLEEP_SPACE.replace("builtin: sleep", train % "seconds_per_epoch: 1"),
+                     "t.yaml")  # the sleep program's options are not train's
+        with pytest.raises(InvalidInput, match=r"resnet18 trains on cifar10 \(or synthetic\)"):
+            c.submit(SLEEP_SPACE.replace("builtin: sleep", train % "dataset: imdb"), "t.yaml")
         with pytest.raises(NotFound, match="no node"):
             c.drain("ghost")
         assert c.cancel("tiny-1").state == "CANCELLED"

@@ -30,7 +30,9 @@ key = st.builds(pb.WorkloadKey, model=st.sampled_from(["resnet18", "x", ""]),
 agent_messages = st.one_of(
     st.builds(lambda r: pb.AgentMessage(heartbeat=pb.Heartbeat(running=r)),
               st.lists(st.builds(pb.RunningTrial, trial_id=ids,
-                                 gpu_index=st.integers(-2, 3)), max_size=3)),
+                                 gpu_index=st.integers(-2, 3),
+                                 peak_memory_mib=st.integers(-10, 10**7),
+                                 peak_utilization_pct=numbers), max_size=3)),
     st.builds(lambda t: pb.AgentMessage(started=pb.TrialStarted(trial_id=t)), ids),
     st.builds(lambda t, s, m: pb.AgentMessage(metrics=pb.TrialMetrics(trial_id=t, step=s,
                                                                       metrics=m)),
@@ -39,10 +41,12 @@ agent_messages = st.one_of(
         trial_id=t, exit_code=c, log_tail=log, metrics=m, out_of_memory=oom,
         peak_memory_mib=peak)), ids, st.integers(-300, 300), text, metrics, st.booleans(),
         st.integers(-10, 10**7)),
-    st.builds(lambda k, a, ok, c, m, it, ipe: pb.AgentMessage(profile=pb.ProfileResult(
-        key=k, arch=a, ok=ok, compute_pct=c, memory_mib=m, iter_time_s=it,
-        iters_per_epoch=ipe, error="x")), key, st.sampled_from(["A100", "H100", ""]),
-        st.booleans(), numbers, st.integers(-10, 10**6), numbers, st.integers(-3, 10)),
+    st.builds(lambda k, a, ok, c, m, it, ipe, k2: pb.AgentMessage(profile=pb.ProfileResult(
+        key=k, arch=a, ok=ok, error="x", profile=pb.ProfileRecord(
+            key=k2, arch=a, compute_pct=c, memory_mib=m, iter_time_s=it, iters_per_epoch=ipe,
+            setup_s=it, eval_s_per_epoch=c))),
+        key, st.sampled_from(["A100", "H100", ""]), st.booleans(), numbers,
+        st.integers(-10, 10**6), numbers, st.integers(-3, 10), key),
     st.builds(lambda n: pb.AgentMessage(register=pb.Register(node=n)), text),
     st.just(pb.AgentMessage()),
 )

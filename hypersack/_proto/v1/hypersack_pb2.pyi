@@ -78,6 +78,36 @@ class DrainNodeRequest(_message.Message):
     node: str
     def __init__(self, node: _Optional[str] = ...) -> None: ...
 
+class ListProfilesRequest(_message.Message):
+    __slots__ = ("model", "arch")
+    MODEL_FIELD_NUMBER: _ClassVar[int]
+    ARCH_FIELD_NUMBER: _ClassVar[int]
+    model: str
+    arch: str
+    def __init__(self, model: _Optional[str] = ..., arch: _Optional[str] = ...) -> None: ...
+
+class ListProfilesResponse(_message.Message):
+    __slots__ = ("profiles",)
+    PROFILES_FIELD_NUMBER: _ClassVar[int]
+    profiles: _containers.RepeatedCompositeFieldContainer[ProfileRecord]
+    def __init__(self, profiles: _Optional[_Iterable[_Union[ProfileRecord, _Mapping]]] = ...) -> None: ...
+
+class ImportProfilesRequest(_message.Message):
+    __slots__ = ("profiles", "replace")
+    PROFILES_FIELD_NUMBER: _ClassVar[int]
+    REPLACE_FIELD_NUMBER: _ClassVar[int]
+    profiles: _containers.RepeatedCompositeFieldContainer[ProfileRecord]
+    replace: bool
+    def __init__(self, profiles: _Optional[_Iterable[_Union[ProfileRecord, _Mapping]]] = ..., replace: bool = ...) -> None: ...
+
+class ImportProfilesResponse(_message.Message):
+    __slots__ = ("imported", "kept")
+    IMPORTED_FIELD_NUMBER: _ClassVar[int]
+    KEPT_FIELD_NUMBER: _ClassVar[int]
+    imported: int
+    kept: int
+    def __init__(self, imported: _Optional[int] = ..., kept: _Optional[int] = ...) -> None: ...
+
 class Study(_message.Message):
     __slots__ = ("id", "name", "state", "submitted_at", "counts", "space_json", "objective_metric", "objective_mode")
     class CountsEntry(_message.Message):
@@ -243,12 +273,16 @@ class GpuState(_message.Message):
     def __init__(self, index: _Optional[int] = ..., utilization_pct: _Optional[float] = ..., memory_used_mib: _Optional[int] = ...) -> None: ...
 
 class RunningTrial(_message.Message):
-    __slots__ = ("trial_id", "gpu_index")
+    __slots__ = ("trial_id", "gpu_index", "peak_memory_mib", "peak_utilization_pct")
     TRIAL_ID_FIELD_NUMBER: _ClassVar[int]
     GPU_INDEX_FIELD_NUMBER: _ClassVar[int]
+    PEAK_MEMORY_MIB_FIELD_NUMBER: _ClassVar[int]
+    PEAK_UTILIZATION_PCT_FIELD_NUMBER: _ClassVar[int]
     trial_id: str
     gpu_index: int
-    def __init__(self, trial_id: _Optional[str] = ..., gpu_index: _Optional[int] = ...) -> None: ...
+    peak_memory_mib: int
+    peak_utilization_pct: float
+    def __init__(self, trial_id: _Optional[str] = ..., gpu_index: _Optional[int] = ..., peak_memory_mib: _Optional[int] = ..., peak_utilization_pct: _Optional[float] = ...) -> None: ...
 
 class Register(_message.Message):
     __slots__ = ("node", "cores", "gpus", "running", "backend", "version")
@@ -320,12 +354,10 @@ class TrialExited(_message.Message):
     peak_memory_mib: int
     def __init__(self, trial_id: _Optional[str] = ..., exit_code: _Optional[int] = ..., log_tail: _Optional[str] = ..., metrics: _Optional[_Mapping[str, float]] = ..., out_of_memory: bool = ..., peak_memory_mib: _Optional[int] = ...) -> None: ...
 
-class ProfileResult(_message.Message):
-    __slots__ = ("key", "arch", "ok", "error", "compute_pct", "memory_mib", "cores", "iter_time_s", "iters_per_epoch", "data_fraction", "source")
+class ProfileRecord(_message.Message):
+    __slots__ = ("key", "arch", "compute_pct", "memory_mib", "cores", "iter_time_s", "iters_per_epoch", "data_fraction", "source", "setup_s", "eval_s_per_epoch", "versions", "measured_at", "observed_memory_mib", "observed_compute_pct", "observed_trials", "corrected")
     KEY_FIELD_NUMBER: _ClassVar[int]
     ARCH_FIELD_NUMBER: _ClassVar[int]
-    OK_FIELD_NUMBER: _ClassVar[int]
-    ERROR_FIELD_NUMBER: _ClassVar[int]
     COMPUTE_PCT_FIELD_NUMBER: _ClassVar[int]
     MEMORY_MIB_FIELD_NUMBER: _ClassVar[int]
     CORES_FIELD_NUMBER: _ClassVar[int]
@@ -333,10 +365,16 @@ class ProfileResult(_message.Message):
     ITERS_PER_EPOCH_FIELD_NUMBER: _ClassVar[int]
     DATA_FRACTION_FIELD_NUMBER: _ClassVar[int]
     SOURCE_FIELD_NUMBER: _ClassVar[int]
+    SETUP_S_FIELD_NUMBER: _ClassVar[int]
+    EVAL_S_PER_EPOCH_FIELD_NUMBER: _ClassVar[int]
+    VERSIONS_FIELD_NUMBER: _ClassVar[int]
+    MEASURED_AT_FIELD_NUMBER: _ClassVar[int]
+    OBSERVED_MEMORY_MIB_FIELD_NUMBER: _ClassVar[int]
+    OBSERVED_COMPUTE_PCT_FIELD_NUMBER: _ClassVar[int]
+    OBSERVED_TRIALS_FIELD_NUMBER: _ClassVar[int]
+    CORRECTED_FIELD_NUMBER: _ClassVar[int]
     key: WorkloadKey
     arch: str
-    ok: bool
-    error: str
     compute_pct: float
     memory_mib: int
     cores: float
@@ -344,7 +382,29 @@ class ProfileResult(_message.Message):
     iters_per_epoch: int
     data_fraction: float
     source: str
-    def __init__(self, key: _Optional[_Union[WorkloadKey, _Mapping]] = ..., arch: _Optional[str] = ..., ok: bool = ..., error: _Optional[str] = ..., compute_pct: _Optional[float] = ..., memory_mib: _Optional[int] = ..., cores: _Optional[float] = ..., iter_time_s: _Optional[float] = ..., iters_per_epoch: _Optional[int] = ..., data_fraction: _Optional[float] = ..., source: _Optional[str] = ...) -> None: ...
+    setup_s: float
+    eval_s_per_epoch: float
+    versions: str
+    measured_at: float
+    observed_memory_mib: int
+    observed_compute_pct: float
+    observed_trials: int
+    corrected: str
+    def __init__(self, key: _Optional[_Union[WorkloadKey, _Mapping]] = ..., arch: _Optional[str] = ..., compute_pct: _Optional[float] = ..., memory_mib: _Optional[int] = ..., cores: _Optional[float] = ..., iter_time_s: _Optional[float] = ..., iters_per_epoch: _Optional[int] = ..., data_fraction: _Optional[float] = ..., source: _Optional[str] = ..., setup_s: _Optional[float] = ..., eval_s_per_epoch: _Optional[float] = ..., versions: _Optional[str] = ..., measured_at: _Optional[float] = ..., observed_memory_mib: _Optional[int] = ..., observed_compute_pct: _Optional[float] = ..., observed_trials: _Optional[int] = ..., corrected: _Optional[str] = ...) -> None: ...
+
+class ProfileResult(_message.Message):
+    __slots__ = ("key", "arch", "ok", "error", "profile")
+    KEY_FIELD_NUMBER: _ClassVar[int]
+    ARCH_FIELD_NUMBER: _ClassVar[int]
+    OK_FIELD_NUMBER: _ClassVar[int]
+    ERROR_FIELD_NUMBER: _ClassVar[int]
+    PROFILE_FIELD_NUMBER: _ClassVar[int]
+    key: WorkloadKey
+    arch: str
+    ok: bool
+    error: str
+    profile: ProfileRecord
+    def __init__(self, key: _Optional[_Union[WorkloadKey, _Mapping]] = ..., arch: _Optional[str] = ..., ok: bool = ..., error: _Optional[str] = ..., profile: _Optional[_Union[ProfileRecord, _Mapping]] = ...) -> None: ...
 
 class AgentMessage(_message.Message):
     __slots__ = ("register", "heartbeat", "started", "metrics", "exited", "profile")

@@ -81,6 +81,16 @@ class SchedulerStub(object):
                 request_serializer=hypersack_dot___proto_dot_v1_dot_hypersack__pb2.DrainNodeRequest.SerializeToString,
                 response_deserializer=hypersack_dot___proto_dot_v1_dot_hypersack__pb2.Node.FromString,
                 _registered_method=True)
+        self.ListProfiles = channel.unary_unary(
+                '/hypersack.v1.Scheduler/ListProfiles',
+                request_serializer=hypersack_dot___proto_dot_v1_dot_hypersack__pb2.ListProfilesRequest.SerializeToString,
+                response_deserializer=hypersack_dot___proto_dot_v1_dot_hypersack__pb2.ListProfilesResponse.FromString,
+                _registered_method=True)
+        self.ImportProfiles = channel.unary_unary(
+                '/hypersack.v1.Scheduler/ImportProfiles',
+                request_serializer=hypersack_dot___proto_dot_v1_dot_hypersack__pb2.ImportProfilesRequest.SerializeToString,
+                response_deserializer=hypersack_dot___proto_dot_v1_dot_hypersack__pb2.ImportProfilesResponse.FromString,
+                _registered_method=True)
 
 
 class SchedulerServicer(object):
@@ -144,6 +154,19 @@ class SchedulerServicer(object):
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ListProfiles(self, request, context):
+        """The history of profiles (the Sampler's measurements and their corrections).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ImportProfiles(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_SchedulerServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -191,6 +214,16 @@ def add_SchedulerServicer_to_server(servicer, server):
                     servicer.DrainNode,
                     request_deserializer=hypersack_dot___proto_dot_v1_dot_hypersack__pb2.DrainNodeRequest.FromString,
                     response_serializer=hypersack_dot___proto_dot_v1_dot_hypersack__pb2.Node.SerializeToString,
+            ),
+            'ListProfiles': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListProfiles,
+                    request_deserializer=hypersack_dot___proto_dot_v1_dot_hypersack__pb2.ListProfilesRequest.FromString,
+                    response_serializer=hypersack_dot___proto_dot_v1_dot_hypersack__pb2.ListProfilesResponse.SerializeToString,
+            ),
+            'ImportProfiles': grpc.unary_unary_rpc_method_handler(
+                    servicer.ImportProfiles,
+                    request_deserializer=hypersack_dot___proto_dot_v1_dot_hypersack__pb2.ImportProfilesRequest.FromString,
+                    response_serializer=hypersack_dot___proto_dot_v1_dot_hypersack__pb2.ImportProfilesResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -438,6 +471,60 @@ class Scheduler(object):
             '/hypersack.v1.Scheduler/DrainNode',
             hypersack_dot___proto_dot_v1_dot_hypersack__pb2.DrainNodeRequest.SerializeToString,
             hypersack_dot___proto_dot_v1_dot_hypersack__pb2.Node.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListProfiles(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/hypersack.v1.Scheduler/ListProfiles',
+            hypersack_dot___proto_dot_v1_dot_hypersack__pb2.ListProfilesRequest.SerializeToString,
+            hypersack_dot___proto_dot_v1_dot_hypersack__pb2.ListProfilesResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ImportProfiles(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/hypersack.v1.Scheduler/ImportProfiles',
+            hypersack_dot___proto_dot_v1_dot_hypersack__pb2.ImportProfilesRequest.SerializeToString,
+            hypersack_dot___proto_dot_v1_dot_hypersack__pb2.ImportProfilesResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -1,0 +1,142 @@
+"""`hypersack profiles`: the Sampler's history, estimated demand against what trials
+showed, and its import and export, on a running server or directly on a database."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from pydantic import ValidationError
+from rich.table import Table
+
+from hypersack.cli.client import Client
+from hypersack.cli.control import add_server_flag, make_console
+from hypersack.core.errors import InvalidInput
+from hypersack.core.types import Profile
+from hypersack.core.validation import format_validation_error
+from hypersack.sampler.profiles import dump_profiles, load_profiles
+from hypersack.server.convert import profile_from_pb, profile_to_pb
+from hypersack.store.sqlite import SqliteStore
+
+
+def add_parser(sub: Any) -> None:
+    p = sub.add_parser(
+        "profiles", help="the profile history: list (estimated vs observed), import, export",
+        description="The Sampler's history: one profile per workload (model, batch size, "
+                    "optimizer, precision, fusion width) and GPU architecture. A listing "
+                    "shows the demand the policy uses next to the largest peaks that trials "
+                    "showed while running (observed), and why a demand was corrected.")
+    p.add_argument("action", nargs="?", choices=["list", "export", "import"], default="list")
+    p.add_argument("file", nargs="?",
+                   help="export: where to write (.yaml or .csv, '-' for stdout); import: the "
+                        "file to read (as `hypersack-server --profiles` reads)")
+    p.add_argument("--model", default="", help="only this model")
+    p.add_argument("--arch", default="", help="only this GPU architecture")
+    p.add_argument("--format", choices=["table", "csv", "yaml", "json"], default="table",
+                   help="list: output format (default table)")
+    p.add_argument("--replace", action="store_true",
+                   help="import: replace profiles the history has (default: keep them)")
+    p.add_argument("--db", type=Path,
+                   help="work on this database directly instead of a server (for example "
+                        ".hypersack/run.db after `hypersack run`); not while a server uses it")
+    add_server_flag(p)
+
+
+def run_profiles(args: argparse.Namespace) -> int:
+    if args.action in ("export", "import") and not args.file:
+        raise InvalidInput(f"profiles {args.action}: give a file")
+    if args.db is not None and not args.db.exists():
+        raise InvalidInput(f"database {str(args.db)!r} does not exist")
+    if args.action == "import":
+        imported = load_profiles(args.file)
+        done, kept = _import(args, imported)
+        print(f"imported {done} profiles from {args.file}"
+              + (f"; kept {kept} the history had (--replace to overwrite)" if kept else ""))
+        return 0
+    profiles = _list(args)
+    if args.action == "export":
+        fmt = "csv" if str(args.file).endswith(".csv") else "yaml"
+        text = dump_profiles(profiles, fmt)
+        if args.file == "-":
+            sys.stdout.write(text)
+        else:
+            Path(args.file).write_text(text)
+            print(f"exported {len(profiles)} profiles to {args.file}")
+        return 0
+    if args.format in ("csv", "yaml"):
+        sys.stdout.write(dump_profiles(profiles, args.format))
+    elif args.format == "json":
+        print(json.dumps([p.model_dump() for p in profiles], indent=2))
+    else:
+        print_profiles(profiles)
+    return 0
+
+
+def _list(args: argparse.Namespace) -> list[Profile]:
+    if args.db is not None:
+        store = SqliteStore(args.db)
+        try:
+            found = [p for p in store.list_profiles()
+                     if (not args.model or p.key.model == args.model)
+                     and (not args.arch or p.arch == args.arch)]
+        finally:
+            store.close()
+        return sorted(found, key=lambda p: (p.key.model, p.key.batch_size, p.key.label(), p.arch))
+    with Client(args.server) as client:
+        out = []
+        for i, msg in enumerate(client.profiles(args.model, args.arch)):
+            try:
+                out.append(profile_from_pb(msg))
+            except ValidationError as exc:
+                raise InvalidInput(format_validation_error(exc, f"server profile {i}")) from None
+        return out
+
+
+def _import(args: argparse.Namespace, profiles: list[Profile]) -> tuple[int, int]:
+    if args.db is not None:
+        store = SqliteStore(args.db)
+        try:
+            known = {(p.key, p.arch) for p in store.list_profiles()}
+            kept = 0
+            for p in profiles:
+                if not args.replace and (p.key, p.arch) in known:
+                    kept += 1
+                else:
+                    store.put_profile(p)
+        finally:
+            store.close()
+        return len(profiles) - kept, kept
+    with Client(args.server) as client:
+        return client.import_profiles([profile_to_pb(p) for p in profiles], args.replace)
+
+
+def print_profiles(profiles: list[Profile]) -> None:
+    console = make_console()
+    if not profiles:
+        console.print("no profiles yet: they are measured when a study first uses a workload")
+        return
+    table = Table(title=f"{len(profiles)} profiles: demand (what the policy packs) vs observed "
+                        "(largest single-trial peak)")
+    for col in ("workload", "arch", "compute %", "obs %", "memory MiB", "obs MiB", "cores",
+                "ms/iter", "data %", "epoch s", "trials", "measured", "corrected"):
+        table.add_column(col, justify="right" if col not in ("workload", "arch", "corrected",
+                                                               "measured") else "left")
+    for p in profiles:
+        d = p.demand
+        over_mem = p.observed_memory_mib > d.memory_mib
+        table.add_row(
+            p.key.label(), p.arch, f"{d.compute_pct:.1f}",
+            f"{p.observed_compute_pct:.1f}" if p.observed_compute_pct else "-",
+            str(d.memory_mib),
+            (f"[red]{p.observed_memory_mib}[/]" if over_mem else str(p.observed_memory_mib))
+            if p.observed_memory_mib else "-",
+            f"{d.cores:g}", f"{p.iter_time_s * 1000:.1f}", f"{100 * p.data_fraction:.0f}",
+            f"{p.epoch_time_s():.1f}", str(p.observed_trials),
+            time.strftime("%Y-%m-%d %H:%M", time.localtime(p.measured_at))
+            if p.measured_at else "estimate",
+            p.corrected or "")
+    console.print(table)
