@@ -79,6 +79,10 @@ def run_embedded(args: argparse.Namespace) -> int:
             if failure:
                 raise HyperSackError(f"the local agent stopped: {failure[0]}")
             print_results(client, study.id, "table", args.top, console)
+            jobs = server.service.stats["profile_jobs"]
+            why = "new workloads measured" if jobs else "the history knew every workload"
+            console.print(f"profile jobs: {jobs} ({why}; `hypersack profiles --db "
+                          f"{state / 'run.db'}` lists the history)")
             failed = last.counts.get("FAILED", 0)
             if failed:
                 console.print(f"[red]{failed} trial(s) failed[/]; see `hypersack logs TRIAL` "

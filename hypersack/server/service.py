@@ -114,7 +114,8 @@ class SchedulerService:
         self.max_study_trials = max_study_trials
         self._stop = threading.Event()
         self._ticker: threading.Thread | None = None
-        self.stats = {"events": 0, "heartbeats": 0, "stale": 0, "batches": 0}
+        self.stats = {"events": 0, "heartbeats": 0, "stale": 0, "batches": 0,
+                      "profile_jobs": 0}
         self._inbox: queue.Queue[tuple[AgentSession, pb.AgentMessage]] = queue.Queue()
         self._worker: threading.Thread | None = None
 
@@ -177,6 +178,7 @@ class SchedulerService:
         if isinstance(c, KillTrial):
             return pb.ServerMessage(kill=pb.KillTrial(trial_id=c.trial_id, reason=c.reason))
         assert isinstance(c, ProfileWorkload)
+        self.stats["profile_jobs"] += 1
         # Profile with a representative trial of that workload: its program and parameters.
         sample = next((t for t in self.orch.trials() if t.key == c.key
                        and t.state in (TrialState.PENDING, TrialState.PROFILING)), None)

@@ -85,7 +85,8 @@ def test_run_on_cpu_profiles_once_then_remembers(tmp_path: Path,
                      "lr: [0.01, 0.03]}\nsettings: {epochs: 1}\n")
     state = tmp_path / "st"
     assert main(["run", str(space), "--backend", "cpu", "--state-dir", str(state)]) == 0
-    assert "q-1: COMPLETED, completed 2" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "q-1: COMPLETED, completed 2" in out and "profile jobs: 1 " in out
     store = SqliteStore(state / "run.db")
     (profile,) = store.list_profiles()
     store.close()
@@ -95,7 +96,58 @@ def test_run_on_cpu_profiles_once_then_remembers(tmp_path: Path,
     assert "numpy=" in profile.versions and "kernel=" in profile.versions
     assert profile.measured_at > 0 and profile.setup_s > 0
     assert main(["run", str(space), "--backend", "cpu", "--state-dir", str(state)]) == 0
-    assert "q-2: COMPLETED, completed 2" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "q-2: COMPLETED, completed 2" in out and "profile jobs: 0 " in out
     store = SqliteStore(state / "run.db")
     assert store.list_profiles() == [profile]  # not profiled again
     store.close()
+
+
+def test_profiles_list_export_import_and_observed_feedback(
+        server: HyperSackServer, tmp_path: Path,  # noqa: F811
+        capsys: pytest.CaptureFixture[str]) -> None:
+    s = ["--server", server.address]
+    assert main(["profiles", "--model", "resnet18", "--arch", "A100", "--format", "csv", *s]) == 0
+    rows = list(csv.DictReader(io.StringIO(capsys.readouterr().out)))
+    assert [int(r["batch_size"]) for r in rows] == [64, 128, 256, 512]
+    assert rows[0]["source"] == "estimate" and rows[0]["memory_mib"] == "1500"
+    out = tmp_path / "r18.yaml"
+    assert main(["profiles", "export", str(out), "--model", "resnet18", "--arch", "A100",
+                 *s]) == 0
+    assert "exported 4 profiles" in capsys.readouterr().out
+    out.write_text(out.read_text().replace("memory_mib: 1500,", "memory_mib: 1600,"))
+    assert main(["profiles", "import", str(out), *s]) == 0
+    assert "imported 0 profiles" in capsys.readouterr().out  # kept 4: the history wins
+    assert main(["profiles", "import", str(out), "--replace", *s]) == 0
+    assert "imported 4 profiles" in capsys.readouterr().out
+    # A running trial that uses more memory than its profile corrects the history.
+    agent = RawAgent(server.address)
+    agent.register("n1")
+    space = tmp_path / "tiny.yaml"
+    space.write_text(SLEEP_SPACE.replace("batch_size: [64, 128]", "batch_size: [64]"))
+    assert main(["submit", str(space), *s]) == 0
+    launch = agent.launches(1)[0]
+    assert launch.memory_mib == 1600
+    agent.send(pb.AgentMessage(heartbeat=pb.Heartbeat(running=[pb.RunningTrial(
+        trial_id=launch.trial_id, gpu_index=0, peak_memory_mib=2000,
+        peak_utilization_pct=30.0)])))
+    from hypersack.cli.client import Client
+    from tests.unit.test_server import _wait
+
+    with Client(server.address) as c:
+        _wait(lambda: c.profiles("resnet18", "A100")[0].observed_memory_mib == 2000)
+    capsys.readouterr()
+    assert main(["profiles", "--model", "resnet18", "--arch", "A100", "--format", "json",
+                 *s]) == 0
+    first = json.loads(capsys.readouterr().out)[0]
+    assert first["demand"]["memory_mib"] == 2100 and "used 2000 MiB" in first["corrected"]
+    assert main(["profiles", *s]) == 0
+    table = capsys.readouterr().out
+    assert "observed" in table and "2100" in table
+    agent.close()
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("profiles:\n- {model: resnet18, batch_size: 0, arch: A100}\n")
+    assert main(["profiles", "import", str(bad), *s]) == 2
+    assert "profiles.0" in capsys.readouterr().err
+    assert main(["profiles", "export", *s]) == 2
+    assert "profiles export: give a file" in capsys.readouterr().err
