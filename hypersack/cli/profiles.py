@@ -10,15 +10,18 @@ import time
 from pathlib import Path
 from typing import Any
 
-from pydantic import ValidationError
 from rich.table import Table
 
 from hypersack.cli.client import Client
 from hypersack.cli.control import add_server_flag, make_console
 from hypersack.core.errors import InvalidInput
 from hypersack.core.types import Profile
-from hypersack.core.validation import format_validation_error
-from hypersack.sampler.profiles import dump_profiles, load_profiles
+from hypersack.sampler.profiles import (
+    dump_profiles,
+    load_profiles,
+    select_profiles,
+    to_import,
+)
 from hypersack.server.convert import profile_from_pb, profile_to_pb
 from hypersack.store.sqlite import SqliteStore
 
@@ -80,38 +83,28 @@ def _list(args: argparse.Namespace) -> list[Profile]:
     if args.db is not None:
         store = SqliteStore(args.db)
         try:
-            found = [p for p in store.list_profiles()
-                     if (not args.model or p.key.model == args.model)
-                     and (not args.arch or p.arch == args.arch)]
+            return select_profiles(store.list_profiles(), args.model, args.arch)
         finally:
             store.close()
-        return sorted(found, key=lambda p: (p.key.model, p.key.batch_size, p.key.label(), p.arch))
     with Client(args.server) as client:
-        out = []
-        for i, msg in enumerate(client.profiles(args.model, args.arch)):
-            try:
-                out.append(profile_from_pb(msg))
-            except ValidationError as exc:
-                raise InvalidInput(format_validation_error(exc, f"server profile {i}")) from None
-        return out
+        return [profile_from_pb(msg, where=f"server profile {i}")
+                for i, msg in enumerate(client.profiles(args.model, args.arch))]
 
 
 def _import(args: argparse.Namespace, profiles: list[Profile]) -> tuple[int, int]:
-    if args.db is not None:
-        store = SqliteStore(args.db)
-        try:
-            known = {(p.key, p.arch) for p in store.list_profiles()}
-            kept = 0
-            for p in profiles:
-                if not args.replace and (p.key, p.arch) in known:
-                    kept += 1
-                else:
-                    store.put_profile(p)
-        finally:
-            store.close()
-        return len(profiles) - kept, kept
-    with Client(args.server) as client:
-        return client.import_profiles([profile_to_pb(p) for p in profiles], args.replace)
+    if args.db is None:
+        with Client(args.server) as client:
+            return client.import_profiles([profile_to_pb(p) for p in profiles], args.replace)
+    store = SqliteStore(args.db)
+    try:
+        known = {(p.key, p.arch) for p in store.list_profiles()}
+        new = to_import(profiles, known, args.replace)
+        with store.transaction():
+            for p in new:
+                store.put_profile(p)
+    finally:
+        store.close()
+    return len(new), len(profiles) - len(new)
 
 
 def print_profiles(profiles: list[Profile]) -> None:

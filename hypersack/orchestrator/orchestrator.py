@@ -62,7 +62,7 @@ from hypersack.policies.base import (
     core_units,
 )
 from hypersack.policies.registry import make_policy
-from hypersack.sampler.profiles import demand_with_override
+from hypersack.sampler.profiles import demand_with_override, to_import
 from hypersack.store.base import Store
 
 log = logging.getLogger(__name__)
@@ -489,12 +489,10 @@ class Orchestrator:
         return self._schedule()
 
     def _on_imported(self, event: ProfilesImported) -> list[Command]:
-        for p in event.profiles:
-            slot = (p.key, p.arch)
-            if event.replace or slot not in self._profiles:
-                self._profiles[slot] = p
-                self._profile_failed.pop(slot, None)
-                self._store.put_profile(p)
+        for p in to_import(event.profiles, self._profiles, event.replace):
+            self._profiles[p.key, p.arch] = p
+            self._profile_failed.pop((p.key, p.arch), None)
+            self._store.put_profile(p)
         self._needs_cache.clear()
         return self._schedule()
 
@@ -510,12 +508,12 @@ class Orchestrator:
         """Keep a running trial's observed peaks; correct its profile when they exceed it."""
         if r.peak_memory_mib <= 0 and r.peak_utilization_pct <= 0:
             return
-        _, memory, util = self._observed.get(t.id, (gpu.arch, 0, 0.0))
-        memory, util = max(memory, r.peak_memory_mib), max(util, r.peak_utilization_pct)
-        if (gpu.arch, memory, util) == self._observed.get(t.id):
-            return
-        self._observed[t.id] = (gpu.arch, memory, util)
-        self._feedback(t.key, gpu.arch, memory, util, t.id)
+        before = self._observed.get(t.id)
+        _, memory, util = before or (gpu.arch, 0, 0.0)
+        peaks = (gpu.arch, max(memory, r.peak_memory_mib), max(util, r.peak_utilization_pct))
+        if peaks != before:
+            self._observed[t.id] = peaks
+            self._feedback(t.key, *peaks, t.id)
 
     def _feedback(self, key: WorkloadKey, arch: str, memory_mib: int, util_pct: float,
                   trial_id: str, *, count: bool = False, oom_at: int | None = None) -> None:

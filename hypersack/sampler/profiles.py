@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import csv
 import io
-from collections.abc import Iterable
+from collections.abc import Container, Iterable
 from pathlib import Path
 from typing import Any
 
@@ -19,7 +19,7 @@ COLUMNS = ("model", "batch_size", "optimizer", "precision", "fusion_width", "arc
            "compute_pct", "memory_mib", "cores", "iter_time_s", "iters_per_epoch",
            "data_fraction", "source", "setup_s", "eval_s_per_epoch", "versions", "measured_at",
            "observed_memory_mib", "observed_compute_pct", "observed_trials", "corrected")
-_KEY = ("model", "batch_size", "optimizer", "precision", "fusion_width")
+KEY_COLUMNS = ("model", "batch_size", "optimizer", "precision", "fusion_width")
 _DEMAND = ("compute_pct", "memory_mib", "cores")
 
 
@@ -30,9 +30,9 @@ def profile_from_row(row: dict[str, Any], *, where: str) -> Profile:
     data = {k: v for k, v in row.items() if v not in (None, "")}
     try:
         return Profile.model_validate({
-            "key": {k: data[k] for k in _KEY if k in data},
+            "key": {k: data[k] for k in KEY_COLUMNS if k in data},
             "demand": {k: data[k] for k in _DEMAND if k in data},
-            **{k: v for k, v in data.items() if k not in _KEY and k not in _DEMAND},
+            **{k: v for k, v in data.items() if k not in KEY_COLUMNS and k not in _DEMAND},
         })
     except ValidationError as exc:
         raise InvalidInput(format_validation_error(exc, where)) from None
@@ -62,16 +62,37 @@ def load_profiles(path: str | Path) -> list[Profile]:
             raise InvalidInput(f"{p}: expected a mapping with a 'profiles' list")
         rows = data["profiles"]
     profiles = []
-    seen: set[tuple[WorkloadKey, str]] = set()
     for i, row in enumerate(rows):
         if not isinstance(row, dict):
             raise InvalidInput(f"{p}: profiles.{i}: expected a mapping")
-        prof = profile_from_row(row, where=f"{p}: profiles.{i}")
-        if (prof.key, prof.arch) in seen:
-            raise InvalidInput(f"{p}: profiles.{i}: {prof.key.label()} on {prof.arch} given twice")
-        seen.add((prof.key, prof.arch))
-        profiles.append(prof)
+        profiles.append(profile_from_row(row, where=f"{p}: profiles.{i}"))
+    reject_repeats(profiles, f"{p}: ")
     return profiles
+
+
+def reject_repeats(profiles: Iterable[Profile], where: str = "") -> None:
+    """A workload given twice for one architecture is an error (which one would win?)."""
+    seen: set[tuple[WorkloadKey, str]] = set()
+    for i, prof in enumerate(profiles):
+        if (prof.key, prof.arch) in seen:
+            raise InvalidInput(f"{where}profiles.{i}: {prof.key.label()} on {prof.arch} "
+                               "given twice")
+        seen.add((prof.key, prof.arch))
+
+
+def to_import(profiles: Iterable[Profile], known: Container[tuple[WorkloadKey, str]],
+              replace: bool) -> list[Profile]:
+    """What an import writes: every profile with `replace`, else those the history lacks
+    (a measured history wins over a file)."""
+    return [p for p in profiles if replace or (p.key, p.arch) not in known]
+
+
+def select_profiles(profiles: Iterable[Profile], model: str = "", arch: str = ""
+                    ) -> list[Profile]:
+    """The profiles of one model and/or architecture ("" for all), in listing order."""
+    return sorted((p for p in profiles if (not model or p.key.model == model)
+                   and (not arch or p.arch == arch)),
+                  key=lambda p: (p.key.model, p.key.batch_size, p.key.label(), p.arch))
 
 
 def dump_profiles(profiles: Iterable[Profile], fmt: str = "yaml") -> str:

@@ -21,7 +21,7 @@ from hypersack.core.clock import Clock
 from hypersack.core.errors import HyperSackError, InvalidInput
 from hypersack.orchestrator import OrchestratorConfig
 from hypersack.policies.registry import policy_names
-from hypersack.sampler.profiles import load_profiles
+from hypersack.sampler.profiles import load_profiles, to_import
 from hypersack.server.service import SchedulerService
 from hypersack.server.servicers import AgentLinkServicer, SchedulerServicer
 from hypersack.server.settings import ServerSettings, load_settings
@@ -46,9 +46,8 @@ class HyperSackServer:
         known = {(p.key, p.arch) for p in self.store.list_profiles()}
         for path in settings.profiles:
             with self.store.transaction():
-                for p in load_profiles(path):
-                    if (p.key, p.arch) not in known:  # measured history wins over a file
-                        self.store.put_profile(p)
+                for p in to_import(load_profiles(path), known, replace=False):
+                    self.store.put_profile(p)
         config = OrchestratorConfig(oversubscription=dict(settings.oversubscription),
                                     default_ratio=settings.default_ratio,
                                     heartbeat_timeout_s=settings.heartbeat_timeout_s,

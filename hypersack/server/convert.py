@@ -16,6 +16,7 @@ from hypersack.core.types import (
     WorkloadKey,
 )
 from hypersack.grid.space import Objective, Program
+from hypersack.sampler.profiles import COLUMNS, KEY_COLUMNS, profile_from_row, profile_to_row
 
 MAX_METRICS = 64
 MAX_METRIC_NAME = 64
@@ -32,25 +33,22 @@ def key_from_pb(msg: pb.WorkloadKey) -> WorkloadKey:
                        precision=msg.precision or "fp32", fusion_width=msg.fusion_width or 1)
 
 
-_PROFILE_SCALARS = ("iter_time_s", "iters_per_epoch", "data_fraction", "source", "setup_s",
-                    "eval_s_per_epoch", "versions", "measured_at", "observed_memory_mib",
-                    "observed_compute_pct", "observed_trials", "corrected")
+_RECORD_COLUMNS = tuple(c for c in COLUMNS if c not in KEY_COLUMNS)
 
 
 def profile_to_pb(p: Profile) -> pb.ProfileRecord:
-    return pb.ProfileRecord(key=key_to_pb(p.key), arch=p.arch, compute_pct=p.demand.compute_pct,
-                            memory_mib=p.demand.memory_mib, cores=p.demand.cores,
-                            **{k: getattr(p, k) for k in _PROFILE_SCALARS})
+    row = profile_to_row(p)
+    return pb.ProfileRecord(key=key_to_pb(p.key), **{c: row[c] for c in _RECORD_COLUMNS})
 
 
-def profile_from_pb(msg: pb.ProfileRecord, default_source: str = "") -> Profile:
-    """Raises pydantic.ValidationError for a malformed record."""
-    return Profile.model_validate({
-        "key": key_from_pb(msg.key), "arch": msg.arch,
-        "demand": {"compute_pct": msg.compute_pct, "memory_mib": msg.memory_mib,
-                   "cores": msg.cores},
-        **{k: getattr(msg, k) for k in _PROFILE_SCALARS},
-        "source": msg.source or default_source})
+def profile_from_pb(msg: pb.ProfileRecord, *, where: str, default_source: str = "") -> Profile:
+    """A profile record as a profile file's row; raises InvalidInput if malformed."""
+    k = msg.key
+    row = {"model": k.model, "batch_size": k.batch_size, "optimizer": k.optimizer,
+           "precision": k.precision, "fusion_width": k.fusion_width or None,
+           **{c: getattr(msg, c) for c in _RECORD_COLUMNS}}
+    row["source"] = msg.source or default_source
+    return profile_from_row(row, where=where)
 
 
 def program_to_pb(program: Program) -> pb.Program:

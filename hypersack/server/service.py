@@ -51,6 +51,7 @@ from hypersack.orchestrator.events import (
 from hypersack.runner.datasets import dataset_for
 from hypersack.runner.options import parse_train_options
 from hypersack.runner.sdk import OOM_EXIT_CODE
+from hypersack.sampler.profiles import select_profiles, to_import
 from hypersack.server.convert import (
     LOG_TAIL_CHARS,
     clean_metrics,
@@ -221,17 +222,15 @@ class SchedulerService:
 
     def profiles(self, model: str = "", arch: str = "") -> list[Profile]:
         with self._lock:
-            return sorted((p for p in self.orch.profiles()
-                           if (not model or p.key.model == model) and (not arch or p.arch == arch)),
-                          key=lambda p: (p.key.model, p.key.batch_size, p.key.label(), p.arch))
+            return select_profiles(self.orch.profiles(), model, arch)
 
     def import_profiles(self, profiles: list[Profile], replace: bool) -> tuple[int, int]:
         """(imported, kept): kept ones were in the history already and not replaced."""
         with self._lock:
             known = {(p.key, p.arch) for p in self.orch.profiles()}
-            kept = 0 if replace else sum((p.key, p.arch) in known for p in profiles)
+            imported = len(to_import(profiles, known, replace))
             self._apply(ProfilesImported(tuple(profiles), replace))
-            return len(profiles) - kept, kept
+            return imported, len(profiles) - imported
 
     def counts(self, study_id: str) -> dict[str, int]:
         with self._lock:
@@ -388,10 +387,10 @@ class SchedulerService:
         if not p.ok:
             return ProfileFailed(key, p.arch, node, p.error[-LOG_TAIL_CHARS:] or "failed")
         try:
-            profile = profile_from_pb(p.profile, default_source=f"measured on {node}")
-        except ValidationError as exc:
-            return ProfileFailed(key, p.arch, node,
-                                 "invalid measurement: " + format_validation_error(exc, "profile"))
+            profile = profile_from_pb(p.profile, where="profile",
+                                      default_source=f"measured on {node}")
+        except InvalidInput as exc:
+            return ProfileFailed(key, p.arch, node, f"invalid measurement: {exc}")
         if profile.key != key or profile.arch != p.arch:
             return ProfileFailed(key, p.arch, node, "invalid measurement: it names another "
                                  f"workload ({profile.key.label()} on {profile.arch})")

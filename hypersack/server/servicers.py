@@ -10,13 +10,12 @@ from functools import wraps
 from typing import Any, TypeVar
 
 import grpc
-from pydantic import ValidationError
 
 from hypersack._proto.v1 import hypersack_pb2 as pb
 from hypersack._proto.v1 import hypersack_pb2_grpc as pb_grpc
 from hypersack.core.errors import AlreadyExists, HyperSackError, InvalidInput, NotFound
 from hypersack.core.types import StudyRecord
-from hypersack.core.validation import format_validation_error
+from hypersack.sampler.profiles import reject_repeats
 from hypersack.server.convert import profile_from_pb, profile_to_pb, study_to_pb, trial_to_pb
 from hypersack.server.service import AgentSession, SchedulerService, Snapshot
 
@@ -132,17 +131,9 @@ class SchedulerServicer(pb_grpc.SchedulerServicer):
     @translated
     def ImportProfiles(self, request: pb.ImportProfilesRequest, context: grpc.ServicerContext
                        ) -> pb.ImportProfilesResponse:
-        profiles = []
-        seen = set()
-        for i, msg in enumerate(request.profiles):
-            try:
-                p = profile_from_pb(msg, default_source="imported")
-            except ValidationError as exc:
-                raise InvalidInput(format_validation_error(exc, f"profiles.{i}")) from None
-            if (p.key, p.arch) in seen:
-                raise InvalidInput(f"profiles.{i}: {p.key.label()} on {p.arch} given twice")
-            seen.add((p.key, p.arch))
-            profiles.append(p)
+        profiles = [profile_from_pb(msg, where=f"profiles.{i}", default_source="imported")
+                    for i, msg in enumerate(request.profiles)]
+        reject_repeats(profiles)
         imported, kept = self._s.import_profiles(profiles, request.replace)
         return pb.ImportProfilesResponse(imported=imported, kept=kept)
 
