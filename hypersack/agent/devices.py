@@ -76,8 +76,12 @@ class DeviceBackend(ABC):
     def demand(self, device: GpuSpec, measured: Measured) -> tuple[float, int, float]:
         """(compute %, memory MiB, cores) of a profile run; floors keep demands positive."""
         compute = min(100.0, max(1.0, 100.0 * measured.cpu_cores))
-        return (round(compute, 2), max(1, round(measured.peak_rss_mib)),
-                round(min(self.cores(), max(0.01, measured.cpu_cores)), 3))
+        return (round(compute, 2), max(1, round(measured.peak_rss_mib)), self.cores_of(measured))
+
+    def cores_of(self, measured: Measured) -> float:
+        """The cores a profile run used, at most the node's (a short run's CPU time can
+        read a little more than wall time times cores, and such a demand never fits)."""
+        return round(min(self.cores(), max(0.01, measured.cpu_cores)), 3)
 
 
 def _usable_cores() -> float:
@@ -136,8 +140,7 @@ class CpuBackend(DeviceBackend):
 
     def demand(self, device: GpuSpec, measured: Measured) -> tuple[float, int, float]:
         compute = min(100.0, max(1.0, 100.0 * measured.cpu_cores / self.cores()))
-        return (round(compute, 2), max(1, round(measured.peak_rss_mib)),
-                round(min(self.cores(), max(0.01, measured.cpu_cores)), 3))
+        return (round(compute, 2), max(1, round(measured.peak_rss_mib)), self.cores_of(measured))
 
 
 class FakeBackend(DeviceBackend):

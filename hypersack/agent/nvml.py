@@ -149,5 +149,4 @@ class NvmlBackend(DeviceBackend):
         busy = utils[len(utils) // 5:] or utils  # skip start-up
         compute = sum(busy) / len(busy) if busy else 1.0
         memory = max(mems, default=0)
-        return (round(max(1.0, compute), 2), max(1, memory),
-                round(min(self.cores(), max(0.01, measured.cpu_cores)), 3))
+        return (round(max(1.0, compute), 2), max(1, memory), self.cores_of(measured))

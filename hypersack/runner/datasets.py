@@ -77,7 +77,7 @@ def load(model: str, opts: TrainOptions, vocab: int = 0) -> Data:
     info = MODELS[model]
     name = dataset_for(model, opts)
     if name == "synthetic":
-        return synthetic(info.dataset, opts, vocab)
+        return synthetic(info.dataset, info.samples_per_epoch, opts, vocab)
     if name == "cifar10":
         data = cifar10(opts.data_path())
     elif name == "imdb":
@@ -200,11 +200,11 @@ def digits() -> Data:
                 Split(x[val], y[val], len(val)))
 
 
-def synthetic(like: str, opts: TrainOptions, vocab: int) -> Data:
+def synthetic(like: str, full: int, opts: TrainOptions, vocab: int) -> Data:
     """Random samples of `like`'s shapes; the label is a function of the input, so a
-    model can learn it. Sizes are the real dataset's unless the options cap them."""
+    model can learn it. Sizes are the real dataset's (`full` training samples) unless
+    the options cap them."""
     rng = np.random.default_rng(opts.seed + 12345)
-    full = MODELS[next(m for m, i in MODELS.items() if i.dataset == like)].samples_per_epoch
     n_train = opts.train_samples or full
     n_val = opts.val_samples or max(1, n_train // 5)
     x: np.ndarray
