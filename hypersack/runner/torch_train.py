@@ -27,6 +27,7 @@ from torch import Tensor, nn
 from hypersack import __version__
 from hypersack.core.errors import InvalidInput
 from hypersack.runner import datasets, sdk, zoo
+from hypersack.runner.loop import Epochs
 from hypersack.runner.options import TrainOptions
 
 PRECISIONS = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}
@@ -106,10 +107,8 @@ def train(model_name: str, params: dict[str, Any], epochs: float, opts: TrainOpt
     batch = int(params.get("batch_size", 64))
     train_b = Batches(data, data.train, device, opts.augment, opts.seed)
     val_b = Batches(data, data.val, device, False, opts.seed)
-    iters_per_epoch = math.ceil(data.train.size / batch)
-    # A profile run goes on until the SDK has timed enough iterations.
-    total = max(1, round(epochs * iters_per_epoch), sdk.profile_iterations())
-    profiling = sdk.profiling()
+    ep = Epochs(data.train.size, batch, epochs, np.random.default_rng(opts.seed))
+    profiling = ep.profiling
     sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
 
     def autocast() -> Any:
@@ -144,17 +143,10 @@ def train(model_name: str, params: dict[str, Any], epochs: float, opts: TrainOpt
                                  versions=versions(device))
         model.train()
         loss = math.inf
-        order = np.arange(data.train.size)
-        rng = np.random.default_rng(opts.seed)
-        epoch_loss = torch.zeros((), device=device)
-        steps = 0
-        data_s = compute_s = 0.0
-        for i in range(total):
+        epoch_loss = torch.zeros((), device=device)  # summed on the device: no sync per step
+        for i in range(ep.total):
             t0 = time.perf_counter()
-            pos = (i % iters_per_epoch) * batch
-            if pos == 0:
-                order = rng.permutation(data.train.size)
-            x, y = train_b.get(order[pos:pos + batch])
+            x, y = train_b.get(ep.indices(i))
             if profiling:
                 sync()
             t1 = time.perf_counter()
@@ -166,29 +158,14 @@ def train(model_name: str, params: dict[str, Any], epochs: float, opts: TrainOpt
             scaler.step(optimizer)
             scaler.update()
             epoch_loss += batch_loss.detach()
-            steps += 1
             if profiling:
                 sync()
-            t2 = time.perf_counter()
-            data_s += t1 - t0
-            compute_s += t2 - t1
-            sdk.iteration(data_s=t1 - t0, iters_per_epoch=iters_per_epoch)
-            if not profiling and ((i + 1) % iters_per_epoch == 0 or i + 1 == total):
-                epoch = math.ceil((i + 1) / iters_per_epoch)
-                train_loss = float(epoch_loss) / steps
+            epoch = ep.done(i, t1 - t0, time.perf_counter() - t1)
+            if epoch is not None:
+                train_loss = float(epoch_loss) / ep.steps
                 loss, acc = evaluate()
-                spent = data_s + compute_s
-                sdk.report(step=epoch, loss=sdk.finite(loss), accuracy=acc,
-                           train_loss=sdk.finite(train_loss), epoch=epoch,
-                           iter_time_s=spent / steps,
-                           data_fraction=data_s / spent if spent > 0 else 0.0)
-                print(f"epoch {epoch}: loss {loss:.4f} accuracy {acc:.4f} train_loss "
-                      f"{train_loss:.4f} ({spent / steps * 1000:.1f} ms/iteration, "
-                      f"{100 * data_s / max(spent, 1e-9):.0f} % loading data)", flush=True)
                 epoch_loss.zero_()
-                steps, data_s, compute_s = 0, 0.0, 0.0
-                if not math.isfinite(loss) or not math.isfinite(train_loss):
-                    print("diverged; stopping", flush=True)
+                if not ep.report(epoch, loss, acc, train_loss):
                     break
     except torch.OutOfMemoryError:
         sdk.out_of_memory(f"out of memory: {model_name} at batch size {batch} on {device}")

@@ -24,6 +24,7 @@ from hypersack import __version__
 from hypersack.core.catalog import MODELS
 from hypersack.core.errors import HyperSackError
 from hypersack.runner import datasets, sdk
+from hypersack.runner.loop import Epochs
 from hypersack.runner.options import TrainOptions, parse_train_options
 
 
@@ -54,24 +55,15 @@ def train_mlp(params: dict[str, Any], epochs: float, opts: TrainOptions) -> floa
         loss = -np.log(p[np.arange(len(data.val.y)), data.val.y] + 1e-12).mean()
         return float(loss), float((p.argmax(axis=1) == data.val.y).mean())
 
-    n = data.train.size
-    profiling = sdk.profiling()
-    iters_per_epoch = math.ceil(n / batch)
-    # A profile run goes on until the SDK has timed enough iterations.
-    total = max(1, round(epochs * iters_per_epoch), sdk.profile_iterations())
+    ep = Epochs(data.train.size, batch, epochs, rng)
     loss = math.inf
-    order = np.arange(n)
-    train_losses: list[float] = []
-    data_s = compute_s = 0.0
-    for i in range(total):
+    loss_sum = 0.0
+    for i in range(ep.total):
         t0 = time.perf_counter()
-        pos = (i % iters_per_epoch) * batch
-        if pos == 0:
-            order = rng.permutation(n)
-        x, y = data.train.batch(order[pos:pos + batch])
+        x, y = data.train.batch(ep.indices(i))
         t1 = time.perf_counter()
         h, p = forward(x)
-        train_losses.append(float(-np.log(p[np.arange(len(y)), y] + 1e-12).mean()))
+        loss_sum += float(-np.log(p[np.arange(len(y)), y] + 1e-12).mean())
         dz = p
         dz[np.arange(len(y)), y] -= 1
         dz /= len(y)
@@ -81,24 +73,12 @@ def train_mlp(params: dict[str, Any], epochs: float, opts: TrainOptions) -> floa
             v *= momentum
             v += g + decay * w
             w -= lr * v
-        t2 = time.perf_counter()
-        data_s += t1 - t0
-        compute_s += t2 - t1
-        sdk.iteration(data_s=t1 - t0, iters_per_epoch=iters_per_epoch)
-        if not profiling and ((i + 1) % iters_per_epoch == 0 or i + 1 == total):
-            epoch = math.ceil((i + 1) / iters_per_epoch)
+        epoch = ep.done(i, t1 - t0, time.perf_counter() - t1)
+        if epoch is not None:
+            train_loss = loss_sum / ep.steps
             loss, acc = evaluate()
-            train_loss = sum(train_losses) / len(train_losses)
-            spent = data_s + compute_s
-            sdk.report(step=epoch, loss=sdk.finite(loss), accuracy=acc,
-                       train_loss=sdk.finite(train_loss), epoch=epoch,
-                       iter_time_s=spent / len(train_losses),
-                       data_fraction=data_s / spent if spent > 0 else 0.0)
-            print(f"epoch {epoch}: loss {loss:.4f} accuracy {acc:.4f} "
-                  f"train_loss {train_loss:.4f}", flush=True)
-            train_losses, data_s, compute_s = [], 0.0, 0.0
-            if not math.isfinite(loss) or not math.isfinite(train_loss):
-                print("diverged; stopping", flush=True)
+            loss_sum = 0.0
+            if not ep.report(epoch, loss, acc, train_loss):
                 break
     return loss
 
