@@ -83,7 +83,17 @@ class _ShuffleBlock(nn.Module):
         return self.shuffle(out)
 
 
-class ShuffleNetV2(nn.Module):
+class _PooledCNN(nn.Module):
+    """A CNN body (`features`), global average pooling, and a linear `head`."""
+
+    features: nn.Sequential
+    head: nn.Linear
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.head(F.adaptive_avg_pool2d(self.features(x), 1).flatten(1))
+
+
+class ShuffleNetV2(_PooledCNN):
     def __init__(self, classes: int = 10) -> None:
         super().__init__()
         widths, repeats = (116, 232, 464), (4, 8, 4)
@@ -95,9 +105,6 @@ class ShuffleNetV2(nn.Module):
         layers.append(_conv_bn(cin, 1024, 1))
         self.features = nn.Sequential(*layers)
         self.head = nn.Linear(1024, classes)
-
-    def forward(self, x: Tensor) -> Tensor:
-        return self.head(F.adaptive_avg_pool2d(self.features(x), 1).flatten(1))
 
 
 class _Inverted(nn.Module):
@@ -116,7 +123,7 @@ class _Inverted(nn.Module):
         return x + out if self.residual else out
 
 
-class MobileNetV2(nn.Module):
+class MobileNetV2(_PooledCNN):
     # (expansion, channels, blocks, stride); strides of the first two stages are 1 for 32x32
     CFG = ((1, 16, 1, 1), (6, 24, 2, 1), (6, 32, 3, 2), (6, 64, 4, 2), (6, 96, 3, 1),
            (6, 160, 3, 2), (6, 320, 1, 1))
@@ -133,9 +140,6 @@ class MobileNetV2(nn.Module):
         self.features = nn.Sequential(*layers)
         self.head = nn.Linear(1280, classes)
 
-    def forward(self, x: Tensor) -> Tensor:
-        return self.head(F.adaptive_avg_pool2d(self.features(x), 1).flatten(1))
-
 
 class _Basic(nn.Module):
     def __init__(self, cin: int, cout: int, stride: int) -> None:
@@ -149,7 +153,7 @@ class _Basic(nn.Module):
         return F.relu(self.body(x) + self.short(x))
 
 
-class ResNet(nn.Module):
+class ResNet(_PooledCNN):
     def __init__(self, blocks: tuple[int, int, int, int], classes: int = 10) -> None:
         super().__init__()
         layers: list[nn.Module] = [_conv_bn(3, 64, 3)]
@@ -160,9 +164,6 @@ class ResNet(nn.Module):
                 cin = w
         self.features = nn.Sequential(*layers)
         self.head = nn.Linear(512, classes)
-
-    def forward(self, x: Tensor) -> Tensor:
-        return self.head(F.adaptive_avg_pool2d(self.features(x), 1).flatten(1))
 
 
 # ------------------------------------------------------------------ vision transformers
