@@ -99,8 +99,15 @@ def test_run_on_cpu_profiles_once_then_remembers(tmp_path: Path,
     out = capsys.readouterr().out
     assert "q-2: COMPLETED, completed 2" in out and "profile jobs: 0 " in out
     store = SqliteStore(state / "run.db")
-    assert store.list_profiles() == [profile]  # not profiled again
+    (again,) = store.list_profiles()
     store.close()
+    # Not profiled again: the measurement is the same one. Feedback from the trials that
+    # ran may legitimately add observed peaks (and raise the demand), so compare only
+    # what a new profile would change.
+    measured = ("key", "arch", "iter_time_s", "iters_per_epoch", "setup_s", "measured_at",
+                "source", "versions", "data_fraction", "eval_s_per_epoch")
+    assert {f: getattr(again, f) for f in measured} == {f: getattr(profile, f) for f in measured}
+    assert again.observed_trials >= profile.observed_trials
 
 
 def test_profiles_list_export_import_and_observed_feedback(
