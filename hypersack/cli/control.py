@@ -20,6 +20,7 @@ from rich.table import Table
 from hypersack._proto.v1 import hypersack_pb2 as pb
 from hypersack.cli.client import Client, params_of
 from hypersack.core.errors import InvalidInput
+from hypersack.core.files import read_text_file
 
 DEFAULT_SERVER = "127.0.0.1:50051"
 STATE_STYLE = {"PENDING": "dim", "PROFILING": "cyan", "RUNNING": "yellow",
@@ -108,7 +109,7 @@ def _submit(client: Client, args: argparse.Namespace, console: Console) -> int:
     path = Path(args.space)
     if not path.exists():
         raise InvalidInput(f"search space file {args.space!r} does not exist")
-    study = client.submit(path.read_text(), str(path))
+    study = client.submit(read_text_file(path, "search space file"), str(path))
     console.print(f"submitted {study.id}: {sum(study.counts.values())} trials")
     if args.watch:
         watch(client, study.id, console)

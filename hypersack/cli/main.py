@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from hypersack import __version__
+from hypersack.core.bounds import MAX_RATIO, is_name
 from hypersack.core.errors import HyperSackError, InvalidInput
 
 EXIT_INPUT = 2
@@ -25,9 +26,9 @@ def parse_ratios(pairs: Sequence[str]) -> dict[str, float]:
             ratio = float(value)
         except ValueError:
             ratio = float("nan")
-        if not sep or not arch or not ratio > 0:
-            raise InvalidInput(f"--ratio {pair!r}: expected ARCH=RATIO with RATIO > 0, "
-                               "like A100=3")
+        if not sep or not is_name(arch) or not 0 < ratio <= MAX_RATIO:
+            raise InvalidInput(f"--ratio {pair!r}: expected ARCH=RATIO with RATIO in (0, "
+                               f"{MAX_RATIO:g}], like A100=3")
         out[arch] = ratio
     return out
 
@@ -37,8 +38,9 @@ def _floats(text: str, flag: str) -> list[float]:
         values = [float(v) for v in text.split(",") if v.strip()]
     except ValueError:
         raise InvalidInput(f"{flag} {text!r}: expected numbers separated by commas") from None
-    if not values or any(not v > 0 for v in values):
-        raise InvalidInput(f"{flag} {text!r}: expected positive numbers, like 1,2,3")
+    if not values or len(values) > 100 or any(not 0 < v <= MAX_RATIO for v in values):
+        raise InvalidInput(f"{flag} {text!r}: expected up to 100 numbers in (0, "
+                           f"{MAX_RATIO:g}], like 1,2,3")
     return values
 
 

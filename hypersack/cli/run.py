@@ -14,6 +14,7 @@ from hypersack.agent.devices import BACKENDS, make_backend
 from hypersack.cli.client import Client
 from hypersack.cli.control import make_console, print_results, watch
 from hypersack.core.errors import HyperSackError
+from hypersack.core.files import read_text_file
 from hypersack.grid.space import load_space
 from hypersack.server.app import HyperSackServer
 from hypersack.server.settings import ServerSettings
@@ -71,7 +72,7 @@ def run_embedded(args: argparse.Namespace) -> int:
                 if old.state == "ACTIVE":
                     client.cancel(old.id)
                     console.print(f"cancelled {old.id}, left unfinished by an earlier run")
-            study = client.submit(path.read_text(), str(path))
+            study = client.submit(read_text_file(path, "search space file"), str(path))
             study_id = study.id
             console.print(f"{study.id}: {space.size()} trials on {backend.name} devices "
                           f"[{devices}], policy {args.policy or space.settings.policy}")

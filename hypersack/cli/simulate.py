@@ -41,10 +41,10 @@ def run_simulate(args: argparse.Namespace) -> int:
     space, cluster, profiles, config = load_inputs(args)
     interference = Interference()
     if args.contention is not None:
-        if args.contention < 0:
+        if not 0 <= args.contention <= 100:
             from hypersack.core.errors import InvalidInput
 
-            raise InvalidInput("--contention must be >= 0")
+            raise InvalidInput("--contention must be a number in [0, 100]")
         interference = replace(interference, contention=args.contention)
     history: list[Any] | None = [] if args.cold else None
 

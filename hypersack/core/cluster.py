@@ -6,10 +6,11 @@ import re
 from pathlib import Path
 from typing import Any
 
-import yaml
 from pydantic import ValidationError
 
+from hypersack.core.bounds import MAX_CORES, MAX_GPUS_PER_NODE, MAX_MEMORY_MIB, MAX_NODES, finite
 from hypersack.core.errors import InvalidInput
+from hypersack.core.files import load_yaml_file
 from hypersack.core.types import ClusterSpec, GpuSpec, NodeSpec
 from hypersack.core.validation import format_validation_error
 
@@ -40,10 +41,17 @@ def parse_shorthand(text: str, *, first_node: int = 0) -> ClusterSpec:
             )
         n_nodes = int(m["nodes"] or 1)
         n_gpus = int(m["gpus"])
-        if n_nodes < 1 or n_gpus < 1:
-            raise InvalidInput(f"cluster shorthand term {term!r}: counts must be at least 1")
-        memory_mib = int(float(m["mem"]) * 1024)
-        cores = float(m["cores"]) if m["cores"] else float(DEFAULT_CORES_PER_GPU * n_gpus)
+        if not 1 <= n_nodes <= MAX_NODES - len(nodes):
+            raise InvalidInput(f"cluster shorthand term {term!r}: between 1 and {MAX_NODES} "
+                               "nodes in all")
+        if not 1 <= n_gpus <= MAX_GPUS_PER_NODE:
+            raise InvalidInput(f"cluster shorthand term {term!r}: between 1 and "
+                               f"{MAX_GPUS_PER_NODE} GPUs per node")
+        memory_mib = int(finite(float(m["mem"]) * 1024, f"cluster shorthand term {term!r}: "
+                                "memory in MiB", 1, MAX_MEMORY_MIB))
+        cores = (finite(float(m["cores"]), f"cluster shorthand term {term!r}: cores",
+                        0.001, MAX_CORES)
+                 if m["cores"] else float(DEFAULT_CORES_PER_GPU * n_gpus))
         for _ in range(n_nodes):
             name = f"node{first_node + len(nodes)}"
             gpus = tuple(
@@ -61,6 +69,8 @@ def cluster_from_dict(data: Any, *, source: str = "cluster") -> ClusterSpec:
     raw_nodes = data["nodes"]
     if not isinstance(raw_nodes, list) or not raw_nodes:
         raise InvalidInput(f"{source}: nodes: expected a non-empty list")
+    if len(raw_nodes) > MAX_NODES:
+        raise InvalidInput(f"{source}: nodes: more than {MAX_NODES}")
     nodes: list[dict[str, Any]] = []
     for i, raw in enumerate(raw_nodes):
         if not isinstance(raw, dict):
@@ -74,12 +84,14 @@ def cluster_from_dict(data: Any, *, source: str = "cluster") -> ClusterSpec:
                     f"{source}: nodes.{i}.gpus: give one node's GPUs, like 4xA100-80GB")
             node["gpus"] = [g.model_dump() for g in short[0].gpus]
         elif isinstance(gpus, list):
+            if len(gpus) > MAX_GPUS_PER_NODE:
+                raise InvalidInput(f"{source}: nodes.{i}.gpus: more than {MAX_GPUS_PER_NODE}")
             node["gpus"] = [
                 {"index": j, **g} if isinstance(g, dict) and "index" not in g else g
                 for j, g in enumerate(gpus)
             ]
         node.setdefault("name", f"node{i}")
-        if "cores" not in node and isinstance(node.get("gpus"), list):
+        if "cores" not in node and isinstance(node.get("gpus"), list) and node["gpus"]:
             node["cores"] = DEFAULT_CORES_PER_GPU * max(1, len(node["gpus"]))
         nodes.append(node)
     try:
@@ -106,12 +118,6 @@ def validate_cluster(spec: ClusterSpec, *, source: str = "cluster") -> None:
 def load_cluster(text_or_path: str) -> ClusterSpec:
     """A path to a YAML file, or the shorthand itself."""
     path = Path(text_or_path)
-    if path.suffix in (".yaml", ".yml", ".json") or path.exists():
-        if not path.exists():
-            raise InvalidInput(f"cluster file {str(path)!r} does not exist")
-        try:
-            data = yaml.safe_load(path.read_text())
-        except yaml.YAMLError as exc:
-            raise InvalidInput(f"{path}: not valid YAML: {exc}") from None
-        return cluster_from_dict(data, source=str(path))
+    if path.suffix in (".yaml", ".yml", ".json") or (text_or_path and path.exists()):
+        return cluster_from_dict(load_yaml_file(path, "cluster file"), source=str(path))
     return parse_shorthand(text_or_path)

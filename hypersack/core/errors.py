@@ -29,5 +29,9 @@ class UnknownName(InvalidInput):
         self.valid = sorted(valid)
 
 
+class Overloaded(HyperSackError):
+    """A bounded resource (watches, agent sessions) is full; try again later."""
+
+
 class StaleEvent(HyperSackError):
     """An event names a trial or node that does not hold what the event claims."""

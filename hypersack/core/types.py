@@ -8,19 +8,39 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from hypersack.core.bounds import (
+    INT32_MAX,
+    MAX_BATCH_SIZE,
+    MAX_FUSION_WIDTH,
+    MAX_GPUS_PER_NODE,
+    MAX_MEMORY_MIB,
+    MAX_NODES,
+    ComputePct,
+    Cores,
+    Count,
+    Epochs,
+    Fraction,
+    MemoryMiB,
+    Name,
+    Seconds,
+    Text,
+    Timestamp,
+)
+
 
 class Frozen(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    # No float field of a domain type is ever NaN or infinite.
+    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
 
 
 class WorkloadKey(Frozen):
     """What decides a trial's demand on a GPU: trials with equal keys share one profile."""
 
-    model: str
-    batch_size: int = Field(gt=0)
-    optimizer: str = "sgd"
-    precision: str = "fp32"
-    fusion_width: int = Field(default=1, gt=0)
+    model: Name
+    batch_size: int = Field(gt=0, le=MAX_BATCH_SIZE)
+    optimizer: Name = "sgd"
+    precision: Name = "fp32"
+    fusion_width: int = Field(default=1, gt=0, le=MAX_FUSION_WIDTH)
 
     def label(self) -> str:
         return (
@@ -32,31 +52,31 @@ class WorkloadKey(Frozen):
 class Demand(Frozen):
     """What one trial needs from one GPU (compute, memory) and its node (cores)."""
 
-    compute_pct: float = Field(ge=0)
-    memory_mib: int = Field(ge=0)
-    cores: float = Field(ge=0)
+    compute_pct: ComputePct
+    memory_mib: MemoryMiB
+    cores: Cores
 
 
 class Profile(Frozen):
     """A workload measured (or estimated) on one GPU architecture."""
 
     key: WorkloadKey
-    arch: str
+    arch: Name
     demand: Demand
-    iter_time_s: float = Field(gt=0)
-    iters_per_epoch: int = Field(gt=0)
-    data_fraction: float = Field(default=0.0, ge=0, le=1)
-    source: str = "measured"
-    setup_s: float = Field(default=0.0, ge=0)  # process start to the first iteration
-    eval_s_per_epoch: float = Field(default=0.0, ge=0)  # validation after each epoch
-    versions: str = ""  # driver and library versions it was measured with
-    measured_at: float = Field(default=0.0, ge=0)  # seconds since the epoch; 0: estimated
+    iter_time_s: Seconds = Field(gt=0)
+    iters_per_epoch: int = Field(gt=0, le=INT32_MAX)
+    data_fraction: Fraction = 0.0
+    source: Text = "measured"
+    setup_s: Seconds = 0.0  # process start to the first iteration
+    eval_s_per_epoch: Seconds = 0.0  # validation after each epoch
+    versions: Text = ""  # driver and library versions it was measured with
+    measured_at: Timestamp = 0.0  # seconds since the epoch; 0: estimated
     # Feedback from trials that ran with this profile: the largest peak memory and
     # utilization a single trial showed, and how many trials reported.
-    observed_memory_mib: int = Field(default=0, ge=0)
-    observed_compute_pct: float = Field(default=0.0, ge=0)
-    observed_trials: int = Field(default=0, ge=0)
-    corrected: str = ""  # why the demand was raised after it was measured
+    observed_memory_mib: MemoryMiB = 0
+    observed_compute_pct: ComputePct = 0.0
+    observed_trials: Count = 0
+    corrected: Text = ""  # why the demand was raised after it was measured
 
     def epoch_time_s(self) -> float:
         return self.iter_time_s * self.iters_per_epoch + self.eval_s_per_epoch
@@ -67,20 +87,20 @@ class Profile(Frozen):
 
 
 class GpuSpec(Frozen):
-    index: int = Field(ge=0)
-    arch: str
-    memory_mib: int = Field(gt=0)
-    uuid: str = ""
+    index: int = Field(ge=0, lt=MAX_GPUS_PER_NODE * 4)
+    arch: Name
+    memory_mib: int = Field(gt=0, le=MAX_MEMORY_MIB)
+    uuid: str = Field(default="", max_length=128, pattern=r"^[A-Za-z0-9_.:/-]*$")
 
 
 class NodeSpec(Frozen):
-    name: str = Field(min_length=1)
-    cores: float = Field(gt=0)
-    gpus: tuple[GpuSpec, ...]
+    name: Name
+    cores: Cores = Field(gt=0)
+    gpus: tuple[GpuSpec, ...] = Field(max_length=MAX_GPUS_PER_NODE)
 
 
 class ClusterSpec(Frozen):
-    nodes: tuple[NodeSpec, ...]
+    nodes: tuple[NodeSpec, ...] = Field(max_length=MAX_NODES)
 
     def gpu_count(self) -> int:
         return sum(len(n.gpus) for n in self.nodes)
@@ -116,7 +136,7 @@ class TrialRecord(Frozen):
     coords: tuple[int, ...]
     params: dict[str, Any]
     key: WorkloadKey
-    epochs: float = Field(gt=0)
+    epochs: Epochs
     state: TrialState = TrialState.PENDING
     failures: int = 0
     launches: int = 0

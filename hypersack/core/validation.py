@@ -12,5 +12,8 @@ def format_validation_error(exc: ValidationError, source: str) -> str:
         msg = err["msg"]
         if msg.startswith("Value error, "):
             msg = msg[len("Value error, "):]
-        lines.append(f"{source}: {path}: {msg}")
+        if err["loc"]:
+            lines.append(f"{source}: {path}: {msg}")
+        else:
+            lines.append(f"{source}: {msg}")
     return "\n".join(lines)

@@ -9,7 +9,6 @@ import shlex
 from pathlib import Path
 from typing import Annotated, Any, Literal, Union
 
-import yaml
 from pydantic import (
     AfterValidator,
     BaseModel,
@@ -20,8 +19,17 @@ from pydantic import (
     model_validator,
 )
 
+from hypersack.core.bounds import (
+    INT64_MAX,
+    MAX_BATCH_SIZE,
+    MAX_EPOCHS,
+    MAX_RATIO,
+    Epochs,
+    is_name,
+)
 from hypersack.core.catalog import MODELS
 from hypersack.core.errors import InvalidInput
+from hypersack.core.files import load_yaml, load_yaml_file
 from hypersack.core.validation import format_validation_error
 
 MAX_TRIALS_CAP = 1_000_000
@@ -29,8 +37,47 @@ KEY_PARAMS = ("batch_size", "optimizer", "precision")
 RESERVED = ("model",)
 
 
+MAX_HYPERPARAMETERS = 64
+MAX_VALUE_CHARS = 1024
+MAX_RETRIES = 100
+HP_NAME = r"^[A-Za-z_][A-Za-z0-9_]{0,63}$"  # usable as a {placeholder}
+_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
+
+
 class _Spec(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
+
+
+def _plain_value(value: Any) -> Any:
+    """A hyperparameter value: a bool, a 64-bit integer, a finite float or a short
+    printable string (a value reaches command lines, file names and tables)."""
+    if isinstance(value, bool) or value is None:
+        return value
+    if isinstance(value, int):
+        if abs(value) > INT64_MAX:
+            raise ValueError(f"integer {value} does not fit in 64 bits")
+        return value
+    if isinstance(value, float):
+        if not math.isfinite(value):
+            raise ValueError(f"{value} is not a finite number")
+        return value
+    if isinstance(value, str):
+        if len(value) > MAX_VALUE_CHARS:
+            raise ValueError(f"a string value is longer than {MAX_VALUE_CHARS} characters")
+        if _CONTROL.search(value):
+            raise ValueError(f"{value[:40]!r} contains control characters")
+        return value
+    raise ValueError(f"{str(value)[:40]!r} is a {type(value).__name__}; values are numbers, "
+                     "strings or booleans")
+
+
+def _range_count(low: float, high: float, step: float) -> int:
+    """How many points `low, low + step, ... <= high` has, without making them; more than
+    MAX_TRIALS_CAP is an error."""
+    span = (high - low) / step
+    if not math.isfinite(span) or span + 1 > MAX_TRIALS_CAP:
+        raise ValueError(f"the range has more than {MAX_TRIALS_CAP} points")
+    return math.floor(span + 1e-9) + 1
 
 
 def _round(value: float) -> float:
@@ -40,11 +87,13 @@ def _round(value: float) -> float:
 
 class Choice(_Spec):
     distribution: Literal["choice"]
-    values: list[Any] = Field(min_length=1)
+    values: list[Any] = Field(min_length=1, max_length=MAX_TRIALS_CAP)
 
     @field_validator("values")
     @classmethod
     def _unique(cls, values: list[Any]) -> list[Any]:
+        for v in values:
+            _plain_value(v)
         seen = [json.dumps(v, sort_keys=True, default=str) for v in values]
         if len(set(seen)) != len(seen):
             raise ValueError(f"duplicated values in {values}")
@@ -53,12 +102,15 @@ class Choice(_Spec):
     def grid(self) -> list[Any]:
         return list(self.values)
 
+    def count(self) -> int | None:
+        return len(self.values)
+
 
 class Uniform(_Spec):
     distribution: Literal["uniform"]
     low: float
     high: float
-    num: int | None = Field(default=None, ge=1)
+    num: int | None = Field(default=None, ge=1, le=MAX_TRIALS_CAP)
     step: float | None = Field(default=None, gt=0)
 
     @model_validator(mode="after")
@@ -69,7 +121,16 @@ class Uniform(_Spec):
             raise ValueError(f"empty range: low {self.low} > high {self.high}")
         if self.num is not None and self.step is not None:
             raise ValueError("give num or step, not both")
+        if self.step is not None:
+            _range_count(self.low, self.high, self.step)
         return self
+
+    def count(self) -> int | None:
+        if self.num is not None:
+            return self.num
+        if self.step is not None:
+            return _range_count(self.low, self.high, self.step)
+        return None
 
     def grid(self) -> list[Any] | None:
         if self.num is not None:
@@ -78,7 +139,7 @@ class Uniform(_Spec):
             return [_round(self.low + (self.high - self.low) * i / (self.num - 1))
                     for i in range(self.num)]
         if self.step is not None:
-            count = math.floor((self.high - self.low) / self.step + 1e-9) + 1
+            count = _range_count(self.low, self.high, self.step)
             return [_round(self.low + i * self.step) for i in range(count)]
         return None
 
@@ -87,7 +148,10 @@ class LogUniform(_Spec):
     distribution: Literal["loguniform"]
     low: float
     high: float
-    num: int | None = Field(default=None, ge=1)
+    num: int | None = Field(default=None, ge=1, le=MAX_TRIALS_CAP)
+
+    def count(self) -> int | None:
+        return self.num
 
     @model_validator(mode="after")
     def _check(self) -> LogUniform:
@@ -111,15 +175,20 @@ class LogUniform(_Spec):
 
 class IntRange(_Spec):
     distribution: Literal["int"]
-    low: int
-    high: int
-    step: int = Field(default=1, gt=0)
+    low: int = Field(ge=-INT64_MAX, le=INT64_MAX)
+    high: int = Field(ge=-INT64_MAX, le=INT64_MAX)
+    step: int = Field(default=1, gt=0, le=INT64_MAX)
 
     @model_validator(mode="after")
     def _check(self) -> IntRange:
         if self.low > self.high:
             raise ValueError(f"empty range: low {self.low} > high {self.high}")
+        if (self.high - self.low) // self.step + 1 > MAX_TRIALS_CAP:
+            raise ValueError(f"the range has more than {MAX_TRIALS_CAP} points")
         return self
+
+    def count(self) -> int | None:
+        return (self.high - self.low) // self.step + 1
 
     def grid(self) -> list[Any]:
         return list(range(self.low, self.high + 1, self.step))
@@ -132,8 +201,8 @@ Hyperparameter = Annotated[
 
 class Search(_Spec):
     type: Literal["grid", "random"] = "grid"
-    samples: int | None = Field(default=None, ge=1)
-    seed: int = 0
+    samples: int | None = Field(default=None, ge=1, le=MAX_TRIALS_CAP)
+    seed: int = Field(default=0, ge=0, le=INT64_MAX)
 
     @model_validator(mode="after")
     def _check(self) -> Search:
@@ -147,13 +216,14 @@ class Search(_Spec):
 class Objective(_Spec):
     """The metric a trial reports that ranks it; its last reported value is the objective."""
 
-    metric: str = Field(default="loss", min_length=1, max_length=64)
+    metric: str = Field(default="loss", min_length=1, max_length=64,
+                        pattern=r"^[A-Za-z0-9_][A-Za-z0-9_.:/-]*$")
     mode: Literal["min", "max"] = "min"
 
 
 class Settings(_Spec):
-    epochs: float = Field(default=1.0, gt=0)
-    retries: int = Field(default=2, ge=0)
+    epochs: Epochs = 1.0
+    retries: int = Field(default=2, ge=0, le=MAX_RETRIES)
     policy: str = "wfd"
     oversubscription: dict[str, float] = Field(default_factory=dict)
     max_trials: int = Field(default=100_000, ge=1, le=MAX_TRIALS_CAP)
@@ -163,8 +233,9 @@ class Settings(_Spec):
     @classmethod
     def _ratios(cls, ratios: dict[str, float]) -> dict[str, float]:
         for arch, ratio in ratios.items():
-            if not (ratio > 0 and math.isfinite(ratio)):
-                raise ValueError(f"ratio for {arch!r} must be a positive number (got {ratio})")
+            if not (0 < ratio <= MAX_RATIO and math.isfinite(ratio)):
+                raise ValueError(f"ratio for {arch!r} must be a number in (0, {MAX_RATIO:g}] "
+                                 f"(got {ratio})")
         return ratios
 
     @field_validator("policy")
@@ -223,9 +294,10 @@ ModelName = Annotated[str, AfterValidator(_known_model)]
 
 class SearchSpace(_Spec):
     name: str = Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
-    description: str = ""
-    models: list[ModelName] = Field(min_length=1)
-    hyperparameters: dict[str, Hyperparameter]
+    description: str = Field(default="", max_length=4096)
+    models: list[ModelName] = Field(min_length=1, max_length=len(MODELS))
+    hyperparameters: dict[Annotated[str, Field(pattern=HP_NAME)], Hyperparameter] = Field(
+        max_length=MAX_HYPERPARAMETERS)
     search: Search = Field(default_factory=Search)
     settings: Settings = Field(default_factory=Settings)
     program: Program = Field(default_factory=lambda: Program(builtin="train"))
@@ -258,27 +330,38 @@ class SearchSpace(_Spec):
         for name in RESERVED:
             if name in self.hyperparameters:
                 raise ValueError(f"hyperparameters.{name}: reserved; list models under 'models'")
+        if self.search.type == "grid":
+            for name, hp in self.hyperparameters.items():
+                if hp.count() is None:
+                    raise ValueError(f"hyperparameters.{name}: grid search needs num "
+                                     "(or step) to discretize the range")
+        # Sized before anything is expanded: a range of a billion points stops here.
+        size = self.size()
+        if size > self.settings.max_trials:
+            raise ValueError(f"the search space has {size} trials, more than "
+                             f"settings.max_trials={self.settings.max_trials}")
         bs = self.hyperparameters.get("batch_size")
         if bs is None:
             raise ValueError("hyperparameters.batch_size: required (it decides a trial's demand)")
         values = bs.grid() if not isinstance(bs, (Uniform, LogUniform)) else None
-        if values is None or not all(isinstance(v, int) and v > 0 for v in values):
-            raise ValueError("hyperparameters.batch_size: must be positive integers "
-                             "(a list or an int range)")
-        if self.search.type == "grid":
-            for name, hp in self.hyperparameters.items():
-                if hp.grid() is None:
-                    raise ValueError(f"hyperparameters.{name}: grid search needs num "
-                                     "(or step) to discretize the range")
+        if values is None or not all(type(v) is int and 0 < v <= MAX_BATCH_SIZE
+                                     for v in values):
+            raise ValueError("hyperparameters.batch_size: must be positive integers up to "
+                             f"{MAX_BATCH_SIZE} (a list or an int range)")
+        epochs = self.hyperparameters.get("epochs")
+        if epochs is not None:
+            _check_epochs(epochs)
+        for name in ("optimizer", "precision"):
+            hp = self.hyperparameters.get(name)
+            if hp is not None and not (isinstance(hp, Choice) and all(
+                    isinstance(v, str) and is_name(v) for v in hp.values)):
+                raise ValueError(f"hyperparameters.{name}: must be a list of names (letters, "
+                                 "digits and _.:@+=-)")
         unknown = self.program.placeholders() - set(self.hyperparameters) - set(COMMAND_FIELDS)
         if unknown:
             valid = sorted(set(self.hyperparameters) | set(COMMAND_FIELDS))
             raise ValueError(f"program.command: unknown placeholder(s) {sorted(unknown)}; "
                              f"valid: {', '.join(valid)}")
-        size = self.size()
-        if size > self.settings.max_trials:
-            raise ValueError(f"the search space has {size} trials, more than "
-                             f"settings.max_trials={self.settings.max_trials}")
         return self
 
     def axes(self) -> list[tuple[str, list[Any]]]:
@@ -290,38 +373,27 @@ class SearchSpace(_Spec):
         return axes
 
     def size(self) -> int:
+        """The number of trials, computed without expanding anything."""
         if self.search.type == "random":
             assert self.search.samples is not None
             return self.search.samples
-        return math.prod(len(values) for _, values in self.axes())
+        size = len(self.models)
+        for hp in self.hyperparameters.values():
+            size *= hp.count() or 0
+            if size > MAX_TRIALS_CAP:  # stop multiplying: already too many
+                return size
+        return size
 
 
-class _UniqueKeyLoader(yaml.SafeLoader):
-    """YAML that rejects a key given twice instead of keeping the last silently."""
-
-
-def _construct_mapping(loader: _UniqueKeyLoader, node: yaml.MappingNode) -> dict[Any, Any]:
-    seen: set[Any] = set()
-    for key_node, _ in node.value:
-        key = loader.construct_object(key_node)
-        if key in seen:
-            raise yaml.constructor.ConstructorError(
-                None, None, f"duplicated key {key!r}", key_node.start_mark
-            )
-        seen.add(key)
-    return loader.construct_mapping(node)
-
-
-_UniqueKeyLoader.add_constructor(
-    yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _construct_mapping
-)
-
-
-def load_yaml(text: str, source: str) -> Any:
-    try:
-        return yaml.load(text, Loader=_UniqueKeyLoader)  # noqa: S506 - a SafeLoader subclass
-    except yaml.YAMLError as exc:
-        raise InvalidInput(f"{source}: not valid YAML: {exc}") from None
+def _check_epochs(hp: Choice | Uniform | LogUniform | IntRange) -> None:
+    """An `epochs` hyperparameter sets each trial's epochs: positive finite numbers."""
+    bad = ValueError(f"hyperparameters.epochs: must be numbers greater than 0 and at most "
+                     f"{MAX_EPOCHS:g}")
+    if isinstance(hp, Choice):
+        if not all(type(v) in (int, float) and 0 < v <= MAX_EPOCHS for v in hp.values):
+            raise bad
+    elif not (hp.low > 0 and hp.high <= MAX_EPOCHS):
+        raise bad
 
 
 def parse_space(data: Any, *, source: str = "search space") -> SearchSpace:
@@ -334,7 +406,4 @@ def parse_space(data: Any, *, source: str = "search space") -> SearchSpace:
 
 
 def load_space(path: str | Path) -> SearchSpace:
-    p = Path(path)
-    if not p.exists():
-        raise InvalidInput(f"search space file {str(p)!r} does not exist")
-    return parse_space(load_yaml(p.read_text(), str(p)), source=str(p))
+    return parse_space(load_yaml_file(path, "search space file"), source=str(path))

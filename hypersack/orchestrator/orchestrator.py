@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from hypersack.core.clock import Clock
-from hypersack.core.errors import InvalidInput, NotFound, StaleEvent
+from hypersack.core.errors import HyperSackError, InvalidInput, NotFound, StaleEvent
 from hypersack.core.types import (
     Demand,
     NodeRecord,
@@ -30,6 +30,7 @@ from hypersack.core.types import (
 from hypersack.grid.expand import expand
 from hypersack.grid.space import SearchSpace, parse_space
 from hypersack.grid.trial import check_transition
+from hypersack.orchestrator.journal import Journal, journaled
 from hypersack.orchestrator.commands import Command, KillTrial, LaunchTrial, ProfileWorkload
 from hypersack.orchestrator.events import (
     Event,
@@ -116,6 +117,19 @@ class _Node:
     used_cores: int = 0
     gpus: dict[int, _Gpu] = field(default_factory=dict)
 
+    def save(self) -> tuple[Any, ...]:
+        """What the journal keeps to undo changes made in place."""
+        return (self.draining, self.last_seen, self.used_cores,
+                {i: (g.used_compute, g.used_memory, set(g.trials), g.profiling, g.reserved_for)
+                 for i, g in self.gpus.items()})
+
+    def restore(self, saved: tuple[Any, ...]) -> None:
+        self.draining, self.last_seen, self.used_cores, gpus = saved
+        for i, (compute, memory, trials, profiling, reserved) in gpus.items():
+            g = self.gpus[i]
+            g.used_compute, g.used_memory, g.trials = compute, memory, set(trials)
+            g.profiling, g.reserved_for = profiling, reserved
+
     @classmethod
     def of(cls, record: NodeRecord, now: float) -> _Node:
         node = cls(spec=record.spec, draining=record.draining, last_seen=now)
@@ -139,6 +153,17 @@ class Decision:
     batch: tuple[Item, ...]
 
 
+@dataclass
+class BatchResult:
+    """What a batch of events caused: the commands, the stale events (they contradict the
+    current state and changed nothing) and the refused ones (their handling raised; they
+    changed nothing either)."""
+
+    commands: list[Command] = field(default_factory=list)
+    stale: list[StaleEvent] = field(default_factory=list)
+    refused: list[tuple[Event, Exception]] = field(default_factory=list)
+
+
 class Orchestrator:
     def __init__(self, store: Store, clock: Clock, config: OrchestratorConfig | None = None
                  ) -> None:
@@ -146,15 +171,18 @@ class Orchestrator:
         self._clock = clock
         self.config = config or OrchestratorConfig()
         self._policies: dict[str, Policy] = {}
-        self._studies: dict[str, StudyRecord] = {}
-        self._spaces: dict[str, SearchSpace] = {}
-        self._trials: dict[str, TrialRecord] = {}
-        self._by_study: dict[str, list[str]] = {}
-        self._open: dict[str, int] = {}  # trials not yet terminal, per study
-        self._nodes: dict[str, _Node] = {}
-        self._profiles: dict[tuple[WorkloadKey, str], Profile] = {}
-        self._profile_failed: dict[tuple[WorkloadKey, str], str] = {}
-        self._observed: dict[str, tuple[str, int, float]] = {}  # trial: arch, peak MiB, peak %
+        # Every dictionary of state is journaled: a refused event changes none of them.
+        j = self._journal = Journal()
+        self._studies: dict[str, StudyRecord] = journaled(j)
+        self._spaces: dict[str, SearchSpace] = journaled(j)
+        self._trials: dict[str, TrialRecord] = journaled(j)
+        self._by_study: dict[str, list[str]] = journaled(j)
+        self._open: dict[str, int] = journaled(j)  # trials not yet terminal, per study
+        self._nodes: dict[str, _Node] = journaled(j)
+        self._profiles: dict[tuple[WorkloadKey, str], Profile] = journaled(j)
+        self._profile_failed: dict[tuple[WorkloadKey, str], str] = journaled(j)
+        # trial: arch, peak MiB, peak %
+        self._observed: dict[str, tuple[str, int, float]] = journaled(j)
         self._needs_cache: dict[tuple[WorkloadKey, int | None, frozenset[str]],
                                 dict[str, Need]] = {}
         self._dirty: set[str] = set()
@@ -245,32 +273,66 @@ class Orchestrator:
     # ----------------------------------------------------------------- events
     def handle(self, event: Event) -> list[Command]:
         """Apply one event; returns the commands it causes. Raises StaleEvent for an event
-        that contradicts the current state (nothing changes then)."""
-        with self._store.transaction():
-            commands = self._dispatch(event)
-            self._flush()
-        return commands
+        that contradicts the current state, and whatever its handling raised for a refused
+        one; nothing changes then, in memory or in the store."""
+        result = self.handle_batch((event,))
+        if result.stale:
+            raise result.stale[0]
+        if result.refused:
+            raise result.refused[0][1]
+        return result.commands
 
-    def handle_batch(self, events: Iterable[Event]) -> tuple[list[Command], list[StaleEvent]]:
+    def handle_batch(self, events: Iterable[Event]) -> BatchResult:
         """Apply several events, then decide once: under load one decision serves every
-        exit that arrived meanwhile. A stale event is
-        skipped (returned) and changes nothing, so one transaction holds the batch."""
-        commands: list[Command] = []
-        stale: list[StaleEvent] = []
-        self._deferred = True
-        with self._store.transaction():  # one commit: a stale event changes nothing
-            try:
-                for event in events:
-                    try:
-                        commands += self._dispatch(event)
-                    except StaleEvent as exc:
-                        stale.append(exc)
-            finally:
-                self._deferred = False
-            if self._schedule_wanted:
-                commands += self._schedule()
-            self._flush()
-        return commands, stale
+        exit that arrived meanwhile. Each event runs in a savepoint of the store and a mark
+        of the journal: one whose handling raises is refused and undone, in memory and in
+        the store, and the others go on. A decision that raises is undone the same way
+        (the next event or tick decides again). If the store itself fails, the whole batch
+        is undone and the error raised."""
+        result = BatchResult()
+        self._journal.begin()
+        try:
+            with self._store.transaction():
+                self._deferred = True
+                try:
+                    for event in events:
+                        self._guarded(event, result)
+                finally:
+                    self._deferred = False
+                if self._schedule_wanted:
+                    self._guarded(None, result)
+                self._flush()
+        except BaseException:
+            self._journal.rollback_to(0)
+            self._needs_cache.clear()
+            self._dirty.clear()
+            self._dirty_studies.clear()
+            raise
+        finally:
+            self._journal.end()
+        return result
+
+    def _guarded(self, event: Event | None, result: BatchResult) -> None:
+        """Handle one event (None: decide), undoing all it did if it raises."""
+        mark = self._journal.mark()
+        try:
+            with self._store.savepoint():
+                commands = self._dispatch(event) if event is not None else self._schedule()
+        except StaleEvent as exc:
+            self._journal.rollback_to(mark)
+            result.stale.append(exc)
+        except Exception as exc:
+            self._journal.rollback_to(mark)
+            self._needs_cache.clear()
+            what = "a decision" if event is None else _short(repr(event))
+            if isinstance(exc, HyperSackError):
+                log.warning("refused %s: %s", what, exc)
+            else:
+                log.exception("refused %s: its handling failed; nothing changed", what)
+            if event is not None:
+                result.refused.append((event, exc))
+        else:
+            result.commands += commands
 
     def _dispatch(self, event: Event) -> list[Command]:
         if isinstance(event, TrialProgress):
@@ -278,6 +340,7 @@ class Orchestrator:
             return []
         if isinstance(event, Heartbeat):
             node = self._live(event.node)
+            self._journal.touch(node)
             node.last_seen = self._clock.now()
             return self._reconcile(node, event.running, joined=False)
         if isinstance(event, TrialStarted):
@@ -301,6 +364,7 @@ class Orchestrator:
             return self._schedule()
         if isinstance(event, NodeDrained):
             node = self._live(event.node)
+            self._journal.touch(node)
             node.draining = True
             self._store.put_node(NodeRecord(spec=node.spec, draining=True))
             return []
@@ -382,6 +446,7 @@ class Orchestrator:
             log.info("node %s joined: %d GPUs, %g cores", spec.name, len(spec.gpus), spec.cores)
         else:
             node = old
+            self._journal.touch(node)
             node.last_seen = now
         return self._reconcile(node, event.running, joined=True) + self._schedule()
 
@@ -421,7 +486,9 @@ class Orchestrator:
         return commands
 
     def _lose(self, name: str, reason: str) -> None:
-        node = self._nodes.pop(name)
+        node = self._nodes[name]
+        self._journal.touch(node)
+        del self._nodes[name]
         self._store.remove_node(name)
         for gpu in node.gpus.values():
             for tid in sorted(gpu.trials):
@@ -558,6 +625,8 @@ class Orchestrator:
     def _end_profile_job(self, slot: tuple[WorkloadKey, str]) -> None:
         for node in self._nodes.values():
             for gpu in node.gpus.values():
+                if slot in (gpu.profiling, gpu.reserved_for):
+                    self._journal.touch(node)
                 if gpu.profiling == slot:
                     gpu.profiling = None
                 if gpu.reserved_for == slot:
@@ -596,15 +665,19 @@ class Orchestrator:
             log.info("study %s completed", study_id)
 
     def _flush(self) -> None:
+        # An id whose record a refused event added and the journal took back is skipped.
         for sid in sorted(self._dirty_studies):
-            self._store.update_study(self._studies[sid])
+            if sid in self._studies:
+                self._store.update_study(self._studies[sid])
         for tid in sorted(self._dirty):
-            self._store.update_trial(self._trials[tid])
+            if tid in self._trials:
+                self._store.update_trial(self._trials[tid])
         self._dirty.clear()
         self._dirty_studies.clear()
 
     def _allocate(self, trial_id: str, node: _Node, gpu: _Gpu, demand: Demand) -> None:
         need = Need.of(demand)
+        self._journal.touch(node)
         gpu.used_compute += need.compute
         gpu.used_memory += need.memory
         node.used_cores += need.cores
@@ -620,6 +693,7 @@ class Orchestrator:
             return
         gpu = node.gpus[t.gpu_index]
         if trial_id in gpu.trials:
+            self._journal.touch(node)
             need = Need.of(t.demand)
             gpu.used_compute -= need.compute
             gpu.used_memory -= need.memory
@@ -774,22 +848,29 @@ class Orchestrator:
             else:
                 # Let the least busy GPU drain, so that the profile does not starve.
                 node, gpu = min(gpus, key=lambda ng: len(ng[1].trials))
+                self._journal.touch(node)
                 gpu.reserved_for = (key, arch)
         # A reserved GPU that drained starts its profile now.
         for node in open_nodes:
             for gpu in node.gpus.values():
                 if gpu.reserved_for is not None and not gpu.trials and gpu.profiling is None:
+                    self._journal.touch(node)
                     slot, gpu.reserved_for = gpu.reserved_for, None
                     commands.append(self._profile_job(node, gpu, slot))
         return commands
 
     def _profile_job(self, node: _Node, gpu: _Gpu, slot: tuple[WorkloadKey, str]
                      ) -> ProfileWorkload:
+        self._journal.touch(node)
         gpu.profiling = slot
         return ProfileWorkload(key=slot[0], arch=slot[1], node=node.spec.name,
                                gpu_index=gpu.spec_index,
                                iterations=self.config.profile_iterations,
                                warmup=self.config.profile_warmup)
+
+
+def _short(text: str, limit: int = 300) -> str:
+    return text if len(text) <= limit else text[:limit] + "..."
 
 
 def _fit_bound(needs: Mapping[str, Need], view: ClusterView) -> int:

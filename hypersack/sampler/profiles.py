@@ -12,6 +12,7 @@ import yaml
 from pydantic import ValidationError
 
 from hypersack.core.errors import InvalidInput
+from hypersack.core.files import load_yaml, read_text_file
 from hypersack.core.types import Demand, Profile, WorkloadKey
 from hypersack.core.validation import format_validation_error
 
@@ -21,10 +22,11 @@ COLUMNS = ("model", "batch_size", "optimizer", "precision", "fusion_width", "arc
            "observed_memory_mib", "observed_compute_pct", "observed_trials", "corrected")
 KEY_COLUMNS = ("model", "batch_size", "optimizer", "precision", "fusion_width")
 _DEMAND = ("compute_pct", "memory_mib", "cores")
+MAX_PROFILE_ROWS = 100_000
 
 
 def profile_from_row(row: dict[str, Any], *, where: str) -> Profile:
-    unknown = set(row) - set(COLUMNS)
+    unknown = {str(k) for k in row} - set(COLUMNS)
     if unknown:
         raise InvalidInput(f"{where}: unknown columns {sorted(unknown)}; valid: {list(COLUMNS)}")
     data = {k: v for k, v in row.items() if v not in (None, "")}
@@ -48,19 +50,21 @@ def profile_to_row(p: Profile) -> dict[str, Any]:
 
 def load_profiles(path: str | Path) -> list[Profile]:
     p = Path(path)
-    if not p.exists():
-        raise InvalidInput(f"profiles file {str(p)!r} does not exist")
-    text = p.read_text()
+    text = read_text_file(p, "profiles file")
     if p.suffix == ".csv":
-        rows: list[dict[str, Any]] = list(csv.DictReader(io.StringIO(text)))
-    else:
         try:
-            data = yaml.safe_load(text)
-        except yaml.YAMLError as exc:
-            raise InvalidInput(f"{p}: not valid YAML: {exc}") from None
+            rows: list[dict[str, Any]] = list(csv.DictReader(io.StringIO(text)))
+        except csv.Error as exc:
+            raise InvalidInput(f"{p}: not valid CSV: {exc}") from None
+        if len(rows) > MAX_PROFILE_ROWS:
+            raise InvalidInput(f"{p}: more than {MAX_PROFILE_ROWS} profiles")
+    else:
+        data = load_yaml(text, str(p))
         if not isinstance(data, dict) or not isinstance(data.get("profiles"), list):
             raise InvalidInput(f"{p}: expected a mapping with a 'profiles' list")
         rows = data["profiles"]
+        if len(rows) > MAX_PROFILE_ROWS:
+            raise InvalidInput(f"{p}: more than {MAX_PROFILE_ROWS} profiles")
     profiles = []
     for i, row in enumerate(rows):
         if not isinstance(row, dict):

@@ -6,6 +6,7 @@ import argparse
 import json
 import logging
 import signal
+import sqlite3
 import sys
 import threading
 from collections.abc import Sequence
@@ -14,6 +15,7 @@ from pathlib import Path
 
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from pydantic import ValidationError
 
 from hypersack import __version__
 from hypersack._proto.v1 import hypersack_pb2_grpc as pb_grpc
@@ -25,7 +27,7 @@ from hypersack.sampler.profiles import load_profiles, to_import
 from hypersack.server.service import SchedulerService
 from hypersack.server.servicers import AgentLinkServicer, SchedulerServicer
 from hypersack.server.settings import ServerSettings, load_settings
-from hypersack.store.sqlite import SqliteStore
+from hypersack.store.sqlite import DatabaseLock, SqliteStore, StoreError
 
 log = logging.getLogger(__name__)
 
@@ -41,24 +43,39 @@ class HyperSackServer:
             raise InvalidInput(f"unknown policy {settings.policy!r}; valid: "
                                f"{', '.join(policy_names())}")
         self.settings = settings
-        settings.db.parent.mkdir(parents=True, exist_ok=True)
-        self.store = SqliteStore(settings.db)
-        known = {(p.key, p.arch) for p in self.store.list_profiles()}
-        for path in settings.profiles:
+        profiles = [p for path in settings.profiles for p in load_profiles(path)]
+        # One writer: a second server on the same database stops here, saying who holds it.
+        self._lock = DatabaseLock(settings.db)
+        try:
+            self.store = SqliteStore(settings.db)
+            known = {(p.key, p.arch) for p in self.store.list_profiles()}
             with self.store.transaction():
-                for p in to_import(load_profiles(path), known, replace=False):
+                for p in to_import(profiles, known, replace=False):
                     self.store.put_profile(p)
-        config = OrchestratorConfig(oversubscription=dict(settings.oversubscription),
-                                    default_ratio=settings.default_ratio,
-                                    heartbeat_timeout_s=settings.heartbeat_timeout_s,
-                                    policy=settings.policy)
-        self.service = SchedulerService(
-            self.store, config, clock=clock, heartbeat_interval_s=settings.heartbeat_interval_s,
-            tick_interval_s=settings.tick_interval_s, default_retries=settings.retries,
-            max_study_trials=settings.max_study_trials)
+            config = OrchestratorConfig(oversubscription=dict(settings.oversubscription),
+                                        default_ratio=settings.default_ratio,
+                                        heartbeat_timeout_s=settings.heartbeat_timeout_s,
+                                        policy=settings.policy)
+            self.service = SchedulerService(
+                self.store, config, clock=clock,
+                heartbeat_interval_s=settings.heartbeat_interval_s,
+                tick_interval_s=settings.tick_interval_s, default_retries=settings.retries,
+                max_study_trials=settings.max_study_trials, max_watches=settings.max_watches,
+                max_agents=settings.max_agents)
+        except (sqlite3.Error, ValidationError, StoreError, InvalidInput, ValueError) as exc:
+            self._lock.release()
+            raise InvalidInput(f"database {str(settings.db)!r} cannot be used: "
+                               f"{_first_line(exc)} (restore it from a backup, or start on "
+                               "a new file)") from None
+        except BaseException:
+            self._lock.release()
+            raise
+        self.service.on_fatal = self._fatal
+        self.failed = threading.Event()
+        workers = settings.max_agents + 64
         self._grpc = grpc.server(
-            futures.ThreadPoolExecutor(max_workers=settings.max_agents + 64,
-                                       thread_name_prefix="hypersack-rpc"),
+            futures.ThreadPoolExecutor(max_workers=workers, thread_name_prefix="hypersack-rpc"),
+            maximum_concurrent_rpcs=workers,
             options=[("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
                      ("grpc.max_send_message_length", 64 << 20),
                      ("grpc.so_reuseport", 0)])
@@ -90,14 +107,26 @@ class HyperSackServer:
             host = "127.0.0.1"
         return f"{host}:{self.port}"
 
+    def _fatal(self, reason: str) -> None:
+        """A loop of the service stopped: say NOT_SERVING, and let main() exit non-zero."""
+        for name in ("", *SERVICES):
+            self._health.set(name, health_pb2.HealthCheckResponse.NOT_SERVING)
+        self.failed.set()
+
     def stop(self, grace_s: float = 1.0) -> None:
         self._health.enter_graceful_shutdown()
         self.service.stop()
         self._grpc.stop(grace_s).wait()
         self.store.close()
+        self._lock.release()
 
     def wait(self) -> None:
         self._grpc.wait_for_termination()
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip() or type(exc).__name__
+    return text.splitlines()[0][:300]
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -151,7 +180,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except HyperSackError as exc:
         print(f"hypersack-server: error: {exc}", file=sys.stderr)
         return 2
-    done = threading.Event()
+    done = server.failed  # set by a signal, or by a loop of the service that stopped
 
     def _stop(signum: int, frame: object) -> None:
         done.set()
@@ -161,6 +190,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     done.wait()
     log.info("shutting down")
     server.stop()
+    if server.service.fatal is not None:
+        print(f"hypersack-server: error: {server.service.fatal}", file=sys.stderr)
+        return 1
     # One JSON line of counters for operators and benchmarks.
     orch = server.service.orch
     print(json.dumps({**server.service.stats, "decisions": orch.decision_count,

@@ -7,6 +7,8 @@ import math
 from typing import Any
 
 from hypersack._proto.v1 import hypersack_pb2 as pb
+from hypersack.core.bounds import MAX_COMPUTE_PCT, MAX_GPUS_PER_NODE, MAX_MEMORY_MIB, clamp
+from hypersack.core.errors import InvalidInput
 from hypersack.core.types import (
     GpuSpec,
     NodeSpec,
@@ -62,22 +64,33 @@ def program_from_pb(msg: pb.Program) -> Program:
 
 
 def node_from_register(msg: pb.Register) -> NodeSpec:
-    """Raises pydantic's ValidationError (turned into InvalidInput by the caller)."""
+    """Raises InvalidInput (too many GPUs) or pydantic's ValidationError (turned into
+    InvalidInput by the caller)."""
+    if len(msg.gpus) > MAX_GPUS_PER_NODE:
+        raise InvalidInput(f"register: {len(msg.gpus)} GPUs; at most {MAX_GPUS_PER_NODE} "
+                           "per node")
     return NodeSpec(name=msg.node, cores=msg.cores,
                     gpus=tuple(GpuSpec(index=g.index, arch=g.arch, memory_mib=g.memory_mib,
                                        uuid=g.uuid) for g in msg.gpus))
 
 
-def clean_number(value: float) -> float:
-    """A finite float; NaN and infinities become 0 (an observation not made)."""
-    return float(value) if math.isfinite(value) else 0.0
+def clean_percent(value: float) -> float:
+    """An observed utilization: finite, within bounds; NaN and infinities become 0 (an
+    observation not made)."""
+    return clamp(value, 0.0, MAX_COMPUTE_PCT, 0.0)
+
+
+def clean_memory(value: int) -> int:
+    """An observed memory peak in MiB, within bounds (negative: not measured)."""
+    return int(min(max(0, value), MAX_MEMORY_MIB))
 
 
 def clean_metrics(values: Any) -> dict[str, float]:
-    """At most MAX_METRICS metrics with short names; NaN dropped."""
+    """At most MAX_METRICS metrics with short names; NaN and infinities dropped (they
+    cannot be stored, and a diverged trial is told by the value it reported before)."""
     out: dict[str, float] = {}
     for name, value in sorted(dict(values).items())[:MAX_METRICS]:
-        if len(name) <= MAX_METRIC_NAME and not math.isnan(value):
+        if len(name) <= MAX_METRIC_NAME and math.isfinite(value):
             out[str(name)] = float(value)
     return out
 

@@ -13,21 +13,25 @@ import queue
 import threading
 import time
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 from pydantic import ValidationError
 
 from hypersack._proto.v1 import hypersack_pb2 as pb
+from hypersack.core.bounds import clamp
 from hypersack.core.clock import Clock, SystemClock
 from hypersack.core.errors import (
     AlreadyExists,
     HyperSackError,
     InvalidInput,
     NotFound,
+    Overloaded,
 )
 from hypersack.core.types import NodeRecord, NodeSpec, Profile, StudyRecord, TrialState
 from hypersack.core.validation import format_validation_error
-from hypersack.grid.space import SearchSpace, load_yaml, parse_space
+from hypersack.core.files import load_yaml
+from hypersack.grid.space import SearchSpace, parse_space
 from hypersack.orchestrator import Orchestrator, OrchestratorConfig
 from hypersack.orchestrator.commands import Command, KillTrial, LaunchTrial, ProfileWorkload
 from hypersack.orchestrator.events import (
@@ -55,7 +59,8 @@ from hypersack.sampler.profiles import select_profiles, to_import
 from hypersack.server.convert import (
     LOG_TAIL_CHARS,
     clean_metrics,
-    clean_number,
+    clean_memory,
+    clean_percent,
     key_from_pb,
     key_to_pb,
     node_from_register,
@@ -67,6 +72,8 @@ from hypersack.store.base import Store
 log = logging.getLogger(__name__)
 
 MAX_SPACE_BYTES = 1 << 20
+MAX_RUNNING_PER_NODE = 100_000
+MAX_WATCH_INTERVAL_S = 60.0
 
 
 @dataclass
@@ -102,7 +109,8 @@ class SchedulerService:
     def __init__(self, store: Store, config: OrchestratorConfig | None = None, *,
                  clock: Clock | None = None, heartbeat_interval_s: float = 5.0,
                  tick_interval_s: float = 1.0, default_retries: int | None = None,
-                 max_study_trials: int = 100_000) -> None:
+                 max_study_trials: int = 100_000, max_watches: int = 32,
+                 max_agents: int = 512) -> None:
         self._clock = clock or SystemClock()
         self._lock = threading.RLock()
         self._changed = threading.Condition(self._lock)
@@ -115,19 +123,43 @@ class SchedulerService:
         self.max_study_trials = max_study_trials
         self._stop = threading.Event()
         self._ticker: threading.Thread | None = None
-        self.stats = {"events": 0, "heartbeats": 0, "stale": 0, "batches": 0,
-                      "profile_jobs": 0}
+        self.stats = {"events": 0, "heartbeats": 0, "stale": 0, "refused": 0, "batches": 0,
+                      "failed_batches": 0, "profile_jobs": 0}
         self._inbox: queue.Queue[tuple[AgentSession, pb.AgentMessage]] = queue.Queue()
+        self.max_watches = max_watches
+        self.max_watches_per_client = max(1, max_watches // 4)
+        self._watches: dict[str, int] = {}
         self._worker: threading.Thread | None = None
+        self.max_agents = max_agents
+        # Set when a loop stops for good: the health service says NOT_SERVING and the
+        # daemon exits non-zero so that its supervisor restarts it.
+        self.fatal: str | None = None
+        self.on_fatal: Callable[[str], None] | None = None
 
     # ----------------------------------------------------------------- lifecycle
     def start(self) -> None:
-        self._ticker = threading.Thread(target=self._tick_loop, name="hypersack-ticker",
-                                        daemon=True)
+        self._ticker = threading.Thread(target=self._supervised, args=(self._tick_loop,),
+                                        name="hypersack-ticker", daemon=True)
         self._ticker.start()
-        self._worker = threading.Thread(target=self._event_loop, name="hypersack-events",
-                                        daemon=True)
+        self._worker = threading.Thread(target=self._supervised, args=(self._event_loop,),
+                                        name="hypersack-events", daemon=True)
         self._worker.start()
+
+    def _supervised(self, loop: Callable[[], None]) -> None:
+        """Run a loop; if it ever stops before stop() (it should not: each event and
+        tick is guarded), say so loudly and tell the daemon to exit."""
+        try:
+            loop()
+        except BaseException as exc:
+            self.fatal = f"{threading.current_thread().name} stopped: {exc!r}"
+            log.critical("%s; the server cannot go on", self.fatal, exc_info=True)
+            if self.on_fatal is not None:
+                self.on_fatal(self.fatal)
+            return
+        if not self._stop.is_set():
+            self.fatal = f"{threading.current_thread().name} stopped"
+            if self.on_fatal is not None:
+                self.on_fatal(self.fatal)
 
     def stop(self) -> None:
         self._stop.set()
@@ -143,18 +175,29 @@ class SchedulerService:
         while not self._stop.wait(self.tick_interval_s):
             with self._lock:
                 self._apply(Tick())
+                # Sessions of nodes that are gone are forgotten, not kept for ever.
+                for name in [n for n, s in self._sessions.items()
+                             if not s.connected and not self.orch.has_node(n)]:
+                    del self._sessions[name]
 
     # ----------------------------------------------------------------- core
     def _apply(self, *events: Event) -> None:
         """Hand events to the orchestrator, which decides once after all of them, and
         deliver the commands (lock held). A stale event is logged and changes nothing."""
-        commands, stale = self.orch.handle_batch(events)
-        self.stats["events"] += len(events) - len(stale)
-        self.stats["stale"] += len(stale)
+        try:
+            result = self.orch.handle_batch(events)
+        except Exception:
+            # The store failed: the orchestrator undid the whole batch, memory and store.
+            log.exception("a batch of %d events was undone: the store failed", len(events))
+            self.stats["failed_batches"] += 1
+            return
+        self.stats["events"] += len(events) - len(result.stale) - len(result.refused)
+        self.stats["stale"] += len(result.stale)
+        self.stats["refused"] += len(result.refused)
         self.stats["batches"] += 1
-        for exc in stale:
+        for exc in result.stale:
             log.warning("ignored an event: %s", exc)
-        self._route(commands)
+        self._route(result.commands)
         self._version += 1
         self._changed.notify_all()
 
@@ -165,7 +208,11 @@ class SchedulerService:
                 log.warning("%s for node %s not sent: its agent is not connected (it is "
                             "reconciled when the agent reconnects)", type(c).__name__, c.node)
                 continue
-            session.send(self._to_message(c))
+            try:
+                session.send(self._to_message(c))
+            except Exception:
+                log.exception("%s for node %s not sent: it could not be encoded",
+                              type(c).__name__, c.node)
 
     def _to_message(self, c: Command) -> pb.ServerMessage:
         if isinstance(c, LaunchTrial):
@@ -248,7 +295,10 @@ class SchedulerService:
 
     def watch(self, study_id: str, min_interval_s: float, active: Callable[[], bool]
               ) -> Iterator[Snapshot]:
-        """Snapshots of a study as it changes, ending once it is terminal."""
+        """Snapshots of a study as it changes, ending once it is terminal or the client
+        is gone. The interval is clamped to [0, 60] s and waited for in steps of at most
+        a second, so a cancelled watch never holds its thread for long."""
+        interval = clamp(min_interval_s, 0.0, MAX_WATCH_INTERVAL_S, 1.0)
         self.snapshot(study_id)  # NotFound before the stream starts
         seen = -1
         while active() and not self._stop.is_set():
@@ -262,7 +312,31 @@ class SchedulerService:
             yield snap
             if snap.study.state.value != "ACTIVE":
                 return
-            time.sleep(max(0.0, min_interval_s))
+            deadline = time.monotonic() + interval
+            while active() and not self._stop.is_set():
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    break
+                self._stop.wait(min(left, 0.5))
+
+    @contextmanager
+    def watch_slot(self, client: str) -> Iterator[None]:
+        """Hold one of the bounded watch slots: at most `max_watches` in all and
+        `max_watches_per_client` per client host; past that, Overloaded."""
+        with self._lock:
+            total = sum(self._watches.values())
+            mine = self._watches.get(client, 0)
+            if total >= self.max_watches or mine >= self.max_watches_per_client:
+                raise Overloaded(f"too many watches open ({total} in all, {mine} from this "
+                                 "client); close one or poll with hypersack status")
+            self._watches[client] = mine + 1
+        try:
+            yield
+        finally:
+            with self._lock:
+                self._watches[client] -= 1
+                if not self._watches[client]:
+                    del self._watches[client]
 
     def locked(self) -> threading.RLock:
         """The service's lock: hold it to read the orchestrator consistently."""
@@ -289,6 +363,9 @@ class SchedulerService:
             if old is not None and old.connected:
                 raise AlreadyExists(f"node {spec.name!r} is already connected; every agent "
                                     "needs its own node name")
+            if old is None and len(self._sessions) >= self.max_agents:
+                raise Overloaded(f"this server takes at most {self.max_agents} agents "
+                                 "(max_agents)")
             session = AgentSession(node=spec.name, backend=msg.backend or "?", spec=spec,
                                    last_seen=self._clock.now())
             self._sessions[spec.name] = session
@@ -334,6 +411,10 @@ class SchedulerService:
                     except HyperSackError as exc:
                         log.warning("agent %s: refused message: %s", session.node, exc)
                         continue
+                    except Exception:
+                        log.exception("agent %s: refused a message it could not read",
+                                      session.node)
+                        continue
                     if event is not None:
                         events.append(event)
                 self._apply(*events)
@@ -344,11 +425,19 @@ class SchedulerService:
         session.last_seen = self._clock.now()
         if kind == "heartbeat":
             self.stats["heartbeats"] += 1
-            for g in msg.heartbeat.gpus:
-                session.gpu_state[g.index] = g
-            running = tuple(RunningTrial(r.trial_id, r.gpu_index, max(0, int(r.peak_memory_mib)),
-                                         max(0.0, clean_number(r.peak_utilization_pct)))
-                            for r in msg.heartbeat.running)
+            hb = msg.heartbeat
+            if len(hb.running) > MAX_RUNNING_PER_NODE:
+                raise InvalidInput(f"heartbeat: {len(hb.running)} running trials; at most "
+                                   f"{MAX_RUNNING_PER_NODE}")
+            known = {g.index for g in session.spec.gpus}
+            for g in hb.gpus:
+                if g.index in known:  # only the GPUs it registered: no unbounded growth
+                    session.gpu_state[g.index] = pb.GpuState(
+                        index=g.index, utilization_pct=clean_percent(g.utilization_pct),
+                        memory_used_mib=clean_memory(g.memory_used_mib))
+            running = tuple(RunningTrial(r.trial_id, r.gpu_index, clean_memory(r.peak_memory_mib),
+                                         clean_percent(r.peak_utilization_pct))
+                            for r in hb.running)
             if not session.connected:
                 return None
             if not self.orch.has_node(node):
@@ -375,7 +464,7 @@ class SchedulerService:
         if e.exit_code == 0:
             return TrialFinished(e.trial_id, node, clean_metrics(e.metrics), log_tail=tail)
         if e.out_of_memory or e.exit_code == OOM_EXIT_CODE:
-            return TrialOutOfMemory(e.trial_id, node, max(0, int(e.peak_memory_mib)))
+            return TrialOutOfMemory(e.trial_id, node, clean_memory(e.peak_memory_mib))
         return TrialFailed(e.trial_id, node, e.exit_code, tail)
 
     @staticmethod

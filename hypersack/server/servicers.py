@@ -13,7 +13,13 @@ import grpc
 
 from hypersack._proto.v1 import hypersack_pb2 as pb
 from hypersack._proto.v1 import hypersack_pb2_grpc as pb_grpc
-from hypersack.core.errors import AlreadyExists, HyperSackError, InvalidInput, NotFound
+from hypersack.core.errors import (
+    AlreadyExists,
+    HyperSackError,
+    InvalidInput,
+    NotFound,
+    Overloaded,
+)
 from hypersack.core.types import StudyRecord
 from hypersack.sampler.profiles import reject_repeats
 from hypersack.server.convert import profile_from_pb, profile_to_pb, study_to_pb, trial_to_pb
@@ -31,6 +37,8 @@ def status_of(exc: Exception) -> grpc.StatusCode:
         return grpc.StatusCode.ALREADY_EXISTS
     if isinstance(exc, InvalidInput):
         return grpc.StatusCode.INVALID_ARGUMENT
+    if isinstance(exc, Overloaded):
+        return grpc.StatusCode.RESOURCE_EXHAUSTED
     if isinstance(exc, HyperSackError):
         return grpc.StatusCode.FAILED_PRECONDITION
     return grpc.StatusCode.INTERNAL
@@ -99,9 +107,11 @@ class SchedulerServicer(pb_grpc.SchedulerServicer):
     def WatchStudy(self, request: pb.WatchStudyRequest, context: grpc.ServicerContext
                    ) -> Iterator[pb.StudyUpdate]:
         try:
-            stream = self._s.watch(request.study_id, request.min_interval_s, context.is_active)
-            for snap in stream:
-                yield _update(self._s, snap)
+            with self._s.watch_slot(peer_host(context.peer())):
+                stream = self._s.watch(request.study_id, request.min_interval_s,
+                                       context.is_active)
+                for snap in stream:
+                    yield _update(self._s, snap)
         except HyperSackError as exc:
             context.abort(status_of(exc), str(exc))
 
@@ -136,6 +146,11 @@ class SchedulerServicer(pb_grpc.SchedulerServicer):
         reject_repeats(profiles)
         imported, kept = self._s.import_profiles(profiles, request.replace)
         return pb.ImportProfilesResponse(imported=imported, kept=kept)
+
+
+def peer_host(peer: str) -> str:
+    """`ipv4:127.0.0.1:5000` -> `ipv4:127.0.0.1`: the client's host, its port dropped."""
+    return peer.rsplit(":", 1)[0] if peer.count(":") >= 2 else peer
 
 
 def node_messages(service: SchedulerService) -> list[pb.Node]:

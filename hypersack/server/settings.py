@@ -10,13 +10,15 @@ from pydantic import Field, ValidationError, field_validator
 from pydantic.fields import FieldInfo
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
+from hypersack.core.bounds import MAX_NODES, MAX_RATIO, PositiveSeconds, Ratio
 from hypersack.core.errors import InvalidInput
+from hypersack.core.files import load_yaml_file
 from hypersack.core.validation import format_validation_error
-from hypersack.grid.space import load_yaml
 
 
 class ServerSettings(BaseSettings):
-    model_config = SettingsConfigDict(env_prefix="HYPERSACK_", extra="forbid")
+    model_config = SettingsConfigDict(env_prefix="HYPERSACK_", extra="forbid",
+                                      allow_inf_nan=False)
 
     listen: str = Field(default="127.0.0.1:50051",
                         description="address to listen on; 0.0.0.0:50051 for a cluster")
@@ -25,14 +27,15 @@ class ServerSettings(BaseSettings):
     oversubscription: dict[str, float] = Field(
         default_factory=lambda: {"A100": 3.0, "H100": 2.5},
         description="oversubscription ratio per GPU architecture")
-    default_ratio: float = Field(default=1.0, gt=0)
-    heartbeat_interval_s: float = Field(default=5.0, gt=0)
-    heartbeat_timeout_s: float = Field(default=30.0, gt=0)
-    tick_interval_s: float = Field(default=1.0, gt=0)
+    default_ratio: Ratio = 1.0
+    heartbeat_interval_s: PositiveSeconds = 5.0
+    heartbeat_timeout_s: PositiveSeconds = 30.0
+    tick_interval_s: PositiveSeconds = 1.0
     retries: int | None = Field(default=None, ge=0,
                                 description="default retries for studies that set none")
     max_study_trials: int = Field(default=100_000, ge=1)
-    max_agents: int = Field(default=512, ge=1)
+    max_agents: int = Field(default=512, ge=1, le=MAX_NODES)
+    max_watches: int = Field(default=32, ge=1, le=1024)
     profiles: list[Path] = Field(default_factory=list,
                                  description="profile files imported into the history")
 
@@ -40,13 +43,15 @@ class ServerSettings(BaseSettings):
     @classmethod
     def _ratios(cls, ratios: dict[str, float]) -> dict[str, float]:
         for arch, r in ratios.items():
-            if not r > 0:
-                raise ValueError(f"ratio for {arch!r} must be positive (got {r})")
+            if not 0 < r <= MAX_RATIO:
+                raise ValueError(f"ratio for {arch!r} must be a number in (0, {MAX_RATIO:g}] "
+                                 f"(got {r})")
         return ratios
 
 
 class AgentSettings(BaseSettings):
-    model_config = SettingsConfigDict(env_prefix="HYPERSACK_", extra="forbid")
+    model_config = SettingsConfigDict(env_prefix="HYPERSACK_", extra="forbid",
+                                      allow_inf_nan=False)
 
     server: str = Field(default="127.0.0.1:50051", description="server address")
     node: str | None = Field(default=None, description="node name (default: host name)")
@@ -55,8 +60,8 @@ class AgentSettings(BaseSettings):
                                   description="for the fake backend: e.g. 4xA100-80GB@88")
     workdir: Path = Field(default=Path("hypersack-work"),
                           description="trial working directories and logs")
-    poll_interval_s: float = Field(default=0.2, gt=0)
-    reconnect_max_s: float = Field(default=10.0, gt=0)
+    poll_interval_s: PositiveSeconds = 0.2
+    reconnect_max_s: PositiveSeconds = 10.0
 
 
 S = TypeVar("S", bound=BaseSettings)
@@ -78,9 +83,7 @@ def load_settings(cls: type[S], flags: dict[str, Any], config: Path | None = Non
     """Flags (the ones given) override the environment, which overrides the file."""
     values: dict[str, Any] = {}
     if config is not None:
-        if not config.exists():
-            raise InvalidInput(f"config file {str(config)!r} does not exist")
-        data = load_yaml(config.read_text(), str(config))
+        data = load_yaml_file(config, "config file")
         if data is not None and not isinstance(data, dict):
             raise InvalidInput(f"{config}: expected a mapping of settings")
         values = data or {}

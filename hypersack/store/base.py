@@ -20,6 +20,11 @@ class Store(ABC):
         """Group writes; nested calls join the outer transaction."""
 
     @abstractmethod
+    def savepoint(self) -> AbstractContextManager[None]:
+        """Inside a transaction: the block's writes are undone if it raises, and the
+        transaction goes on. Outside one, a transaction of its own."""
+
+    @abstractmethod
     def add_study(self, study: StudyRecord, trials: Sequence[TrialRecord]) -> None:
         """Raises AlreadyExists if the study id or a trial id exists."""
 

@@ -39,6 +39,24 @@ class MemoryStore(Store):
         finally:
             self._undo = None
 
+    @contextmanager
+    def savepoint(self) -> Iterator[None]:
+        if self._undo is None:
+            with self.transaction():
+                yield
+            return
+        mark = len(self._undo)
+        try:
+            yield
+        except BaseException:
+            while len(self._undo) > mark:
+                table, key, old = self._undo.pop()
+                if old is _MISSING:
+                    table.pop(key, None)
+                else:
+                    table[key] = old
+            raise
+
     def _set(self, table: dict[Any, Any], key: Any, value: Any) -> None:
         if self._undo is not None:
             self._undo.append((table, key, table.get(key, _MISSING)))

@@ -6,13 +6,17 @@ committed transaction; only an operating-system crash may lose the last ones.
 
 from __future__ import annotations
 
+import fcntl
+import os
+import socket
 import sqlite3
 import threading
+import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 
-from hypersack.core.errors import AlreadyExists, NotFound
+from hypersack.core.errors import AlreadyExists, HyperSackError, InvalidInput, NotFound
 from hypersack.core.types import NodeRecord, Profile, StudyRecord, TrialRecord, WorkloadKey
 from hypersack.store.base import Store
 
@@ -31,25 +35,79 @@ CREATE TABLE IF NOT EXISTS profiles (
 """
 
 
+class StoreError(HyperSackError):
+    """The database file is not one this HyperSack can use."""
+
+
+class DatabaseLock:
+    """An exclusive lock beside the database (`FILE.lock`), held while a server runs: one
+    writer. The lock file names the holder, so a second server can say who it is."""
+
+    def __init__(self, db: str | Path) -> None:
+        self.path = Path(f"{db}.lock")
+        self.path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            try:
+                holder = os.read(fd, 512).decode(errors="replace").strip() or "another process"
+            finally:
+                os.close(fd)
+            raise InvalidInput(f"database {str(db)!r} is in use by {holder}; one server per "
+                               "database (stop that one first)") from None
+        os.ftruncate(fd, 0)
+        os.write(fd, f"hypersack-server pid {os.getpid()} on {socket.gethostname()} since "
+                     f"{time.strftime('%Y-%m-%d %H:%M:%S')}\n".encode())
+        self._fd: int | None = fd
+
+    def release(self) -> None:
+        if self._fd is not None:
+            os.close(self._fd)  # closing the descriptor releases the lock
+            self._fd = None
+
+
+_COLUMNS = {"meta": ("key", "value"), "studies": ("id", "seq", "doc"),
+            "trials": ("id", "study_id", "doc"), "nodes": ("name", "doc"),
+            "profiles": ("key", "arch", "doc")}
+
+
 class SqliteStore(Store):
     def __init__(self, path: str | Path) -> None:
         self.path = str(path)
         if self.path != ":memory:":
-            Path(self.path).parent.mkdir(parents=True, exist_ok=True)
-        self._db = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
+            p = Path(self.path)
+            p.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+            if p.is_dir():
+                raise StoreError(f"{self.path} is a directory")
+            # Private to its user from the start: studies, trials and logs live here.
+            os.close(os.open(p, os.O_RDWR | os.O_CREAT, 0o600))
         self._lock = threading.RLock()
         self._depth = 0
-        with self._lock:
-            self._db.execute("PRAGMA journal_mode=WAL")
-            self._db.execute("PRAGMA synchronous=NORMAL")
-            self._db.execute("PRAGMA foreign_keys=ON")
-            self._db.executescript(_SCHEMA)
-            row = self._db.execute("SELECT value FROM meta WHERE key='schema'").fetchone()
-            if row is None:
-                self._db.execute("INSERT INTO meta VALUES ('schema', ?)", (str(SCHEMA_VERSION),))
-            elif int(row[0]) != SCHEMA_VERSION:
-                raise RuntimeError(f"{self.path}: schema {row[0]}, this HyperSack reads "
-                                   f"{SCHEMA_VERSION}")
+        try:
+            self._db = sqlite3.connect(self.path, isolation_level=None,
+                                       check_same_thread=False)
+            with self._lock:
+                self._db.execute("PRAGMA journal_mode=WAL")
+                self._db.execute("PRAGMA synchronous=NORMAL")
+                self._db.execute("PRAGMA foreign_keys=ON")
+                self._db.executescript(_SCHEMA)
+                self._check_schema()
+        except sqlite3.Error as exc:
+            raise StoreError(f"{self.path}: not a HyperSack database ({exc})") from None
+
+    def _check_schema(self) -> None:
+        row = self._db.execute("SELECT value FROM meta WHERE key='schema'").fetchone()
+        if row is None:
+            self._db.execute("INSERT INTO meta VALUES ('schema', ?)", (str(SCHEMA_VERSION),))
+        elif str(row[0]) != str(SCHEMA_VERSION):
+            raise StoreError(f"{self.path}: schema {str(row[0])[:20]!r}, this HyperSack reads "
+                             f"{SCHEMA_VERSION}")
+        for table, columns in _COLUMNS.items():
+            found = [r[1] for r in self._db.execute(f"PRAGMA table_info({table})")]
+            if found != list(columns):
+                raise StoreError(f"{self.path}: table {table} has columns {found}, expected "
+                                 f"{list(columns)}")
 
     @contextmanager
     def transaction(self) -> Iterator[None]:
@@ -72,6 +130,27 @@ class SqliteStore(Store):
                 self._db.execute("COMMIT")
             finally:
                 self._depth = 0
+
+    @contextmanager
+    def savepoint(self) -> Iterator[None]:
+        with self._lock:
+            if not self._depth:
+                with self.transaction():
+                    yield
+                return
+            name = f"sp{self._depth}"
+            self._db.execute(f"SAVEPOINT {name}")
+            self._depth += 1
+            try:
+                yield
+            except BaseException:
+                self._db.execute(f"ROLLBACK TO {name}")
+                self._db.execute(f"RELEASE {name}")
+                raise
+            else:
+                self._db.execute(f"RELEASE {name}")
+            finally:
+                self._depth -= 1
 
     def close(self) -> None:
         with self._lock:

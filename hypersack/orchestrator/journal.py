@@ -1,0 +1,121 @@
+"""An undo log over the orchestrator's memory, so that an event whose handling raises
+changes nothing: the store rolls back its savepoint, the journal rolls back memory.
+
+Dictionaries are `JournaledDict`s that record the old value of every key they change
+while the journal is open; mutable objects (a node's allocation) are saved whole the
+first time they are touched after a mark. Rolling back to a mark replays the records
+backwards. The cost is proportional to what an event changed, never to the state's size.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from typing import Any, Protocol, TypeVar
+
+K = TypeVar("K")
+V = TypeVar("V")
+
+_MISSING: Any = object()
+
+
+class Restorable(Protocol):
+    def save(self) -> Any: ...
+
+    def restore(self, saved: Any) -> None: ...
+
+
+class Journal:
+    def __init__(self) -> None:
+        self._entries: list[tuple[Any, Any, Any]] = []
+        self._touched: set[int] = set()
+        self.open = False
+
+    def begin(self) -> None:
+        self._entries.clear()
+        self._touched.clear()
+        self.open = True
+
+    def end(self) -> None:
+        """Keep every change made since begin()."""
+        self._entries.clear()
+        self._touched.clear()
+        self.open = False
+
+    def mark(self) -> int:
+        """A point to roll back to; objects are saved afresh after it."""
+        self._touched.clear()
+        return len(self._entries)
+
+    def rollback_to(self, mark: int) -> None:
+        while len(self._entries) > mark:
+            target, key, old = self._entries.pop()
+            if isinstance(target, JournaledDict):
+                if old is _MISSING:
+                    dict.pop(target, key, None)
+                else:
+                    dict.__setitem__(target, key, old)
+            else:
+                target.restore(old)
+        self._touched.clear()
+
+    def record(self, target: Any, key: Any, old: Any) -> None:
+        self._entries.append((target, key, old))
+
+    def touch(self, obj: Restorable) -> None:
+        """Call before changing `obj` in place."""
+        if self.open and id(obj) not in self._touched:
+            self._touched.add(id(obj))
+            self._entries.append((obj, None, obj.save()))
+
+
+class JournaledDict(dict[K, V]):
+    """A dict whose changes the journal can undo. Only the mutating methods the
+    orchestrator uses are journaled; the others are refused."""
+
+    def __init__(self, journal: Journal) -> None:
+        super().__init__()
+        self._journal = journal
+
+    def _record(self, key: K) -> None:
+        if self._journal.open:
+            self._journal.record(self, key, dict.get(self, key, _MISSING))
+
+    def __setitem__(self, key: K, value: V) -> None:
+        self._record(key)
+        dict.__setitem__(self, key, value)
+
+    def __delitem__(self, key: K) -> None:
+        self._record(key)
+        dict.__delitem__(self, key)
+
+    def pop(self, key: K, *default: Any) -> Any:  # type: ignore[override]
+        if key in self:
+            self._record(key)
+        return dict.pop(self, key, *default)
+
+    def setdefault(self, key: K, default: Any = None) -> Any:
+        if key not in self:
+            self[key] = default
+        return dict.__getitem__(self, key)
+
+    def clear(self) -> None:
+        for key in list(self):
+            self._record(key)
+        dict.clear(self)
+
+    def update(self, *args: Any, **kwargs: Any) -> None:
+        for key, value in dict(*args, **kwargs).items():
+            self[key] = value
+
+    def _refused(self, *args: Any, **kwargs: Any) -> Any:
+        raise TypeError("not journaled")
+
+    popitem: Callable[..., Any] = _refused
+    __ior__: Callable[..., Any] = _refused
+
+
+def journaled(journal: Journal, items: Iterable[tuple[K, V]] = ()) -> JournaledDict[K, V]:
+    d: JournaledDict[K, V] = JournaledDict(journal)
+    for k, v in items:
+        dict.__setitem__(d, k, v)
+    return d
