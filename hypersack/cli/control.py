@@ -19,6 +19,7 @@ from rich.table import Table
 
 from hypersack._proto.v1 import hypersack_pb2 as pb
 from hypersack.cli.client import Client, params_of
+from hypersack.cli.text import safe, safe_log
 from hypersack.core.errors import InvalidInput
 from hypersack.core.files import read_text_file
 
@@ -88,14 +89,14 @@ def run_control(args: argparse.Namespace) -> int:
             return 0
         if cmd == "cancel":
             study = client.cancel(args.study)
-            console.print(f"{study.id}: {study.state}")
+            console.print(f"{safe(study.id)}: {safe(study.state)}")
             return 0
         if cmd == "nodes":
             print_nodes(client.nodes(), console)
             return 0
         if cmd == "drain":
             node = client.drain(args.node)
-            console.print(f"{node.name}: draining (no new trials; running ones finish)")
+            console.print(f"{safe(node.name)}: draining (no new trials; running ones finish)")
             return 0
         if cmd == "results":
             print_results(client, args.study, args.format, args.top, console)
@@ -110,10 +111,14 @@ def _submit(client: Client, args: argparse.Namespace, console: Console) -> int:
     if not path.exists():
         raise InvalidInput(f"search space file {args.space!r} does not exist")
     study = client.submit(read_text_file(path, "search space file"), str(path))
-    console.print(f"submitted {study.id}: {sum(study.counts.values())} trials")
+    console.print(f"submitted {safe(study.id)}: {sum(study.counts.values())} trials")
     if args.watch:
         watch(client, study.id, console)
     return 0
+
+
+def _state(state: str) -> str:
+    return f"[{STATE_STYLE[state]}]{state}[/]" if state in STATE_STYLE else safe(state)
 
 
 def _counts_line(counts: Any) -> str:
@@ -130,18 +135,18 @@ def _status(client: Client, args: argparse.Namespace, console: Console) -> int:
             return 0
         table = Table("study", "state", "trials")
         for s in studies:
-            table.add_row(s.id, s.state, _counts_line(s.counts))
+            table.add_row(safe(s.id), safe(s.state), _counts_line(s.counts))
         console.print(table)
         return 0
     study = client.study(args.study)
     trials = client.trials(args.study)
-    console.print(f"{study.id} [{study.state}]: {_counts_line(study.counts)}")
+    console.print(f"{safe(study.id)} \\[{safe(study.state)}]: {_counts_line(study.counts)}")
     table = Table("trial", "state", "params", "where", "tries", "objective")
     shown = trials if args.all else trials[:40]
     for t in shown:
-        params = ", ".join(f"{k}={v}" for k, v in params_of(t).items())
-        where = f"{t.node}:{t.gpu_index}" if t.node else ""
-        table.add_row(t.id, f"[{STATE_STYLE.get(t.state, '')}]{t.state}[/]", params, where,
+        params = safe(", ".join(f"{k}={v}" for k, v in params_of(t).items()))
+        where = safe(f"{t.node}:{t.gpu_index}") if t.node else ""
+        table.add_row(safe(t.id), _state(t.state), params, where,
                       str(t.launches), f"{t.objective:.6g}" if t.has_objective else "")
     console.print(table)
     if len(shown) < len(trials):
@@ -156,7 +161,7 @@ def watch(client: Client, study_id: str, console: Console) -> pb.Study:
                TextColumn("{task.completed}/{task.total}"), TextColumn("{task.fields[detail]}"),
                TimeElapsedColumn())
     with Progress(*columns, console=console, transient=False) as progress:
-        task = progress.add_task(study_id, total=None, detail="")
+        task = progress.add_task(safe(study_id), total=None, detail="")
         for update in client.watch(study_id):
             s = update.study
             last = s
@@ -171,7 +176,7 @@ def watch(client: Client, study_id: str, console: Console) -> pb.Study:
             progress.update(task, completed=done, total=total, detail=detail)
     if last is None:
         last = client.study(study_id)
-    console.print(f"{last.id}: {last.state}, {_counts_line(last.counts)}")
+    console.print(f"{safe(last.id)}: {safe(last.state)}, {_counts_line(last.counts)}")
     return last
 
 
@@ -185,9 +190,9 @@ def print_nodes(nodes: list[pb.Node], console: Console) -> None:
         state = ("connected" if n.connected else "[red]disconnected[/]") + (
             ", [yellow]draining[/]" if n.draining else "")
         for i, g in enumerate(n.gpus):
-            head = (n.name, n.backend, state, f"{n.last_seen_s:.1f} s ago") if i == 0 else \
-                ("", "", "", "")
-            table.add_row(*head, str(g.index), g.arch, f"{g.memory_mib} MiB", str(g.trials),
+            head = (safe(n.name), safe(n.backend), state, f"{n.last_seen_s:.1f} s ago") \
+                if i == 0 else ("", "", "", "")
+            table.add_row(*head, str(g.index), safe(g.arch), f"{g.memory_mib} MiB", str(g.trials),
                           f"{g.compute_share:.0%}", f"{g.utilization_pct:.0f}%")
     console.print(table)
 
@@ -233,30 +238,33 @@ def print_results(client: Client, study_id: str, fmt: str, top: int | None,
         writer.writerows(rows)
         sys.stdout.write(buf.getvalue())
         return
-    console.print(f"{study.id} [{study.state}]: {_counts_line(study.counts)}; objective "
-                  f"{study.objective_metric} ({study.objective_mode}), best first")
-    table = Table("#", "trial", "state", study.objective_metric, *names, "tries")
+    console.print(f"{safe(study.id)} \\[{safe(study.state)}]: {_counts_line(study.counts)}; "
+                  f"objective {safe(study.objective_metric)} ({safe(study.objective_mode)}), "
+                  "best first")
+    table = Table("#", "trial", "state", safe(study.objective_metric),
+                  *[safe(k) for k in names], "tries")
     for i, t in enumerate(trials, 1):
         p = params_of(t)
-        table.add_row(str(i), t.id, f"[{STATE_STYLE.get(t.state, '')}]{t.state}[/]",
+        table.add_row(str(i), safe(t.id), _state(t.state),
                       f"{t.objective:.6g}" if t.has_objective else "",
-                      *[str(p.get(k, "")) for k in names], str(t.launches))
+                      *[safe(p.get(k, "")) for k in names], str(t.launches))
     console.print(table)
 
 
 def _logs(client: Client, trial_id: str, console: Console) -> int:
     t = client.trial(trial_id)
-    where = f" on {t.node}:{t.gpu_index}" if t.node else ""
-    console.print(f"{t.id} [{STATE_STYLE.get(t.state, '')}]{t.state}[/]{where}, launched "
+    where = safe(f" on {t.node}:{t.gpu_index}") if t.node else ""
+    console.print(f"{safe(t.id)} {_state(t.state)}{where}, launched "
                   f"{t.launches} time(s), failures {t.failures}")
     if t.reason:
-        console.print(f"reason: {t.reason}")
+        console.print(f"reason: {safe(t.reason)}")
     if t.log_tail:
         console.print("--- log tail ---", style="dim")
-        sys.stdout.write(t.log_tail if t.log_tail.endswith("\n") else t.log_tail + "\n")
+        tail = safe_log(t.log_tail)
+        sys.stdout.write(tail if tail.endswith("\n") else tail + "\n")
     elif t.state == "RUNNING":
         console.print("running: its log is in the agent's work directory on that node "
-                      f"(<workdir>/{t.node}/{t.study_id}/{t.id}/log.txt)")
+                      f"(<workdir>/{safe(t.node)}/{safe(t.study_id)}/{safe(t.id)}/log.txt)")
     else:
         console.print("no log recorded")
     return 0

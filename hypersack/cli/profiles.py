@@ -14,6 +14,7 @@ from rich.table import Table
 
 from hypersack.cli.client import Client
 from hypersack.cli.control import add_server_flag, make_console
+from hypersack.cli.text import safe
 from hypersack.core.errors import InvalidInput
 from hypersack.core.types import Profile
 from hypersack.sampler.profiles import (
@@ -122,7 +123,7 @@ def print_profiles(profiles: list[Profile]) -> None:
         d = p.demand
         over_mem = p.observed_memory_mib > d.memory_mib
         table.add_row(
-            p.key.label(), p.arch, f"{d.compute_pct:.1f}",
+            safe(p.key.label()), safe(p.arch), f"{d.compute_pct:.1f}",
             f"{p.observed_compute_pct:.1f}" if p.observed_compute_pct else "-",
             str(d.memory_mib),
             (f"[red]{p.observed_memory_mib}[/]" if over_mem else str(p.observed_memory_mib))
@@ -131,5 +132,5 @@ def print_profiles(profiles: list[Profile]) -> None:
             f"{p.epoch_time_s():.1f}", str(p.observed_trials),
             time.strftime("%Y-%m-%d %H:%M", time.localtime(p.measured_at))
             if p.measured_at else "estimate",
-            p.corrected or "")
+            safe(p.corrected))
     console.print(table)

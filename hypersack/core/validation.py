@@ -16,4 +16,7 @@ def format_validation_error(exc: ValidationError, source: str) -> str:
             lines.append(f"{source}: {path}: {msg}")
         else:
             lines.append(f"{source}: {msg}")
-    return "\n".join(lines)
+    # One line: the first problems, then how many more (a file may have thousands).
+    shown = lines[:3]
+    more = f" (and {len(lines) - len(shown)} more)" if len(lines) > len(shown) else ""
+    return "; ".join(shown) + more

@@ -29,7 +29,7 @@ from hypersack.core.bounds import (
 )
 from hypersack.core.catalog import MODELS
 from hypersack.core.errors import InvalidInput
-from hypersack.core.files import load_yaml, load_yaml_file
+from hypersack.core.files import load_yaml_file
 from hypersack.core.validation import format_validation_error
 
 MAX_TRIALS_CAP = 1_000_000
@@ -352,9 +352,9 @@ class SearchSpace(_Spec):
         if epochs is not None:
             _check_epochs(epochs)
         for name in ("optimizer", "precision"):
-            hp = self.hyperparameters.get(name)
-            if hp is not None and not (isinstance(hp, Choice) and all(
-                    isinstance(v, str) and is_name(v) for v in hp.values)):
+            key_hp = self.hyperparameters.get(name)
+            if key_hp is not None and not (isinstance(key_hp, Choice) and all(
+                    isinstance(v, str) and is_name(v) for v in key_hp.values)):
                 raise ValueError(f"hyperparameters.{name}: must be a list of names (letters, "
                                  "digits and _.:@+=-)")
         unknown = self.program.placeholders() - set(self.hyperparameters) - set(COMMAND_FIELDS)

@@ -88,7 +88,7 @@ class JournaledDict(dict[K, V]):
         self._record(key)
         dict.__delitem__(self, key)
 
-    def pop(self, key: K, *default: Any) -> Any:  # type: ignore[override]
+    def pop(self, key: K, *default: Any) -> Any:
         if key in self:
             self._record(key)
         return dict.pop(self, key, *default)

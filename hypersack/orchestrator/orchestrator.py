@@ -14,6 +14,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from hypersack.core.bounds import MAX_COMPUTE_PCT, MAX_MEMORY_MIB
 from hypersack.core.clock import Clock
 from hypersack.core.errors import HyperSackError, InvalidInput, NotFound, StaleEvent
 from hypersack.core.types import (
@@ -30,7 +31,6 @@ from hypersack.core.types import (
 from hypersack.grid.expand import expand
 from hypersack.grid.space import SearchSpace, parse_space
 from hypersack.grid.trial import check_transition
-from hypersack.orchestrator.journal import Journal, journaled
 from hypersack.orchestrator.commands import Command, KillTrial, LaunchTrial, ProfileWorkload
 from hypersack.orchestrator.events import (
     Event,
@@ -51,6 +51,7 @@ from hypersack.orchestrator.events import (
     TrialProgress,
     TrialStarted,
 )
+from hypersack.orchestrator.journal import Journal, journaled
 from hypersack.policies.base import (
     ClusterView,
     GpuBin,
@@ -59,6 +60,7 @@ from hypersack.policies.base import (
     NodeBin,
     Plan,
     Policy,
+    check_plan,
     compute_capacity,
     core_units,
 )
@@ -606,17 +608,20 @@ class Orchestrator:
                 new = math.ceil(memory_mib * (1 + self.config.feedback_margin))
                 why = f"trial {trial_id} used {memory_mib} MiB"
             notes.append(f"memory {demand.memory_mib} -> {new} MiB ({why})")
-            demand = demand.model_copy(update={"memory_mib": new})
+            demand = Demand(compute_pct=demand.compute_pct, memory_mib=min(new, MAX_MEMORY_MIB),
+                            cores=demand.cores)
         if util_pct > demand.compute_pct * (1 + self.config.feedback_compute_tolerance):
             notes.append(f"compute {demand.compute_pct:g} -> {util_pct:.4g} % (trial "
                          f"{trial_id} used {util_pct:.4g} %)")
-            demand = demand.model_copy(update={"compute_pct": round(util_pct, 2)})
+            demand = Demand(compute_pct=min(round(util_pct, 2), MAX_COMPUTE_PCT),
+                            memory_mib=demand.memory_mib, cores=demand.cores)
         if notes:
             update["demand"] = demand
             update["corrected"] = "; ".join(notes)
             log.info("profile of %s on %s corrected: %s", key.label(), arch, update["corrected"])
         if update:
-            corrected = p.model_copy(update=update)
+            # Validated, not copied: nothing out of bounds reaches the store.
+            corrected = Profile.model_validate({**dict(p), **update})
             self._profiles[key, arch] = corrected
             self._store.put_profile(corrected)
             if notes:
@@ -733,41 +738,58 @@ class Orchestrator:
         active = [s for s in self.studies() if s.state == StudyState.ACTIVE]
         commands += self._profile_missing(active, open_nodes, archs)
         for study in active:
-            space = self._spaces[study.id]
-            view = self._view(open_nodes, space.settings.oversubscription)
-            batch: list[Item] = []
-            # Trials with equal needs are interchangeable: once one fails to fit, so do
-            # the rest. Pass each group only as many as could fit in the free compute,
-            # plus one, so a decision costs what is placeable, not what is pending.
-            # group -> (how many more to pass, needs, expected run time)
-            groups: dict[tuple[WorkloadKey, int | None], tuple[int, dict[str, Need], float]] = {}
-            for tid in self._by_study[study.id]:
-                t = self._trials[tid]
-                if t.state != TrialState.PENDING:
-                    continue
-                group = (t.key, t.memory_override_mib)
-                entry = groups.get(group)
-                if entry is None:
-                    needs = self._needs(t, archs)
-                    run_time = max((self._profiles[t.key, a].run_time_s(t.epochs)
-                                    for a in needs), default=0.0)
-                    entry = (_fit_bound(needs, view) if needs else 0, needs, run_time)
-                left, needs, run_time = entry
-                groups[group] = (left - 1, needs, run_time)
-                if left <= 0:
-                    continue
-                batch.append(Item(t.id, needs, run_time))
-            if not batch:
+            # One study's failed decision is undone and leaves the others to theirs.
+            mark = self._journal.mark()
+            try:
+                with self._store.savepoint():
+                    commands += self._decide(study, open_nodes, archs)
+            except Exception:
+                self._journal.rollback_to(mark)
+                self._needs_cache.clear()
+                log.exception("the decision for study %s failed and was undone; it is "
+                              "tried again at the next event", study.id)
+        return commands
+
+    def _decide(self, study: StudyRecord, open_nodes: list[_Node], archs: frozenset[str]
+                ) -> list[Command]:
+        """One policy run for one study's pending trials."""
+        commands: list[Command] = []
+        space = self._spaces[study.id]
+        view = self._view(open_nodes, space.settings.oversubscription)
+        batch: list[Item] = []
+        # Trials with equal needs are interchangeable: once one fails to fit, so do
+        # the rest. Pass each group only as many as could fit in the free compute,
+        # plus one, so a decision costs what is placeable, not what is pending.
+        # group -> (how many more to pass, needs, expected run time)
+        groups: dict[tuple[WorkloadKey, int | None], tuple[int, dict[str, Need], float]] = {}
+        for tid in self._by_study[study.id]:
+            t = self._trials[tid]
+            if t.state != TrialState.PENDING:
                 continue
-            policy = self._policy(space)
-            plan = policy.place(batch, view)
-            self.decision_count += 1
-            self.decision_time_s += plan.solve_time_s
-            self.decisions.append(Decision(self._clock.now(), study.id, policy.name, len(batch),
-                                           len(plan.placements), plan.solve_time_s, plan, view,
-                                           tuple(batch)))
-            for p in plan.placements:
-                commands.append(self._launch(self._trials[p.item_id], p.node, p.gpu_index))
+            group = (t.key, t.memory_override_mib)
+            entry = groups.get(group)
+            if entry is None:
+                needs = self._needs(t, archs)
+                run_time = max((self._profiles[t.key, a].run_time_s(t.epochs)
+                                for a in needs), default=0.0)
+                entry = (_fit_bound(needs, view) if needs else 0, needs, run_time)
+            left, needs, run_time = entry
+            groups[group] = (left - 1, needs, run_time)
+            if left <= 0:
+                continue
+            batch.append(Item(t.id, needs, run_time))
+        if not batch:
+            return commands
+        policy = self._policy(space)
+        plan = policy.place(batch, view)
+        check_plan(batch, view, plan)  # no plan over a capacity is ever launched
+        self.decision_count += 1
+        self.decision_time_s += plan.solve_time_s
+        self.decisions.append(Decision(self._clock.now(), study.id, policy.name, len(batch),
+                                       len(plan.placements), plan.solve_time_s, plan, view,
+                                       tuple(batch)))
+        for p in plan.placements:
+            commands.append(self._launch(self._trials[p.item_id], p.node, p.gpu_index))
         return commands
 
     def _launch(self, t: TrialRecord, node_name: str, gpu_index: int) -> LaunchTrial:

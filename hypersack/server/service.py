@@ -28,9 +28,9 @@ from hypersack.core.errors import (
     NotFound,
     Overloaded,
 )
+from hypersack.core.files import load_yaml
 from hypersack.core.types import NodeRecord, NodeSpec, Profile, StudyRecord, TrialState
 from hypersack.core.validation import format_validation_error
-from hypersack.core.files import load_yaml
 from hypersack.grid.space import SearchSpace, parse_space
 from hypersack.orchestrator import Orchestrator, OrchestratorConfig
 from hypersack.orchestrator.commands import Command, KillTrial, LaunchTrial, ProfileWorkload
@@ -58,8 +58,8 @@ from hypersack.runner.sdk import OOM_EXIT_CODE
 from hypersack.sampler.profiles import select_profiles, to_import
 from hypersack.server.convert import (
     LOG_TAIL_CHARS,
-    clean_metrics,
     clean_memory,
+    clean_metrics,
     clean_percent,
     key_from_pb,
     key_to_pb,
@@ -317,7 +317,18 @@ class SchedulerService:
                 left = deadline - time.monotonic()
                 if left <= 0:
                     break
-                self._stop.wait(min(left, 0.5))
+                with self._changed:  # woken early by wake() when the client goes away
+                    self._changed.wait(min(left, 0.5))
+
+    def watching(self) -> int:
+        """How many watches are open."""
+        with self._lock:
+            return sum(self._watches.values())
+
+    def wake(self) -> None:
+        """Wake every waiting watch (one of their clients went away)."""
+        with self._changed:
+            self._changed.notify_all()
 
     @contextmanager
     def watch_slot(self, client: str) -> Iterator[None]:

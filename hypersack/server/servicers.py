@@ -106,6 +106,7 @@ class SchedulerServicer(pb_grpc.SchedulerServicer):
 
     def WatchStudy(self, request: pb.WatchStudyRequest, context: grpc.ServicerContext
                    ) -> Iterator[pb.StudyUpdate]:
+        context.add_callback(self._s.wake)  # a cancelled watch frees its thread at once
         try:
             with self._s.watch_slot(peer_host(context.peer())):
                 stream = self._s.watch(request.study_id, request.min_interval_s,

@@ -1,0 +1,30 @@
+"""Strings from users, trials and the network, made safe for a terminal.
+
+A node name, a hyperparameter value or a trial's log is not ours: rich must not read it
+as markup (`[/]` would stop the CLI), and a terminal must not receive its escape
+sequences. Every such string passes through `safe` (one line, markup escaped) or
+`safe_log` (lines kept, control characters dropped) before it is printed.
+"""
+
+from __future__ import annotations
+
+import re
+
+from rich.markup import escape
+
+# C0 controls but newline and tab, DEL, and C1 controls (an 8-bit CSI starts sequences too).
+_CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
+_ANSI = re.compile(r"\x1b\[[0-?]*[ -/]*[@-~]|\x1b\][^\x07\x1b]*(?:\x07|\x1b\\)|\x1b[@-_]")
+
+
+def safe_log(text: str) -> str:
+    """A log for a terminal: escape sequences and other control characters removed
+    (newlines and tabs kept; a carriage return becomes a newline)."""
+    text = _ANSI.sub("", text).replace("\r\n", "\n").replace("\r", "\n")
+    return _CONTROL.sub("", text)
+
+
+def safe(value: object) -> str:
+    """One value for a rich table or line: no control characters, no markup."""
+    text = _CONTROL.sub("", _ANSI.sub("", str(value))).replace("\n", " ").replace("\t", " ")
+    return escape(text)
