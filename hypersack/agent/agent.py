@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import logging
 import queue
+import random
 import threading
 import time
 from pathlib import Path
@@ -21,6 +22,8 @@ from hypersack._proto.v1 import hypersack_pb2 as pb
 from hypersack._proto.v1 import hypersack_pb2_grpc as pb_grpc
 from hypersack.agent.devices import DeviceBackend, Measured
 from hypersack.agent.launcher import Job, argv_for, job_dir
+from hypersack.agent.procs import Records, kill_strays
+from hypersack.core.bounds import clamp
 from hypersack.core.errors import HyperSackError
 from hypersack.core.types import GpuSpec
 from hypersack.runner import sdk
@@ -30,6 +33,11 @@ log = logging.getLogger(__name__)
 
 RESEND_WINDOW_S = 30.0
 OBSERVE_INTERVAL_S = 1.0  # how often running trials' device use is sampled
+SWEEP_INTERVAL_S = 1.0  # at most this often, after a trial ended: kill what it left
+# Keepalive pings find a dead link (a silent peer, a dropped NAT entry) in seconds.
+CHANNEL_OPTIONS = [("grpc.keepalive_time_ms", 10_000), ("grpc.keepalive_timeout_ms", 5_000),
+                   ("grpc.keepalive_permit_without_calls", 1),
+                   ("grpc.http2.max_pings_without_data", 0)]
 FATAL = (grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.UNIMPLEMENTED)
 
 
@@ -54,7 +62,13 @@ class Agent:
         self.reconnect_max_s = reconnect_max_s
         self.duplicate_timeout_s = duplicate_timeout_s
         self.kill_on_stop = kill_on_stop
-        self.jobs: dict[str, Job] = {}
+        self.jobs: dict[str, Job] = {}  # by Job.key: trial#attempt, or a profile's id
+        self._jobs_lock = threading.Lock()  # the heartbeat thread reads jobs
+        self.agent_dir = str((workdir / node).resolve())
+        self.records = Records(workdir / node / "jobs")
+        self._swept_at = 0.0
+        self._ended_since_sweep = False
+        self.heartbeat_timeout_s = 30.0
         self._profile_keys: dict[str, pb.ProfileWorkload] = {}
         self._stop = threading.Event()
         # Exit and profile reports, with the device they were about, kept for a re-send.
@@ -66,13 +80,34 @@ class Agent:
         self._observed_at = 0.0
 
     # ----------------------------------------------------------------- lifecycle
+    def reap_leftovers(self) -> int:
+        """Kill what an earlier agent of this node and work directory left running (it
+        died without reporting, and the server runs those trials again elsewhere)."""
+        found = self.records.kill_leftovers()
+        found += kill_strays(self.agent_dir, set(), everywhere=True)
+        if found:
+            log.warning("killed %d process(es) left by a previous agent of %s", found,
+                        self.node)
+        return found
+
+    def _backoff(self, attempt: int) -> float:
+        """Full jitter: uniform in [0, min(cap, base * 2^attempt)], the cap below half the
+        heartbeat timeout the server announced, so a reconnect beats the timeout."""
+        cap = min(self.reconnect_max_s, max(0.2, self.heartbeat_timeout_s / 2 - 0.5))
+        return random.uniform(0.0, min(cap, 0.2 * 2 ** min(attempt, 16)))
+
     def run(self) -> None:
         """Serve until stop(); raises AgentError if the server refuses this agent."""
-        delay = 0.2
+        failures = 0
         refused_since: float | None = None
+        self.reap_leftovers()
         try:
             while not self._stop.is_set():
-                error = self._session()
+                error, was_connected = self._session()
+                if was_connected:
+                    failures = 0  # a good session resets the backoff
+                delay = self._backoff(failures)
+                failures += 1
                 if self._stop.is_set():
                     break
                 if error is not None:
@@ -92,9 +127,6 @@ class Agent:
                                 self.server, delay)
                 if self._stop.wait(delay):
                     break
-                delay = min(delay * 2, self.reconnect_max_s)
-                if self.connected.is_set():
-                    delay = 0.2
         finally:
             if self.kill_on_stop:
                 self._kill_all()
@@ -108,19 +140,26 @@ class Agent:
         deadline = time.monotonic() + 10
         while any(j.poll() is None for j in self.jobs.values()) and time.monotonic() < deadline:
             time.sleep(0.05)
+        for job in self.jobs.values():
+            self.records.remove(job.key)
+        kill_strays(self.agent_dir, set())
 
     # ----------------------------------------------------------------- one stream
     def _running(self) -> list[pb.RunningTrial]:
+        with self._jobs_lock:
+            jobs = list(self.jobs.values())
         return [pb.RunningTrial(trial_id=j.id, gpu_index=j.gpu_index,
                                 peak_memory_mib=j.peak_memory_mib,
-                                peak_utilization_pct=j.peak_util_pct)
-                for j in self.jobs.values() if not j.profile and j.exit_code is None]
+                                peak_utilization_pct=j.peak_util_pct, attempt=j.attempt)
+                for j in jobs if not j.profile and j.exit_code is None]
 
     def _observe(self) -> None:
         """Sample each running trial's device use; the peaks go out with heartbeats and
         exits, and the server corrects profiles that they exceed."""
+        if not self.backend.observes:
+            return  # nothing to learn: no process scan either
         devices = {d.index: d for d in self.backend.devices()}
-        jobs = {j.id: (devices[j.gpu_index], j.pids()) for j in self.jobs.values()
+        jobs = {j.key: (devices[j.gpu_index], j.pids()) for j in self.jobs.values()
                 if not j.profile and j.exit_code is None and j.gpu_index in devices}
         try:
             usage = self.backend.observe({k: v for k, v in jobs.items() if v[1]})
@@ -134,7 +173,8 @@ class Agent:
 
     def _register(self) -> pb.AgentMessage:
         running = self._running()
-        running += [pb.RunningTrial(trial_id=m.exited.trial_id, gpu_index=gpu)
+        running += [pb.RunningTrial(trial_id=m.exited.trial_id, gpu_index=gpu,
+                                    attempt=m.exited.attempt)
                     for m, gpu in self._resend if m.WhichOneof("body") == "exited"]
         return pb.AgentMessage(register=pb.Register(
             node=self.node, cores=self.backend.cores(), backend=self.backend.name,
@@ -142,7 +182,8 @@ class Agent:
             gpus=[pb.GpuInfo(index=d.index, arch=d.arch, memory_mib=d.memory_mib, uuid=d.uuid)
                   for d in self.backend.devices()]))
 
-    def _session(self) -> grpc.RpcError | None:
+    def _session(self) -> tuple[grpc.RpcError | None, bool]:
+        """One stream: (the error that ended it, whether it registered)."""
         outbox: queue.Queue[pb.AgentMessage | None] = queue.Queue()
         inbox: queue.Queue[pb.ServerMessage | _Ended] = queue.Queue()
         outbox.put(self._register())
@@ -150,7 +191,7 @@ class Agent:
             outbox.put(m)
         self._resend = []
         self._sent = []
-        channel = grpc.insecure_channel(self.server)
+        channel = grpc.insecure_channel(self.server, options=CHANNEL_OPTIONS)
         stub = pb_grpc.AgentLinkStub(channel)  # type: ignore[no-untyped-call]
         call = stub.Connect(iter(outbox.get, None))
 
@@ -165,8 +206,21 @@ class Agent:
 
         reader = threading.Thread(target=read, daemon=True, name="agent-reader")
         reader.start()
-        last_beat = 0.0
+        done = threading.Event()
+
+        def beat() -> None:
+            """Heartbeats on their own timer: launches and scans never delay them."""
+            while not done.is_set() and not self._stop.is_set():
+                if self.connected.is_set():
+                    outbox.put(self._heartbeat())
+                    done.wait(self.heartbeat_interval_s)
+                else:
+                    done.wait(0.05)
+
+        beater = threading.Thread(target=beat, daemon=True, name="agent-heartbeat")
+        beater.start()
         ended: _Ended | None = None
+        was_connected = False
         try:
             while not self._stop.is_set():
                 try:
@@ -184,12 +238,10 @@ class Agent:
                         item = None
                 if ended is not None:
                     break
+                was_connected = was_connected or self.connected.is_set()
                 self._poll(outbox)
-                if self.connected.is_set() and \
-                        time.monotonic() - last_beat >= self.heartbeat_interval_s:
-                    last_beat = time.monotonic()
-                    outbox.put(self._heartbeat())
         finally:
+            done.set()
             self.connected.clear()
             outbox.put(None)
             call.cancel()
@@ -197,7 +249,7 @@ class Agent:
             # Exits sent just before the break may not have arrived: send them again.
             horizon = time.monotonic() - RESEND_WINDOW_S
             self._resend = [(m, gpu) for t, m, gpu in self._sent if t >= horizon]
-        return ended.error if ended is not None else None
+        return (ended.error if ended is not None else None), was_connected
 
     def _send(self, outbox: queue.Queue[pb.AgentMessage | None], msg: pb.AgentMessage,
               gpu_index: int) -> None:
@@ -222,7 +274,9 @@ class Agent:
                  ) -> None:
         kind = msg.WhichOneof("body")
         if kind == "registered":
-            self.heartbeat_interval_s = msg.registered.heartbeat_interval_s or 5.0
+            r = msg.registered
+            self.heartbeat_interval_s = clamp(r.heartbeat_interval_s, 0.05, 3600.0, 5.0)
+            self.heartbeat_timeout_s = clamp(r.heartbeat_timeout_s or 30.0, 0.5, 1e6, 30.0)
             self.sessions += 1
             self.connected.set()
             log.info("registered with %s as %s (%d devices)", self.server, self.node,
@@ -230,16 +284,18 @@ class Agent:
         elif kind == "launch":
             self._launch(msg.launch, outbox)
         elif kind == "kill":
-            job = self.jobs.get(msg.kill.trial_id)
-            if job is not None:
-                log.info("killing %s: %s", job.id, msg.kill.reason)
-                job.kill()
+            k = msg.kill
+            for job in list(self.jobs.values()):
+                if job.id == k.trial_id and not job.profile and \
+                        (not k.attempt or job.attempt == k.attempt):
+                    log.info("killing %s (attempt %d): %s", job.id, job.attempt, k.reason)
+                    job.kill()
         elif kind == "profile":
             self._profile(msg.profile, outbox)
 
     def _job(self, job_id: str, study_id: str, group: str, gpu_index: int,
              program: pb.Program, params_json: str, epochs: float,
-             extra_env: dict[str, str] | None = None, profile: bool = False
+             extra_env: dict[str, str] | None = None, profile: bool = False, attempt: int = 0
              ) -> tuple[Job, GpuSpec]:
         """A trial or profile process, not yet started: its argument list, work directory
         and environment. Raises HyperSackError or ValueError if it cannot run here."""
@@ -247,6 +303,8 @@ class Agent:
         if device is None:
             raise HyperSackError(f"this node has no device {gpu_index}")
         workdir = job_dir(self.workdir / self.node, group, job_id)
+        if attempt:
+            workdir = workdir / f"attempt-{attempt}"  # each attempt writes its own files
         fields = {**json.loads(params_json or "{}"), "epochs": epochs, "trial_id": job_id,
                   "study_id": study_id, "workdir": str(workdir.resolve())}
         argv = argv_for(program_from_pb(program), fields)
@@ -254,24 +312,33 @@ class Agent:
                sdk.ENV_STUDY_ID: study_id, sdk.ENV_PARAMS: params_json or "{}",
                sdk.ENV_EPOCHS: repr(epochs), sdk.ENV_OPTIONS: program.options_json or "{}",
                **(extra_env or {})}
-        return Job(job_id, gpu_index, workdir, argv, env, profile=profile), device
+        return Job(job_id, gpu_index, workdir, argv, env, profile=profile, attempt=attempt,
+                   agent_dir=self.agent_dir), device
 
     def _launch(self, m: pb.LaunchTrial, outbox: queue.Queue[pb.AgentMessage | None]) -> None:
-        old = self.jobs.get(m.trial_id)
-        if old is not None and old.exit_code is None:
-            return  # already running (a repeated command)
+        for old in list(self.jobs.values()):
+            if old.id == m.trial_id and not old.profile and old.exit_code is None:
+                if old.attempt == m.attempt:
+                    return  # already running (a repeated command)
+                log.info("%s: attempt %d supersedes attempt %d", old.id, m.attempt, old.attempt)
+                old.kill()
         try:
             job, _ = self._job(m.trial_id, m.study_id, m.study_id, m.gpu_index, m.program,
-                               m.params_json, m.epochs)
-        except (HyperSackError, ValueError) as exc:
+                               m.params_json, m.epochs, attempt=m.attempt)
+        except (HyperSackError, ValueError, OSError) as exc:
             self._send(outbox, pb.AgentMessage(exited=pb.TrialExited(
-                trial_id=m.trial_id, exit_code=127, log_tail=f"cannot launch: {exc}")),
-                m.gpu_index)
+                trial_id=m.trial_id, exit_code=127, log_tail=f"cannot launch: {exc}",
+                attempt=m.attempt)), m.gpu_index)
             return
         job.start()
-        self.jobs[m.trial_id] = job
-        log.info("launched %s on device %d: %s", m.trial_id, m.gpu_index, " ".join(job.argv))
-        outbox.put(pb.AgentMessage(started=pb.TrialStarted(trial_id=m.trial_id)))
+        if job.proc is not None:
+            self.records.add(job.key, job.proc.pid, job.attempt)
+        with self._jobs_lock:
+            self.jobs[job.key] = job
+        log.info("launched %s (attempt %d) on device %d: %s", m.trial_id, m.attempt,
+                 m.gpu_index, " ".join(job.argv))
+        outbox.put(pb.AgentMessage(started=pb.TrialStarted(trial_id=m.trial_id,
+                                                           attempt=m.attempt)))
 
     def _profile(self, m: pb.ProfileWorkload, outbox: queue.Queue[pb.AgentMessage | None]
                  ) -> None:
@@ -289,7 +356,9 @@ class Agent:
         job.start()
         if job.proc is not None:
             self.backend.start_measuring(device, job.proc.pid)
-        self.jobs[job_id] = job
+            self.records.add(job.key, job.proc.pid, 0)
+        with self._jobs_lock:
+            self.jobs[job_id] = job
         self._profile_keys[job_id] = m
         log.info("profiling %s on device %d (%s)", key.label(), m.gpu_index, m.arch)
 
@@ -302,11 +371,14 @@ class Agent:
             job = self.jobs[job_id]
             if not job.profile and job.new_metrics() and job.killed_at is None:
                 outbox.put(pb.AgentMessage(metrics=pb.TrialMetrics(
-                    trial_id=job.id, step=job.step, metrics=job.metrics)))
+                    trial_id=job.id, step=job.step, metrics=job.metrics, attempt=job.attempt)))
             code = job.poll()
             if code is None:
                 continue
-            del self.jobs[job_id]
+            with self._jobs_lock:
+                del self.jobs[job_id]
+            self.records.remove(job.key)
+            self._ended_since_sweep = True
             if job.killed_at is not None:
                 continue  # the server asked for it; nothing to report
             if job.profile:
@@ -317,7 +389,16 @@ class Agent:
             self._send(outbox, pb.AgentMessage(exited=pb.TrialExited(
                 trial_id=job.id, exit_code=code, log_tail=job.log_tail(LOG_TAIL_CHARS),
                 metrics=job.metrics, out_of_memory=code == sdk.OOM_EXIT_CODE,
-                peak_memory_mib=job.peak_memory_mib)), job.gpu_index)
+                peak_memory_mib=job.peak_memory_mib, attempt=job.attempt)), job.gpu_index)
+        if self._ended_since_sweep and time.monotonic() - self._swept_at >= SWEEP_INTERVAL_S:
+            # Processes that trials which ended left behind (their marker names a job no
+            # longer running) go now: a trial's tree never outlives it.
+            self._swept_at = time.monotonic()
+            self._ended_since_sweep = False
+            try:
+                kill_strays(self.agent_dir, set(self.jobs))
+            except Exception as exc:  # a scan that fails must not stop the agent
+                log.warning("looking for processes left by trials failed: %s", exc)
 
     def _profile_result(self, job: Job, code: int) -> pb.AgentMessage:
         m = self._profile_keys.pop(job.id)

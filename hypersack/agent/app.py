@@ -13,6 +13,7 @@ from pathlib import Path
 from hypersack import __version__
 from hypersack.agent.agent import Agent
 from hypersack.agent.devices import BACKENDS, make_backend
+from hypersack.agent.procs import become_subreaper
 from hypersack.core.errors import HyperSackError
 from hypersack.server.settings import AgentSettings, load_settings
 
@@ -61,6 +62,9 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     signal.signal(signal.SIGTERM, _stop)
     signal.signal(signal.SIGINT, _stop)
+    # Descendants that escape a trial's process group become ours, not init's, so the
+    # agent kills and reaps them when their trial ends.
+    become_subreaper()
     try:
         agent.run()
     except HyperSackError as exc:

@@ -47,6 +47,7 @@ class Usage:
 
 class DeviceBackend(ABC):
     name: str
+    observes = False  # True: observe() measures trials (worth a process scan)
 
     @abstractmethod
     def devices(self) -> tuple[GpuSpec, ...]: ...
@@ -93,6 +94,8 @@ def _usable_cores() -> float:
 
 class CpuBackend(DeviceBackend):
     """The whole CPU as one device: compute % is the share of all cores a trial uses."""
+
+    observes = True
 
     name = "cpu"
 

@@ -18,6 +18,7 @@ from typing import IO, Any
 
 import psutil
 
+from hypersack.agent.procs import ENV_AGENT_DIR, ENV_JOB, die_with_parent, signal_all, tree
 from hypersack.core.errors import InvalidInput
 from hypersack.grid.space import PLACEHOLDER, Program
 from hypersack.runner import sdk
@@ -55,6 +56,8 @@ class Job:
     argv: list[str]
     env: dict[str, str]
     profile: bool = False
+    attempt: int = 0
+    agent_dir: str = ""  # the agent's marker in every process of the job
     proc: subprocess.Popen[bytes] | None = None
     started_at: float = 0.0
     killed_at: float | None = None
@@ -65,6 +68,12 @@ class Job:
     peak_util_pct: float = 0.0
     _metrics_pos: int = 0
     _log: IO[bytes] | None = None
+    _tree: list[psutil.Process] = field(default_factory=list)
+
+    @property
+    def key(self) -> str:
+        """Unique per attempt: `trial#attempt` (a profile run: its id)."""
+        return f"{self.id}#{self.attempt}" if self.attempt else self.id
 
     @property
     def log_path(self) -> Path:
@@ -84,6 +93,9 @@ class Job:
             p.unlink(missing_ok=True)
         env = dict(os.environ)
         env.update(self.env)
+        if self.agent_dir:
+            env[ENV_AGENT_DIR] = self.agent_dir
+            env[ENV_JOB] = self.key
         env[sdk.ENV_METRICS] = str(self.metrics_path.resolve())
         if self.profile:
             env[sdk.ENV_PROFILE] = str(self.profile_path.resolve())
@@ -93,7 +105,8 @@ class Job:
         try:
             self.proc = subprocess.Popen(self.argv, cwd=self.workdir, env=env,
                                          stdin=subprocess.DEVNULL, stdout=self._log,
-                                         stderr=subprocess.STDOUT, start_new_session=True)
+                                         stderr=subprocess.STDOUT, start_new_session=True,
+                                         preexec_fn=die_with_parent())
         except OSError as exc:
             self._log.write(f"cannot start: {exc}\n".encode())
             self._log.close()
@@ -108,17 +121,25 @@ class Job:
         if code is None and self.killed_at is not None and \
                 time.monotonic() - self.killed_at > KILL_GRACE_S:
             self._signal(signal.SIGKILL)
+            signal_all(self._tree, signal.SIGKILL)
         if code is not None:
+            # Whatever of its tree is left goes too (a child that ignored SIGTERM, or
+            # one left behind by a trial that exited).
+            signal_all([p for p in self._tree if p.pid != self.proc.pid], signal.SIGKILL)
             self.exit_code = code if code >= 0 else 128 - code
             if self._log is not None:
                 self._log.close()
         return self.exit_code
 
     def kill(self) -> None:
-        """SIGTERM the process group now, SIGKILL after a grace period (in poll)."""
+        """SIGTERM the process group and every descendant (also those that left the
+        group) now, SIGKILL after a grace period (in poll)."""
         if self.killed_at is None and self.exit_code is None:
             self.killed_at = time.monotonic()
+            if self.proc is not None:
+                self._tree = tree(self.proc.pid)
             self._signal(signal.SIGTERM)
+            signal_all(self._tree, signal.SIGTERM)
 
     def _signal(self, sig: int) -> None:
         if self.proc is None:
@@ -129,14 +150,15 @@ class Job:
             pass
 
     def pids(self) -> list[int]:
-        """The process and its descendants (a command may start the real trainer)."""
+        """The process and its descendants (a command may start the real trainer); they
+        are remembered, so that what is left of them dies with the trial."""
         if self.proc is None or self.exit_code is not None:
             return []
-        try:
-            root = psutil.Process(self.proc.pid)
-            return [root.pid] + [c.pid for c in root.children(recursive=True)]
-        except psutil.Error:
-            return []
+        found = tree(self.proc.pid)
+        if found:
+            known = {p.pid for p in self._tree}
+            self._tree += [p for p in found if p.pid not in known]
+        return [p.pid for p in found]
 
     def new_metrics(self) -> bool:
         """Read lines the trial appended since the last call; True if any."""

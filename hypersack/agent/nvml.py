@@ -33,6 +33,7 @@ def nvml_available() -> bool:
 
 
 class NvmlBackend(DeviceBackend):
+    observes = True
     name = "nvml"
 
     def __init__(self) -> None:

@@ -9,7 +9,8 @@ S = TrialState
 
 TRANSITIONS: dict[TrialState, frozenset[TrialState]] = {
     # PENDING <-> PROFILING: the workload waits for (or regains) a profile.
-    S.PENDING: frozenset({S.PROFILING, S.RUNNING, S.FAILED, S.CANCELLED}),
+    # PENDING -> COMPLETED: the exit of its last attempt arrived after a brief node loss.
+    S.PENDING: frozenset({S.PROFILING, S.RUNNING, S.COMPLETED, S.FAILED, S.CANCELLED}),
     # PROFILING -> RUNNING: a reconnecting agent reports it still runs the trial.
     S.PROFILING: frozenset({S.PENDING, S.RUNNING, S.FAILED, S.CANCELLED}),
     # RUNNING -> PENDING: retried after a failure, out of memory, or a lost node.

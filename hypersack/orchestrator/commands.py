@@ -18,6 +18,7 @@ class LaunchTrial:
     key: WorkloadKey
     demand: Demand
     epochs: float
+    attempt: int = 1  # 1 for the first launch; events of older attempts are stale
 
 
 @dataclass(frozen=True)
@@ -25,6 +26,7 @@ class KillTrial:
     trial_id: str
     node: str
     reason: str
+    attempt: int = 0  # the attempt to kill; 0: whichever runs
 
 
 @dataclass(frozen=True)

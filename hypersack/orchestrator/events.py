@@ -15,6 +15,7 @@ class RunningTrial:
     gpu_index: int
     peak_memory_mib: int = 0  # observed by the agent since it started; 0: not measured
     peak_utilization_pct: float = 0.0
+    attempt: int = 0  # the launch it runs; 0: not said (the simulator)
 
 
 @dataclass(frozen=True)
@@ -56,6 +57,7 @@ class NodeDrained:
 class TrialStarted:
     trial_id: str
     node: str
+    attempt: int = 0
 
 
 @dataclass(frozen=True)
@@ -64,6 +66,7 @@ class TrialProgress:
     node: str
     step: int
     metrics: dict[str, float] = field(default_factory=dict)
+    attempt: int = 0
 
 
 @dataclass(frozen=True)
@@ -73,6 +76,7 @@ class TrialFinished:
     metrics: dict[str, float] = field(default_factory=dict)
     objective: float | None = None  # None: the study's objective metric, if reported
     log_tail: str = ""
+    attempt: int = 0
 
 
 @dataclass(frozen=True)
@@ -81,6 +85,7 @@ class TrialFailed:
     node: str
     exit_code: int
     log_tail: str = ""
+    attempt: int = 0
 
 
 @dataclass(frozen=True)
@@ -88,6 +93,7 @@ class TrialOutOfMemory:
     trial_id: str
     node: str
     observed_memory_mib: int = 0
+    attempt: int = 0
 
 
 @dataclass(frozen=True)

@@ -80,6 +80,7 @@ class OrchestratorConfig:
     oversubscription: Mapping[str, float] = field(default_factory=lambda: dict(DEFAULT_RATIOS))
     default_ratio: float = 1.0
     heartbeat_timeout_s: float = 30.0
+    restore_grace_s: float = 30.0  # extra time for the nodes of a restarted server
     exclusive: bool = False  # one trial per GPU: the baseline the paper compares against
     oom_growth: float = 1.5  # memory demand factor after an out-of-memory death
     # Feedback: a profile's memory demand becomes a trial's observed peak plus this share
@@ -202,8 +203,10 @@ class Orchestrator:
         now = self._clock.now()
         for p in self._store.list_profiles():
             self._profiles[p.key, p.arch] = p
+        # Restored nodes get a grace period: their agents need a moment to find the
+        # restarted server before silence means they are gone.
         for rec in self._store.list_nodes():
-            self._nodes[rec.spec.name] = _Node.of(rec, now)
+            self._nodes[rec.spec.name] = _Node.of(rec, now + self.config.restore_grace_s)
         for study in self._store.list_studies():
             self._studies[study.id] = study
             self._spaces[study.id] = parse_space(study.space, source=f"study {study.id}")
@@ -338,7 +341,7 @@ class Orchestrator:
 
     def _dispatch(self, event: Event) -> list[Command]:
         if isinstance(event, TrialProgress):
-            self._running_on(event.trial_id, event.node)
+            self._running_on(event.trial_id, event.node, event.attempt)
             return []
         if isinstance(event, Heartbeat):
             node = self._live(event.node)
@@ -346,7 +349,7 @@ class Orchestrator:
             node.last_seen = self._clock.now()
             return self._reconcile(node, event.running, joined=False)
         if isinstance(event, TrialStarted):
-            self._running_on(event.trial_id, event.node)
+            self._running_on(event.trial_id, event.node, event.attempt)
             return []
         if isinstance(event, TrialFinished):
             return self._on_finished(event)
@@ -390,10 +393,21 @@ class Orchestrator:
             raise StaleEvent(f"node {name!r} is not registered")
         return node
 
-    def _running_on(self, trial_id: str, node: str) -> TrialRecord:
+    def _running_on(self, trial_id: str, node: str, attempt: int = 0, *,
+                    exit: bool = False) -> TrialRecord:
+        """The trial an event of `node` is about, if that node runs it in that attempt.
+        An exit of the trial's latest attempt also counts while the trial waits to run
+        again after a brief loss of its node: the work was done. Attempt 0: not said."""
         t = self._trials.get(trial_id)
         if t is None:
-            raise StaleEvent(f"no trial {trial_id!r}")
+            raise StaleEvent(f"no trial {_short(trial_id, 80)!r}")
+        if attempt and attempt != t.launches:
+            raise StaleEvent(f"trial {trial_id}: attempt {attempt} was superseded by attempt "
+                             f"{t.launches}")
+        if exit and attempt and t.state == TrialState.PENDING:
+            log.info("%s: the exit of attempt %d arrived after its node was lost; it counts",
+                     trial_id, attempt)
+            return t
         if t.state != TrialState.RUNNING or t.node != node:
             raise StaleEvent(f"trial {trial_id} is {t.state.value}"
                              + (f" on {t.node}" if t.node else "") + f", not running on {node}")
@@ -424,7 +438,7 @@ class Orchestrator:
             t = self._trials[tid]
             if t.state == TrialState.RUNNING:
                 assert t.node is not None
-                commands.append(KillTrial(t.id, t.node, "study cancelled"))
+                commands.append(KillTrial(t.id, t.node, "study cancelled", attempt=t.launches))
                 self._release(t.id)
             if not t.state.terminal:
                 self._set(t, state=TrialState.CANCELLED, reason="study cancelled",
@@ -462,6 +476,13 @@ class Orchestrator:
             reported.add(r.trial_id)
             t = self._trials.get(r.trial_id)
             gpu = node.gpus.get(r.gpu_index)
+            if t is not None and r.attempt and r.attempt != t.launches:
+                # An older attempt still runs (its node came back after it was lost and
+                # the trial launched again): it goes, the current attempt stays.
+                commands.append(KillTrial(r.trial_id, node.spec.name,
+                                          f"attempt {r.attempt} was superseded by attempt "
+                                          f"{t.launches}", attempt=r.attempt))
+                continue
             if t is not None and t.state == TrialState.RUNNING and t.node == node.spec.name:
                 if gpu is not None:
                     self._observe(t, gpu, r)
@@ -500,7 +521,7 @@ class Orchestrator:
         log.warning("node %s lost (%s); its trials are pending again", name, reason)
 
     def _on_finished(self, event: TrialFinished) -> list[Command]:
-        t = self._running_on(event.trial_id, event.node)
+        t = self._running_on(event.trial_id, event.node, event.attempt, exit=True)
         self._release(t.id)
         objective = event.objective
         if objective is None:
@@ -512,7 +533,7 @@ class Orchestrator:
         return self._schedule()
 
     def _on_failed(self, event: TrialFailed) -> list[Command]:
-        t = self._running_on(event.trial_id, event.node)
+        t = self._running_on(event.trial_id, event.node, event.attempt, exit=True)
         self._release(t.id)
         retries = self._spaces[t.study_id].settings.retries
         failures = t.failures + 1
@@ -526,7 +547,7 @@ class Orchestrator:
         return self._schedule()
 
     def _on_oom(self, event: TrialOutOfMemory) -> list[Command]:
-        t = self._running_on(event.trial_id, event.node)
+        t = self._running_on(event.trial_id, event.node, event.attempt)
         assert t.demand is not None
         self._release(t.id)
         grown = max(math.ceil(t.demand.memory_mib * self.config.oom_growth),
@@ -801,7 +822,7 @@ class Orchestrator:
         self._allocate(t.id, node, gpu, demand)
         return LaunchTrial(trial_id=t.id, study_id=t.study_id, node=node_name,
                            gpu_index=gpu_index, params=dict(t.params), key=t.key,
-                           demand=demand, epochs=t.epochs)
+                           demand=demand, epochs=t.epochs, attempt=t.launches)
 
     def _view(self, nodes: list[_Node], study_ratios: Mapping[str, float]) -> ClusterView:
         out = []

@@ -55,6 +55,7 @@ class HyperSackServer:
             config = OrchestratorConfig(oversubscription=dict(settings.oversubscription),
                                         default_ratio=settings.default_ratio,
                                         heartbeat_timeout_s=settings.heartbeat_timeout_s,
+                                        restore_grace_s=settings.heartbeat_timeout_s,
                                         policy=settings.policy)
             self.service = SchedulerService(
                 self.store, config, clock=clock,

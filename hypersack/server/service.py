@@ -222,9 +222,10 @@ class SchedulerService:
                 params_json=json.dumps(c.params, sort_keys=True), key=key_to_pb(c.key),
                 epochs=c.epochs, program=program_to_pb(program),
                 compute_pct=c.demand.compute_pct, memory_mib=c.demand.memory_mib,
-                cores=c.demand.cores))
+                cores=c.demand.cores, attempt=c.attempt))
         if isinstance(c, KillTrial):
-            return pb.ServerMessage(kill=pb.KillTrial(trial_id=c.trial_id, reason=c.reason))
+            return pb.ServerMessage(kill=pb.KillTrial(trial_id=c.trial_id, reason=c.reason,
+                                                      attempt=c.attempt))
         assert isinstance(c, ProfileWorkload)
         self.stats["profile_jobs"] += 1
         # Profile with a representative trial of that workload: its program and parameters.
@@ -381,8 +382,10 @@ class SchedulerService:
                                    last_seen=self._clock.now())
             self._sessions[spec.name] = session
             session.send(pb.ServerMessage(registered=pb.Registered(
-                heartbeat_interval_s=self.heartbeat_interval_s)))
-            running = tuple(RunningTrial(r.trial_id, r.gpu_index) for r in msg.running)
+                heartbeat_interval_s=self.heartbeat_interval_s,
+                heartbeat_timeout_s=self.orch.config.heartbeat_timeout_s)))
+            running = tuple(RunningTrial(r.trial_id, r.gpu_index, attempt=r.attempt)
+                            for r in msg.running)
             self._apply(NodeJoined(spec, running))
             log.info("agent %s connected (%s backend, %d GPUs, %d trials still running)",
                      spec.name, session.backend, len(spec.gpus), len(running))
@@ -447,7 +450,7 @@ class SchedulerService:
                         index=g.index, utilization_pct=clean_percent(g.utilization_pct),
                         memory_used_mib=clean_memory(g.memory_used_mib))
             running = tuple(RunningTrial(r.trial_id, r.gpu_index, clean_memory(r.peak_memory_mib),
-                                         clean_percent(r.peak_utilization_pct))
+                                         clean_percent(r.peak_utilization_pct), r.attempt)
                             for r in hb.running)
             if not session.connected:
                 return None
@@ -457,10 +460,11 @@ class SchedulerService:
                 return NodeJoined(session.spec, running)
             return Heartbeat(node, running)
         if kind == "started":
-            return TrialStarted(msg.started.trial_id, node)
+            return TrialStarted(msg.started.trial_id, node, msg.started.attempt)
         if kind == "metrics":
             m = msg.metrics
-            return TrialProgress(m.trial_id, node, int(m.step), clean_metrics(m.metrics))
+            return TrialProgress(m.trial_id, node, int(m.step), clean_metrics(m.metrics),
+                                 m.attempt)
         if kind == "exited":
             return self._exit_event(node, msg.exited)
         if kind == "profile":
@@ -473,10 +477,12 @@ class SchedulerService:
     def _exit_event(node: str, e: pb.TrialExited) -> Event:
         tail = e.log_tail[-LOG_TAIL_CHARS:]
         if e.exit_code == 0:
-            return TrialFinished(e.trial_id, node, clean_metrics(e.metrics), log_tail=tail)
+            return TrialFinished(e.trial_id, node, clean_metrics(e.metrics), log_tail=tail,
+                                 attempt=e.attempt)
         if e.out_of_memory or e.exit_code == OOM_EXIT_CODE:
-            return TrialOutOfMemory(e.trial_id, node, clean_memory(e.peak_memory_mib))
-        return TrialFailed(e.trial_id, node, e.exit_code, tail)
+            return TrialOutOfMemory(e.trial_id, node, clean_memory(e.peak_memory_mib),
+                                    attempt=e.attempt)
+        return TrialFailed(e.trial_id, node, e.exit_code, tail, attempt=e.attempt)
 
     @staticmethod
     def _profile_event(node: str, p: pb.ProfileResult) -> Event:

@@ -262,8 +262,13 @@ def test_restart_from_sqlite_resumes_without_losing_or_repeating(tmp_path: Path)
     # Node a comes back with its trials still running: adopted, nothing launched on it.
     cmds = orch2.handle(NodeJoined(a, tuple(RunningTrial(t.id, 0) for t in running_a)))
     assert not [c for c in cmds if isinstance(c, (KillTrial, LaunchTrial)) and c.node == a.name]
-    # Node b never returns: after the heartbeat timeout its trials run again elsewhere.
-    clock.advance(31)
+    # Node b never returns: after the heartbeat timeout and the grace a restarted server
+    # gives the nodes it restored, its trials run again elsewhere.
+    clock.advance(29)
+    orch2.handle(Heartbeat(a.name, tuple(RunningTrial(t.id, 0) for t in running_a)))
+    orch2.handle(Tick())
+    assert orch2.has_node(b.name)  # silent for 29 s, within timeout and grace
+    clock.advance(32)
     orch2.handle(Heartbeat(a.name, tuple(RunningTrial(t.id, 0) for t in running_a)))
     orch2.handle(Tick())
     ran: dict[str, int] = {}

@@ -273,16 +273,18 @@ class GpuState(_message.Message):
     def __init__(self, index: _Optional[int] = ..., utilization_pct: _Optional[float] = ..., memory_used_mib: _Optional[int] = ...) -> None: ...
 
 class RunningTrial(_message.Message):
-    __slots__ = ("trial_id", "gpu_index", "peak_memory_mib", "peak_utilization_pct")
+    __slots__ = ("trial_id", "gpu_index", "peak_memory_mib", "peak_utilization_pct", "attempt")
     TRIAL_ID_FIELD_NUMBER: _ClassVar[int]
     GPU_INDEX_FIELD_NUMBER: _ClassVar[int]
     PEAK_MEMORY_MIB_FIELD_NUMBER: _ClassVar[int]
     PEAK_UTILIZATION_PCT_FIELD_NUMBER: _ClassVar[int]
+    ATTEMPT_FIELD_NUMBER: _ClassVar[int]
     trial_id: str
     gpu_index: int
     peak_memory_mib: int
     peak_utilization_pct: float
-    def __init__(self, trial_id: _Optional[str] = ..., gpu_index: _Optional[int] = ..., peak_memory_mib: _Optional[int] = ..., peak_utilization_pct: _Optional[float] = ...) -> None: ...
+    attempt: int
+    def __init__(self, trial_id: _Optional[str] = ..., gpu_index: _Optional[int] = ..., peak_memory_mib: _Optional[int] = ..., peak_utilization_pct: _Optional[float] = ..., attempt: _Optional[int] = ...) -> None: ...
 
 class Register(_message.Message):
     __slots__ = ("node", "cores", "gpus", "running", "backend", "version")
@@ -309,13 +311,15 @@ class Heartbeat(_message.Message):
     def __init__(self, running: _Optional[_Iterable[_Union[RunningTrial, _Mapping]]] = ..., gpus: _Optional[_Iterable[_Union[GpuState, _Mapping]]] = ...) -> None: ...
 
 class TrialStarted(_message.Message):
-    __slots__ = ("trial_id",)
+    __slots__ = ("trial_id", "attempt")
     TRIAL_ID_FIELD_NUMBER: _ClassVar[int]
+    ATTEMPT_FIELD_NUMBER: _ClassVar[int]
     trial_id: str
-    def __init__(self, trial_id: _Optional[str] = ...) -> None: ...
+    attempt: int
+    def __init__(self, trial_id: _Optional[str] = ..., attempt: _Optional[int] = ...) -> None: ...
 
 class TrialMetrics(_message.Message):
-    __slots__ = ("trial_id", "step", "metrics")
+    __slots__ = ("trial_id", "step", "metrics", "attempt")
     class MetricsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -326,13 +330,15 @@ class TrialMetrics(_message.Message):
     TRIAL_ID_FIELD_NUMBER: _ClassVar[int]
     STEP_FIELD_NUMBER: _ClassVar[int]
     METRICS_FIELD_NUMBER: _ClassVar[int]
+    ATTEMPT_FIELD_NUMBER: _ClassVar[int]
     trial_id: str
     step: int
     metrics: _containers.ScalarMap[str, float]
-    def __init__(self, trial_id: _Optional[str] = ..., step: _Optional[int] = ..., metrics: _Optional[_Mapping[str, float]] = ...) -> None: ...
+    attempt: int
+    def __init__(self, trial_id: _Optional[str] = ..., step: _Optional[int] = ..., metrics: _Optional[_Mapping[str, float]] = ..., attempt: _Optional[int] = ...) -> None: ...
 
 class TrialExited(_message.Message):
-    __slots__ = ("trial_id", "exit_code", "log_tail", "metrics", "out_of_memory", "peak_memory_mib")
+    __slots__ = ("trial_id", "exit_code", "log_tail", "metrics", "out_of_memory", "peak_memory_mib", "attempt")
     class MetricsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -346,13 +352,15 @@ class TrialExited(_message.Message):
     METRICS_FIELD_NUMBER: _ClassVar[int]
     OUT_OF_MEMORY_FIELD_NUMBER: _ClassVar[int]
     PEAK_MEMORY_MIB_FIELD_NUMBER: _ClassVar[int]
+    ATTEMPT_FIELD_NUMBER: _ClassVar[int]
     trial_id: str
     exit_code: int
     log_tail: str
     metrics: _containers.ScalarMap[str, float]
     out_of_memory: bool
     peak_memory_mib: int
-    def __init__(self, trial_id: _Optional[str] = ..., exit_code: _Optional[int] = ..., log_tail: _Optional[str] = ..., metrics: _Optional[_Mapping[str, float]] = ..., out_of_memory: bool = ..., peak_memory_mib: _Optional[int] = ...) -> None: ...
+    attempt: int
+    def __init__(self, trial_id: _Optional[str] = ..., exit_code: _Optional[int] = ..., log_tail: _Optional[str] = ..., metrics: _Optional[_Mapping[str, float]] = ..., out_of_memory: bool = ..., peak_memory_mib: _Optional[int] = ..., attempt: _Optional[int] = ...) -> None: ...
 
 class ProfileRecord(_message.Message):
     __slots__ = ("key", "arch", "compute_pct", "memory_mib", "cores", "iter_time_s", "iters_per_epoch", "data_fraction", "source", "setup_s", "eval_s_per_epoch", "versions", "measured_at", "observed_memory_mib", "observed_compute_pct", "observed_trials", "corrected")
@@ -433,13 +441,15 @@ class Program(_message.Message):
     def __init__(self, builtin: _Optional[str] = ..., command: _Optional[str] = ..., options_json: _Optional[str] = ...) -> None: ...
 
 class Registered(_message.Message):
-    __slots__ = ("heartbeat_interval_s",)
+    __slots__ = ("heartbeat_interval_s", "heartbeat_timeout_s")
     HEARTBEAT_INTERVAL_S_FIELD_NUMBER: _ClassVar[int]
+    HEARTBEAT_TIMEOUT_S_FIELD_NUMBER: _ClassVar[int]
     heartbeat_interval_s: float
-    def __init__(self, heartbeat_interval_s: _Optional[float] = ...) -> None: ...
+    heartbeat_timeout_s: float
+    def __init__(self, heartbeat_interval_s: _Optional[float] = ..., heartbeat_timeout_s: _Optional[float] = ...) -> None: ...
 
 class LaunchTrial(_message.Message):
-    __slots__ = ("trial_id", "study_id", "gpu_index", "params_json", "key", "epochs", "program", "compute_pct", "memory_mib", "cores")
+    __slots__ = ("trial_id", "study_id", "gpu_index", "params_json", "key", "epochs", "program", "compute_pct", "memory_mib", "cores", "attempt")
     TRIAL_ID_FIELD_NUMBER: _ClassVar[int]
     STUDY_ID_FIELD_NUMBER: _ClassVar[int]
     GPU_INDEX_FIELD_NUMBER: _ClassVar[int]
@@ -450,6 +460,7 @@ class LaunchTrial(_message.Message):
     COMPUTE_PCT_FIELD_NUMBER: _ClassVar[int]
     MEMORY_MIB_FIELD_NUMBER: _ClassVar[int]
     CORES_FIELD_NUMBER: _ClassVar[int]
+    ATTEMPT_FIELD_NUMBER: _ClassVar[int]
     trial_id: str
     study_id: str
     gpu_index: int
@@ -460,15 +471,18 @@ class LaunchTrial(_message.Message):
     compute_pct: float
     memory_mib: int
     cores: float
-    def __init__(self, trial_id: _Optional[str] = ..., study_id: _Optional[str] = ..., gpu_index: _Optional[int] = ..., params_json: _Optional[str] = ..., key: _Optional[_Union[WorkloadKey, _Mapping]] = ..., epochs: _Optional[float] = ..., program: _Optional[_Union[Program, _Mapping]] = ..., compute_pct: _Optional[float] = ..., memory_mib: _Optional[int] = ..., cores: _Optional[float] = ...) -> None: ...
+    attempt: int
+    def __init__(self, trial_id: _Optional[str] = ..., study_id: _Optional[str] = ..., gpu_index: _Optional[int] = ..., params_json: _Optional[str] = ..., key: _Optional[_Union[WorkloadKey, _Mapping]] = ..., epochs: _Optional[float] = ..., program: _Optional[_Union[Program, _Mapping]] = ..., compute_pct: _Optional[float] = ..., memory_mib: _Optional[int] = ..., cores: _Optional[float] = ..., attempt: _Optional[int] = ...) -> None: ...
 
 class KillTrial(_message.Message):
-    __slots__ = ("trial_id", "reason")
+    __slots__ = ("trial_id", "reason", "attempt")
     TRIAL_ID_FIELD_NUMBER: _ClassVar[int]
     REASON_FIELD_NUMBER: _ClassVar[int]
+    ATTEMPT_FIELD_NUMBER: _ClassVar[int]
     trial_id: str
     reason: str
-    def __init__(self, trial_id: _Optional[str] = ..., reason: _Optional[str] = ...) -> None: ...
+    attempt: int
+    def __init__(self, trial_id: _Optional[str] = ..., reason: _Optional[str] = ..., attempt: _Optional[int] = ...) -> None: ...
 
 class ProfileWorkload(_message.Message):
     __slots__ = ("key", "arch", "gpu_index", "iterations", "warmup", "program", "params_json", "epochs")
