@@ -103,10 +103,9 @@ class Job:
         self._log.write(f"$ {shlex.join(self.argv)}\n".encode())
         self._log.flush()
         try:
-            self.proc = subprocess.Popen(self.argv, cwd=self.workdir, env=env,
-                                         stdin=subprocess.DEVNULL, stdout=self._log,
-                                         stderr=subprocess.STDOUT, start_new_session=True,
-                                         preexec_fn=die_with_parent())
+            self.proc = subprocess.Popen(die_with_parent(self.argv), cwd=self.workdir,
+                                         env=env, stdin=subprocess.DEVNULL, stdout=self._log,
+                                         stderr=subprocess.STDOUT, start_new_session=True)
         except OSError as exc:
             self._log.write(f"cannot start: {exc}\n".encode())
             self._log.close()

@@ -22,8 +22,10 @@ import ctypes.util
 import json
 import logging
 import os
+import shutil
 import signal
-from collections.abc import Callable, Iterable
+import sys
+from collections.abc import Iterable
 from pathlib import Path
 
 import psutil
@@ -35,6 +37,7 @@ ENV_JOB = "HYPERSACK_JOB"
 PR_SET_PDEATHSIG = 1
 PR_SET_CHILD_SUBREAPER = 36
 
+_SETPRIV = shutil.which("setpriv")
 _libc: ctypes.CDLL | None = None
 try:  # Linux; elsewhere the parent-death signal and the subreaper are not available
     _name = ctypes.util.find_library("c")
@@ -43,16 +46,21 @@ except OSError:
     _libc = None
 
 
-def die_with_parent() -> Callable[[], None] | None:
-    """A preexec function that makes the child get SIGKILL when its parent thread dies."""
-    libc = _libc
-    if libc is None:
-        return None
+_SHIM = ("import ctypes, ctypes.util, os, sys; "
+         "ctypes.CDLL(ctypes.util.find_library('c')).prctl(1, 9, 0, 0, 0); "
+         "os.execvp(sys.argv[1], sys.argv[1:])")
 
-    def _set() -> None:
-        libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
 
-    return _set
+def die_with_parent(argv: list[str]) -> list[str]:
+    """`argv` wrapped so that the process gets SIGKILL when the agent dies: util-linux's
+    `setpriv --pdeathsig` where it is installed, else a Python one-liner; both set the
+    signal and exec the program (same pid). Not a preexec function: forking a process
+    that runs gRPC threads without exec crashes now and then."""
+    if _SETPRIV is not None:
+        return [_SETPRIV, "--pdeathsig", "KILL", "--", *argv]
+    if _libc is not None:
+        return [sys.executable, "-c", _SHIM, *argv]
+    return argv
 
 
 def become_subreaper() -> bool:

@@ -264,7 +264,8 @@ def _logs(client: Client, trial_id: str, console: Console) -> int:
         sys.stdout.write(tail if tail.endswith("\n") else tail + "\n")
     elif t.state == "RUNNING":
         console.print("running: its log is in the agent's work directory on that node "
-                      f"(<workdir>/{safe(t.node)}/{safe(t.study_id)}/{safe(t.id)}/log.txt)")
+                      f"(<workdir>/{safe(t.node)}/{safe(t.study_id)}/{safe(t.id)}/"
+                      f"attempt-{t.launches}/log.txt)")
     else:
         console.print("no log recorded")
     return 0

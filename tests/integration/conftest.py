@@ -19,7 +19,13 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from hypersack.cli.client import Client
 from tests.conftest import EXAMPLES
 
-pytestmark = pytest.mark.slow
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Every test here runs real processes: mark them slow (`-m "not slow"` skips them)."""
+    here = Path(__file__).parent
+    for item in items:
+        if here in Path(str(item.fspath)).parents:
+            item.add_marker(pytest.mark.slow)
 
 # Fast failure detection for tests: heartbeats every 0.3 s, a node is lost after 3 s.
 SERVER_FLAGS = ["--heartbeat-interval-s", "0.3", "--heartbeat-timeout-s", "3",

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 from tests.integration.conftest import Cluster, space_yaml, wait_for
 
@@ -117,3 +119,77 @@ def test_server_killed_and_restarted_study_completes_once(cluster: Cluster) -> N
     # Adopted, not started again: every trial ran exactly once and has one result.
     assert [t.id for t in trials if t.launches != 1] == []
     assert running and all(t.has_objective for t in trials)
+
+
+ESCAPER = """
+import os, signal, subprocess, sys, time
+# A trial that starts a child in a session of its own that ignores SIGTERM: the kind of
+# descendant that escapes a process-group kill.
+child = subprocess.Popen([sys.executable, "-c", "import signal, time; "
+                          "signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(300)"],
+                         start_new_session=True)
+with open("pids.txt", "w") as f:
+    f.write(f"{os.getpid()} {child.pid}\\n")
+time.sleep(300)
+"""
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split(")")[-1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+def _marked(workdir: str) -> list[int]:
+    """Processes that carry this cluster's agent marker in their environment."""
+    out = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/environ", "rb") as f:
+                env = f.read()
+        except OSError:
+            continue
+        if f"HYPERSACK_AGENT_DIR={workdir}".encode() in env and _alive(int(entry)):
+            out.append(int(entry))
+    return out
+
+
+def test_killed_agent_leaves_nothing_running_twice_and_nothing_after(
+        cluster: Cluster, tmp_path: Path) -> None:
+    script = tmp_path / "escaper.py"
+    script.write_text(ESCAPER)
+    cluster.start_server()
+    cluster.start_agent("n1")
+    study = _submit(cluster, space_yaml(
+        "escape", models="[resnet18]", batch_sizes="[64]", lrs="[0.001]",
+        program=f"{{command: '{{python}} {script}'}}"))
+    wait_for("the trial running", lambda: any(t.state == "RUNNING"
+                                              for t in _trials(cluster, study)))
+    agent_dir = str((tmp_path / "work" / "n1").resolve())
+
+    def pids_file(attempt: int) -> Path | None:
+        found = [p for p in Path(agent_dir).rglob(f"attempt-{attempt}/pids.txt")
+                 if p.read_text().strip()]
+        return found[0] if found else None
+
+    wait_for("its processes", lambda: pids_file(1) is not None)
+    first = pids_file(1)
+    assert first is not None
+    trial_pid, escaped_pid = map(int, first.read_text().split())
+    cluster.kill_agent("n1")
+    # The trial dies with its agent (parent-death signal): its next attempt never runs
+    # beside it. Its escaped child is what a restarted agent must find.
+    wait_for("the trial to die with its agent", lambda: not _alive(trial_pid), 10, 0.1)
+    cluster.start_agent("n1")
+    wait_for("the escaped child to be killed", lambda: not _alive(escaped_pid), 20, 0.1)
+    wait_for("attempt 2", lambda: pids_file(2) is not None, 30, 0.2)
+    (trial,) = _trials(cluster, study)
+    assert trial.launches == 2 and trial.state == "RUNNING"
+    with cluster.client() as client:
+        client.cancel(study)
+    # Cancelled: the whole tree goes, the child that ignores SIGTERM included.
+    wait_for("no process left", lambda: not _marked(agent_dir), 30, 0.2)
