@@ -23,6 +23,7 @@ MAX_COMPUTE_PCT = 100_000.0  # one trial's compute demand: 1,000 GPUs' worth
 MAX_MEMORY_MIB = 1 << 30  # one GPU or one demand: 1 PiB
 MAX_CORES = 1_000_000.0  # one node
 MAX_EPOCHS = 1_000_000.0
+MIN_EPOCHS = 1.0e-6  # a fraction of an epoch is fine; 1e-300 is a typo
 MAX_SECONDS = 1.0e9  # about 31 years: any duration, time stamp offset or timeout
 MAX_TIMESTAMP_S = 1.0e11  # seconds since the Unix epoch (year 5138)
 MAX_ITERATIONS = INT32_MAX
@@ -49,7 +50,7 @@ Cores = Annotated[float, Field(ge=0, le=MAX_CORES, allow_inf_nan=False)]
 Seconds = Annotated[float, Field(ge=0, le=MAX_SECONDS, allow_inf_nan=False)]
 PositiveSeconds = Annotated[float, Field(gt=0, le=MAX_SECONDS, allow_inf_nan=False)]
 Timestamp = Annotated[float, Field(ge=0, le=MAX_TIMESTAMP_S, allow_inf_nan=False)]
-Epochs = Annotated[float, Field(gt=0, le=MAX_EPOCHS, allow_inf_nan=False)]
+Epochs = Annotated[float, Field(ge=MIN_EPOCHS, le=MAX_EPOCHS, allow_inf_nan=False)]
 Count = Annotated[int, Field(ge=0, le=INT32_MAX)]
 Fraction = Annotated[float, Field(ge=0, le=1, allow_inf_nan=False)]
 Ratio = Annotated[float, Field(gt=0, le=MAX_RATIO, allow_inf_nan=False)]

@@ -24,6 +24,7 @@ from hypersack.core.bounds import (
     MAX_BATCH_SIZE,
     MAX_EPOCHS,
     MAX_RATIO,
+    MIN_EPOCHS,
     Epochs,
     is_name,
 )
@@ -45,7 +46,7 @@ _CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 
 
 class _Spec(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
+    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False, strict=True)
 
 
 def _plain_value(value: Any) -> Any:
@@ -387,12 +388,13 @@ class SearchSpace(_Spec):
 
 def _check_epochs(hp: Choice | Uniform | LogUniform | IntRange) -> None:
     """An `epochs` hyperparameter sets each trial's epochs: positive finite numbers."""
-    bad = ValueError(f"hyperparameters.epochs: must be numbers greater than 0 and at most "
+    bad = ValueError(f"hyperparameters.epochs: must be numbers from {MIN_EPOCHS:g} to "
                      f"{MAX_EPOCHS:g}")
     if isinstance(hp, Choice):
-        if not all(type(v) in (int, float) and 0 < v <= MAX_EPOCHS for v in hp.values):
+        if not all(type(v) in (int, float) and MIN_EPOCHS <= v <= MAX_EPOCHS
+                   for v in hp.values):
             raise bad
-    elif not (hp.low > 0 and hp.high <= MAX_EPOCHS):
+    elif not (hp.low >= MIN_EPOCHS and hp.high <= MAX_EPOCHS):
         raise bad
 
 
