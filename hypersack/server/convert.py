@@ -59,8 +59,9 @@ def program_to_pb(program: Program) -> pb.Program:
 
 
 def program_from_pb(msg: pb.Program) -> Program:
-    return Program(builtin=msg.builtin or None, command=msg.command or None,
-                   options=json.loads(msg.options_json or "{}"))
+    return Program.model_validate({"builtin": msg.builtin or None,
+                                   "command": msg.command or None,
+                                   "options": json.loads(msg.options_json or "{}")})
 
 
 def node_from_register(msg: pb.Register) -> NodeSpec:
