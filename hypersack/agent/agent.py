@@ -13,6 +13,7 @@ import queue
 import random
 import threading
 import time
+from collections.abc import Iterable
 from pathlib import Path
 
 import grpc
@@ -21,7 +22,7 @@ from hypersack import __version__
 from hypersack._proto.v1 import hypersack_pb2 as pb
 from hypersack._proto.v1 import hypersack_pb2_grpc as pb_grpc
 from hypersack.agent.devices import DeviceBackend, Measured
-from hypersack.agent.launcher import Job, argv_for, job_dir
+from hypersack.agent.launcher import Job, argv_for, job_dir, job_key
 from hypersack.agent.procs import Records, kill_strays
 from hypersack.core.bounds import clamp
 from hypersack.core.errors import HyperSackError
@@ -285,13 +286,18 @@ class Agent:
             self._launch(msg.launch, outbox)
         elif kind == "kill":
             k = msg.kill
-            for job in list(self.jobs.values()):
-                if job.id == k.trial_id and not job.profile and \
-                        (not k.attempt or job.attempt == k.attempt):
-                    log.info("killing %s (attempt %d): %s", job.id, job.attempt, k.reason)
-                    job.kill()
+            for job in self._attempts(k.trial_id, [k.attempt] if k.attempt else None):
+                log.info("killing %s (attempt %d): %s", job.id, job.attempt, k.reason)
+                job.kill()
         elif kind == "profile":
             self._profile(msg.profile, outbox)
+
+    def _attempts(self, trial_id: str, attempts: Iterable[int] | None) -> list[Job]:
+        """This node's jobs of a trial in those attempts (None: in any attempt)."""
+        if attempts is None:
+            return [j for j in self.jobs.values() if j.id == trial_id and not j.profile]
+        found = (self.jobs.get(job_key(trial_id, a)) for a in attempts)
+        return [j for j in found if j is not None]
 
     def _job(self, job_id: str, study_id: str, group: str, gpu_index: int,
              program: pb.Program, params_json: str, epochs: float,
@@ -316,10 +322,11 @@ class Agent:
                    agent_dir=self.agent_dir), device
 
     def _launch(self, m: pb.LaunchTrial, outbox: queue.Queue[pb.AgentMessage | None]) -> None:
-        for old in list(self.jobs.values()):
-            if old.id == m.trial_id and not old.profile and old.exit_code is None:
-                if old.attempt == m.attempt:
-                    return  # already running (a repeated command)
+        same = self.jobs.get(job_key(m.trial_id, m.attempt))
+        if same is not None and same.exit_code is None:
+            return  # already running (a repeated command)
+        for old in self._attempts(m.trial_id, range(1, m.attempt)):
+            if old.exit_code is None:
                 log.info("%s: attempt %d supersedes attempt %d", old.id, m.attempt, old.attempt)
                 old.kill()
         try:

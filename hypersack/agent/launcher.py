@@ -72,8 +72,7 @@ class Job:
 
     @property
     def key(self) -> str:
-        """Unique per attempt: `trial#attempt` (a profile run: its id)."""
-        return f"{self.id}#{self.attempt}" if self.attempt else self.id
+        return job_key(self.id, self.attempt)
 
     @property
     def log_path(self) -> Path:
@@ -199,6 +198,11 @@ class Job:
         except (FileNotFoundError, ValueError):
             return None
         return data if isinstance(data, dict) else None
+
+
+def job_key(job_id: str, attempt: int) -> str:
+    """A job's key, unique per attempt: `trial#attempt` (a profile run: its id)."""
+    return f"{job_id}#{attempt}" if attempt else job_id
 
 
 def job_dir(root: Path, group: str, job_id: str) -> Path:

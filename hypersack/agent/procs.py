@@ -47,8 +47,8 @@ except OSError:
 
 
 _SHIM = ("import ctypes, ctypes.util, os, sys; "
-         "ctypes.CDLL(ctypes.util.find_library('c')).prctl(1, 9, 0, 0, 0); "
-         "os.execvp(sys.argv[1], sys.argv[1:])")
+         f"ctypes.CDLL(ctypes.util.find_library('c')).prctl({PR_SET_PDEATHSIG}, "
+         f"{int(signal.SIGKILL)}, 0, 0, 0); os.execvp(sys.argv[1], sys.argv[1:])")
 
 
 def die_with_parent(argv: list[str]) -> list[str]:

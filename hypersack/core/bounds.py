@@ -26,7 +26,6 @@ MAX_EPOCHS = 1_000_000.0
 MIN_EPOCHS = 1.0e-6  # a fraction of an epoch is fine; 1e-300 is a typo
 MAX_SECONDS = 1.0e9  # about 31 years: any duration, time stamp offset or timeout
 MAX_TIMESTAMP_S = 1.0e11  # seconds since the Unix epoch (year 5138)
-MAX_ITERATIONS = INT32_MAX
 MAX_BATCH_SIZE = INT32_MAX
 MAX_RATIO = 1_000.0  # oversubscription
 MAX_GPUS_PER_NODE = 256
@@ -58,14 +57,6 @@ Ratio = Annotated[float, Field(gt=0, le=MAX_RATIO, allow_inf_nan=False)]
 
 def is_name(text: str) -> bool:
     return len(text) <= MAX_NAME_CHARS and _NAME.match(text) is not None
-
-
-def check_name(text: str, what: str) -> str:
-    if not is_name(text):
-        raise InvalidInput(f"{what}: {text[:MAX_NAME_CHARS]!r} is not a valid name (1 to "
-                           f"{MAX_NAME_CHARS} of letters, digits and _.:@+=-, starting with a "
-                           "letter, digit or _)")
-    return text
 
 
 def finite(value: float, what: str, low: float, high: float) -> float:

@@ -10,7 +10,8 @@ from __future__ import annotations
 import logging
 import math
 from collections import deque
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -317,18 +318,27 @@ class Orchestrator:
             self._journal.end()
         return result
 
-    def _guarded(self, event: Event | None, result: BatchResult) -> None:
-        """Handle one event (None: decide), undoing all it did if it raises."""
+    @contextmanager
+    def _undone_if_raises(self) -> Iterator[None]:
+        """Whatever the block changes, in memory and in the store, is undone if it raises
+        (and the error raised on)."""
         mark = self._journal.mark()
         try:
             with self._store.savepoint():
+                yield
+        except BaseException:
+            self._journal.rollback_to(mark)
+            self._needs_cache.clear()  # it may hold needs of a profile that was undone
+            raise
+
+    def _guarded(self, event: Event | None, result: BatchResult) -> None:
+        """Handle one event (None: decide), undoing all it did if it raises."""
+        try:
+            with self._undone_if_raises():
                 commands = self._dispatch(event) if event is not None else self._schedule()
         except StaleEvent as exc:
-            self._journal.rollback_to(mark)
             result.stale.append(exc)
         except Exception as exc:
-            self._journal.rollback_to(mark)
-            self._needs_cache.clear()
             what = "a decision" if event is None else _short(repr(event))
             if isinstance(exc, HyperSackError):
                 log.warning("refused %s: %s", what, exc)
@@ -760,13 +770,10 @@ class Orchestrator:
         commands += self._profile_missing(active, open_nodes, archs)
         for study in active:
             # One study's failed decision is undone and leaves the others to theirs.
-            mark = self._journal.mark()
             try:
-                with self._store.savepoint():
+                with self._undone_if_raises():
                     commands += self._decide(study, open_nodes, archs)
             except Exception:
-                self._journal.rollback_to(mark)
-                self._needs_cache.clear()
                 log.exception("the decision for study %s failed and was undone; it is "
                               "tried again at the next event", study.id)
         return commands

@@ -56,15 +56,13 @@ def load_profiles(path: str | Path) -> list[Profile]:
             rows: list[dict[str, Any]] = list(csv.DictReader(io.StringIO(text)))
         except csv.Error as exc:
             raise InvalidInput(f"{p}: not valid CSV: {exc}") from None
-        if len(rows) > MAX_PROFILE_ROWS:
-            raise InvalidInput(f"{p}: more than {MAX_PROFILE_ROWS} profiles")
     else:
         data = load_yaml(text, str(p))
         if not isinstance(data, dict) or not isinstance(data.get("profiles"), list):
             raise InvalidInput(f"{p}: expected a mapping with a 'profiles' list")
         rows = data["profiles"]
-        if len(rows) > MAX_PROFILE_ROWS:
-            raise InvalidInput(f"{p}: more than {MAX_PROFILE_ROWS} profiles")
+    if len(rows) > MAX_PROFILE_ROWS:
+        raise InvalidInput(f"{p}: more than {MAX_PROFILE_ROWS} profiles")
     profiles = []
     for i, row in enumerate(rows):
         if not isinstance(row, dict):

@@ -336,7 +336,7 @@ class SchedulerService:
         """Hold one of the bounded watch slots: at most `max_watches` in all and
         `max_watches_per_client` per client host; past that, Overloaded."""
         with self._lock:
-            total = sum(self._watches.values())
+            total = self.watching()
             mine = self._watches.get(client, 0)
             if total >= self.max_watches or mine >= self.max_watches_per_client:
                 raise Overloaded(f"too many watches open ({total} in all, {mine} from this "
