@@ -22,18 +22,19 @@ from hypersack import __version__
 from hypersack._proto.v1 import hypersack_pb2 as pb
 from hypersack._proto.v1 import hypersack_pb2_grpc as pb_grpc
 from hypersack.agent.devices import DeviceBackend, Measured
-from hypersack.agent.launcher import Job, argv_for, job_dir, job_key
+from hypersack.agent.launcher import LOG_MAX_BYTES, Job, argv_for, job_dir, job_key
 from hypersack.agent.procs import Records, kill_strays
+from hypersack.core import trial_env as sdk
 from hypersack.core.bounds import clamp
 from hypersack.core.errors import HyperSackError
 from hypersack.core.types import GpuSpec
-from hypersack.runner import sdk
-from hypersack.server.convert import LOG_TAIL_CHARS, key_from_pb, program_from_pb
+from hypersack.wire.convert import LOG_TAIL_CHARS, key_from_pb, program_from_pb
 
 log = logging.getLogger(__name__)
 
 RESEND_WINDOW_S = 30.0
 OBSERVE_INTERVAL_S = 1.0  # how often running trials' device use is sampled
+LOG_CHECK_INTERVAL_S = 1.0  # how often trial logs are checked against their cap
 SWEEP_INTERVAL_S = 1.0  # at most this often, after a trial ended: kill what it left
 # Keepalive pings find a dead link (a silent peer, a dropped NAT entry) in seconds.
 CHANNEL_OPTIONS = [("grpc.keepalive_time_ms", 10_000), ("grpc.keepalive_timeout_ms", 5_000),
@@ -54,7 +55,8 @@ class _Ended:
 class Agent:
     def __init__(self, server: str, node: str, backend: DeviceBackend, workdir: Path, *,
                  poll_interval_s: float = 0.2, reconnect_max_s: float = 10.0,
-                 duplicate_timeout_s: float = 60.0, kill_on_stop: bool = True) -> None:
+                 duplicate_timeout_s: float = 60.0, kill_on_stop: bool = True,
+                 log_max_bytes: int = LOG_MAX_BYTES) -> None:
         self.server = server
         self.node = node
         self.backend = backend
@@ -63,6 +65,7 @@ class Agent:
         self.reconnect_max_s = reconnect_max_s
         self.duplicate_timeout_s = duplicate_timeout_s
         self.kill_on_stop = kill_on_stop
+        self.log_max_bytes = log_max_bytes
         self.jobs: dict[str, Job] = {}  # by Job.key: trial#attempt, or a profile's id
         self._jobs_lock = threading.Lock()  # the heartbeat thread reads jobs
         self.agent_dir = str((workdir / node).resolve())
@@ -79,6 +82,7 @@ class Agent:
         self.sessions = 0
         self.heartbeat_interval_s = 5.0
         self._observed_at = 0.0
+        self._logs_checked_at = 0.0
 
     # ----------------------------------------------------------------- lifecycle
     def reap_leftovers(self) -> int:
@@ -190,8 +194,11 @@ class Agent:
         outbox.put(self._register())
         for m, _ in self._resend:
             outbox.put(m)
+        # Until a session has lasted the window, what is re-sent stays to be re-sent: a
+        # server that is down for several attempts still gets every exit.
+        now = time.monotonic()
+        self._sent = [(now, m, gpu) for m, gpu in self._resend]
         self._resend = []
-        self._sent = []
         channel = grpc.insecure_channel(self.server, options=CHANNEL_OPTIONS)
         stub = pb_grpc.AgentLinkStub(channel)  # type: ignore[no-untyped-call]
         call = stub.Connect(iter(outbox.get, None))
@@ -247,7 +254,8 @@ class Agent:
             outbox.put(None)
             call.cancel()
             channel.close()
-            # Exits sent just before the break may not have arrived: send them again.
+            # Exits sent less than the window before the break may not have arrived (a
+            # stream to a dead server swallows them): send them again.
             horizon = time.monotonic() - RESEND_WINDOW_S
             self._resend = [(m, gpu) for t, m, gpu in self._sent if t >= horizon]
         return (ended.error if ended is not None else None), was_connected
@@ -319,7 +327,7 @@ class Agent:
                sdk.ENV_EPOCHS: repr(epochs), sdk.ENV_OPTIONS: program.options_json or "{}",
                **(extra_env or {})}
         return Job(job_id, gpu_index, workdir, argv, env, profile=profile, attempt=attempt,
-                   agent_dir=self.agent_dir), device
+                   agent_dir=self.agent_dir, log_max_bytes=self.log_max_bytes), device
 
     def _launch(self, m: pb.LaunchTrial, outbox: queue.Queue[pb.AgentMessage | None]) -> None:
         same = self.jobs.get(job_key(m.trial_id, m.attempt))
@@ -374,6 +382,10 @@ class Agent:
         if time.monotonic() - self._observed_at >= OBSERVE_INTERVAL_S:
             self._observed_at = time.monotonic()
             self._observe()
+        if time.monotonic() - self._logs_checked_at >= LOG_CHECK_INTERVAL_S:
+            self._logs_checked_at = time.monotonic()
+            for job in list(self.jobs.values()):
+                job.cap_log()
         for job_id in list(self.jobs):
             job = self.jobs[job_id]
             if not job.profile and job.new_metrics() and job.killed_at is None:
@@ -392,6 +404,7 @@ class Agent:
                 self._send(outbox, self._profile_result(job, code), job.gpu_index)
                 continue
             job.new_metrics()
+            job.cap_log()
             log.info("%s exited with code %d", job.id, code)
             self._send(outbox, pb.AgentMessage(exited=pb.TrialExited(
                 trial_id=job.id, exit_code=code, log_tail=job.log_tail(LOG_TAIL_CHARS),

@@ -15,7 +15,7 @@ from hypersack.agent.agent import Agent
 from hypersack.agent.devices import BACKENDS, make_backend
 from hypersack.agent.procs import become_subreaper
 from hypersack.core.errors import HyperSackError
-from hypersack.server.settings import AgentSettings, load_settings
+from hypersack.wire.settings import AgentSettings, load_settings
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -35,6 +35,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--inventory", help="for --backend fake: e.g. 4xA100-80GB@88")
     p.add_argument("--workdir", type=Path, help="where trial directories and logs go "
                    "(default ./hypersack-work)")
+    p.add_argument("--log-max-mib", type=int, help="cap on each trial's log in MiB; past half "
+                   "of it the last quarter is kept in log.1.txt (default 64)")
     p.add_argument("--log-level", default="INFO")
     p.add_argument("--version", action="version", version=f"hypersack-agent {__version__}")
     return p
@@ -47,12 +49,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         settings = load_settings(AgentSettings, {
             "server": args.server, "node": args.node, "backend": args.backend,
-            "inventory": args.inventory, "workdir": args.workdir}, args.config)
+            "inventory": args.inventory, "workdir": args.workdir,
+            "log_max_mib": args.log_max_mib}, args.config)
         node = settings.node or socket.gethostname()
         backend = make_backend(settings.backend, inventory=settings.inventory, node=node)
         agent = Agent(settings.server, node, backend, settings.workdir,
                       poll_interval_s=settings.poll_interval_s,
-                      reconnect_max_s=settings.reconnect_max_s)
+                      reconnect_max_s=settings.reconnect_max_s,
+                      log_max_bytes=settings.log_max_mib << 20)
     except HyperSackError as exc:
         print(f"hypersack-agent: error: {exc}", file=sys.stderr)
         return 2

@@ -19,13 +19,14 @@ from typing import IO, Any
 import psutil
 
 from hypersack.agent.procs import ENV_AGENT_DIR, ENV_JOB, die_with_parent, signal_all, tree
+from hypersack.core import trial_env as sdk
 from hypersack.core.errors import InvalidInput
 from hypersack.grid.space import PLACEHOLDER, Program
-from hypersack.runner import sdk
 
 log = logging.getLogger(__name__)
 
 KILL_GRACE_S = 5.0
+LOG_MAX_BYTES = 64 << 20  # default cap on a trial's log: log.txt plus the kept tail
 _SAFE_NAME = re.compile(r"[^A-Za-z0-9_.-]")
 
 
@@ -58,6 +59,7 @@ class Job:
     profile: bool = False
     attempt: int = 0
     agent_dir: str = ""  # the agent's marker in every process of the job
+    log_max_bytes: int = LOG_MAX_BYTES
     proc: subprocess.Popen[bytes] | None = None
     started_at: float = 0.0
     killed_at: float | None = None
@@ -79,6 +81,11 @@ class Job:
         return self.workdir / "log.txt"
 
     @property
+    def kept_log_path(self) -> Path:
+        """The tail of the log kept at the last rotation."""
+        return self.workdir / "log.1.txt"
+
+    @property
     def metrics_path(self) -> Path:
         return self.workdir / "metrics.jsonl"
 
@@ -88,7 +95,7 @@ class Job:
 
     def start(self) -> None:
         self.workdir.mkdir(parents=True, exist_ok=True)
-        for p in (self.metrics_path, self.profile_path):
+        for p in (self.metrics_path, self.profile_path, self.kept_log_path):
             p.unlink(missing_ok=True)
         env = dict(os.environ)
         env.update(self.env)
@@ -182,15 +189,47 @@ class Job:
                 log.warning("%s: ignored a malformed metrics line: %r", self.id, line[:200])
         return changed
 
-    def log_tail(self, chars: int = 4000) -> str:
+    def cap_log(self) -> bool:
+        """Keep the log under its cap: once log.txt passes half of it, its last quarter
+        goes to log.1.txt (replacing the tail kept before) and log.txt starts again. The
+        trial appends (O_APPEND), so its writes land at the new end; what it writes
+        between the copy and the truncation is lost, as with `copytruncate`. Disk use
+        stays under the cap plus what is written between two checks. True if rotated."""
+        half = max(1, self.log_max_bytes // 2)
         try:
-            with open(self.log_path, "rb") as f:
-                f.seek(0, os.SEEK_END)
-                size = f.tell()
-                f.seek(max(0, size - chars))
-                return f.read().decode(errors="replace")
-        except FileNotFoundError:
-            return ""
+            size = self.log_path.stat().st_size
+            if size <= half:
+                return False
+            keep = max(1, self.log_max_bytes // 4)
+            with open(self.log_path, "r+b") as f:
+                f.seek(max(0, size - keep))
+                tail = f.read(keep)
+                f.truncate(0)
+            dropped = size - len(tail)
+            with open(self.kept_log_path, "wb") as out:
+                out.write(f"[hypersack: the log passed {half} bytes; {dropped} earlier bytes "
+                          f"were dropped]\n".encode())
+                out.write(tail)
+        except OSError as exc:
+            log.warning("%s: could not cap its log: %s", self.id, exc)
+            return False
+        return True
+
+    def log_tail(self, chars: int = 4000) -> str:
+        """The last characters of the output: of log.txt, after the kept tail if short."""
+        out = b""
+        for path in (self.log_path, self.kept_log_path):
+            try:
+                with open(path, "rb") as f:
+                    f.seek(0, os.SEEK_END)
+                    size = f.tell()
+                    f.seek(max(0, size - (chars - len(out))))
+                    out = f.read() + out
+            except FileNotFoundError:
+                continue
+            if len(out) >= chars:
+                break
+        return out.decode(errors="replace")
 
     def profile_result(self) -> dict[str, Any] | None:
         try:

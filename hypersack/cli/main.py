@@ -12,25 +12,11 @@ from pathlib import Path
 from typing import Any
 
 from hypersack import __version__
-from hypersack.core.bounds import MAX_RATIO, is_name
+from hypersack.core.bounds import MAX_RATIO
 from hypersack.core.errors import HyperSackError, InvalidInput
+from hypersack.wire.settings import parse_ratios
 
 EXIT_INPUT = 2
-
-
-def parse_ratios(pairs: Sequence[str]) -> dict[str, float]:
-    out: dict[str, float] = {}
-    for pair in pairs:
-        arch, sep, value = pair.partition("=")
-        try:
-            ratio = float(value)
-        except ValueError:
-            ratio = float("nan")
-        if not sep or not is_name(arch) or not 0 < ratio <= MAX_RATIO:
-            raise InvalidInput(f"--ratio {pair!r}: expected ARCH=RATIO with RATIO in (0, "
-                               f"{MAX_RATIO:g}], like A100=3")
-        out[arch] = ratio
-    return out
 
 
 def _floats(text: str, flag: str) -> list[float]:
@@ -147,8 +133,9 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def _validate(args: argparse.Namespace) -> int:
     from hypersack.grid.space import load_space
+    from hypersack.policies.registry import policy_names
 
-    space = load_space(args.space)
+    space = load_space(args.space, policy_names())
     axes = {name: values for name, values in space.axes()}
     if args.json:
         emit({"name": space.name, "trials": space.size(), "search": space.search.type,
@@ -171,10 +158,10 @@ def load_inputs(args: argparse.Namespace) -> tuple[Any, Any, Any, Any]:
     from hypersack.core.cluster import load_cluster
     from hypersack.grid.space import load_space
     from hypersack.orchestrator.orchestrator import DEFAULT_RATIOS, OrchestratorConfig
-    from hypersack.policies.registry import make_policy, parse_policy_options
+    from hypersack.policies.registry import make_policy, parse_policy_options, policy_names
     from hypersack.sampler.profiles import load_profiles
 
-    space = load_space(args.space)
+    space = load_space(args.space, policy_names())
     cluster = load_cluster(args.cluster)
     profiles = load_profiles(args.profiles)
     given = parse_ratios(args.ratio)

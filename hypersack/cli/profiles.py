@@ -23,8 +23,8 @@ from hypersack.sampler.profiles import (
     select_profiles,
     to_import,
 )
-from hypersack.server.convert import profile_from_pb, profile_to_pb
 from hypersack.store.sqlite import SqliteStore
+from hypersack.wire.convert import profile_from_pb, profile_to_pb
 
 
 def add_parser(sub: Any) -> None:

@@ -16,8 +16,9 @@ from hypersack.cli.control import make_console, print_results, watch
 from hypersack.core.errors import HyperSackError
 from hypersack.core.files import read_text_file
 from hypersack.grid.space import load_space
+from hypersack.policies.registry import policy_names
 from hypersack.server.app import HyperSackServer
-from hypersack.server.settings import ServerSettings
+from hypersack.wire.settings import ServerSettings
 
 
 def add_parser(sub: Any) -> None:
@@ -44,7 +45,7 @@ def add_parser(sub: Any) -> None:
 def run_embedded(args: argparse.Namespace) -> int:
     console = make_console()
     path = Path(args.space)
-    space = load_space(path)  # fails here, before anything starts, on a bad file
+    space = load_space(path, policy_names())  # fails here, before anything starts, on a bad file
     state = args.state_dir
     state.mkdir(parents=True, exist_ok=True)
     settings = ServerSettings(listen="127.0.0.1:0", db=state / "run.db", policy=args.policy,

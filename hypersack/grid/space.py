@@ -6,6 +6,7 @@ import json
 import math
 import re
 import shlex
+from collections.abc import Collection
 from pathlib import Path
 from typing import Annotated, Any, Literal, Union
 
@@ -15,6 +16,7 @@ from pydantic import (
     ConfigDict,
     Field,
     ValidationError,
+    ValidationInfo,
     field_validator,
     model_validator,
 )
@@ -241,11 +243,12 @@ class Settings(_Spec):
 
     @field_validator("policy")
     @classmethod
-    def _policy(cls, name: str) -> str:
-        from hypersack.policies.registry import policy_names
-
-        if name not in policy_names():
-            raise ValueError(f"unknown policy {name!r}; valid: {', '.join(policy_names())}")
+    def _policy(cls, name: str, info: ValidationInfo) -> str:
+        # The grid does not know the policies (they are a layer beside it): whoever
+        # parses a space for submission passes the registry's names in the context.
+        valid = (info.context or {}).get("policies")
+        if valid is not None and name not in valid:
+            raise ValueError(f"unknown policy {name!r}; valid: {', '.join(valid)}")
         return name
 
 
@@ -398,14 +401,18 @@ def _check_epochs(hp: Choice | Uniform | LogUniform | IntRange) -> None:
         raise bad
 
 
-def parse_space(data: Any, *, source: str = "search space") -> SearchSpace:
+def parse_space(data: Any, *, source: str = "search space",
+                policies: Collection[str] | None = None) -> SearchSpace:
+    """A validated search space; `policies`: the valid policy names (None: any name, for
+    spaces stored after they were checked)."""
     if not isinstance(data, dict):
         raise InvalidInput(f"{source}: expected a mapping at the top level")
     try:
-        return SearchSpace.model_validate(data)
+        return SearchSpace.model_validate(data, context={"policies": policies})
     except ValidationError as exc:
         raise InvalidInput(format_validation_error(exc, source)) from None
 
 
-def load_space(path: str | Path) -> SearchSpace:
-    return parse_space(load_yaml_file(path, "search space file"), source=str(path))
+def load_space(path: str | Path, policies: Collection[str] | None = None) -> SearchSpace:
+    return parse_space(load_yaml_file(path, "search space file"), source=str(path),
+                       policies=policies)

@@ -8,20 +8,16 @@ commands for the drivers to carry out. It reads time only from the injected cloc
 from __future__ import annotations
 
 import logging
-import math
 from collections import deque
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
-from hypersack.core.bounds import MAX_COMPUTE_PCT, MAX_MEMORY_MIB
 from hypersack.core.clock import Clock
 from hypersack.core.errors import HyperSackError, InvalidInput, NotFound, StaleEvent
 from hypersack.core.types import (
-    Demand,
     NodeRecord,
-    NodeSpec,
     Profile,
     StudyRecord,
     StudyState,
@@ -32,6 +28,7 @@ from hypersack.core.types import (
 from hypersack.grid.expand import expand
 from hypersack.grid.space import SearchSpace, parse_space
 from hypersack.grid.trial import check_transition
+from hypersack.orchestrator.cluster import ClusterState, Gpu, Node
 from hypersack.orchestrator.commands import Command, KillTrial, LaunchTrial, ProfileWorkload
 from hypersack.orchestrator.events import (
     Event,
@@ -53,19 +50,12 @@ from hypersack.orchestrator.events import (
     TrialStarted,
 )
 from hypersack.orchestrator.journal import Journal, journaled
-from hypersack.policies.base import (
-    ClusterView,
-    GpuBin,
-    Item,
-    Need,
-    NodeBin,
-    Plan,
-    Policy,
-    check_plan,
-    compute_capacity,
-    core_units,
-)
+from hypersack.orchestrator.retries import after_failure, after_out_of_memory
+from hypersack.policies.base import ClusterView, Item, Need, Plan, Policy, check_plan
 from hypersack.policies.registry import make_policy
+from hypersack.sampler import planning
+from hypersack.sampler.feedback import corrected
+from hypersack.sampler.planning import Slot
 from hypersack.sampler.profiles import demand_with_override, to_import
 from hypersack.store.base import Store
 
@@ -99,47 +89,6 @@ class OrchestratorConfig:
         if arch in study_ratios:
             return study_ratios[arch]
         return self.oversubscription.get(arch, self.default_ratio)
-
-
-@dataclass
-class _Gpu:
-    spec_index: int
-    arch: str
-    memory_mib: int
-    used_compute: int = 0
-    used_memory: int = 0
-    trials: set[str] = field(default_factory=set)
-    profiling: tuple[WorkloadKey, str] | None = None
-    reserved_for: tuple[WorkloadKey, str] | None = None
-
-
-@dataclass
-class _Node:
-    spec: NodeSpec
-    draining: bool
-    last_seen: float
-    used_cores: int = 0
-    gpus: dict[int, _Gpu] = field(default_factory=dict)
-
-    def save(self) -> tuple[Any, ...]:
-        """What the journal keeps to undo changes made in place."""
-        return (self.draining, self.last_seen, self.used_cores,
-                {i: (g.used_compute, g.used_memory, set(g.trials), g.profiling, g.reserved_for)
-                 for i, g in self.gpus.items()})
-
-    def restore(self, saved: tuple[Any, ...]) -> None:
-        self.draining, self.last_seen, self.used_cores, gpus = saved
-        for i, (compute, memory, trials, profiling, reserved) in gpus.items():
-            g = self.gpus[i]
-            g.used_compute, g.used_memory, g.trials = compute, memory, set(trials)
-            g.profiling, g.reserved_for = profiling, reserved
-
-    @classmethod
-    def of(cls, record: NodeRecord, now: float) -> _Node:
-        node = cls(spec=record.spec, draining=record.draining, last_seen=now)
-        for g in record.spec.gpus:
-            node.gpus[g.index] = _Gpu(g.index, g.arch, g.memory_mib)
-        return node
 
 
 @dataclass(frozen=True)
@@ -182,9 +131,9 @@ class Orchestrator:
         self._trials: dict[str, TrialRecord] = journaled(j)
         self._by_study: dict[str, list[str]] = journaled(j)
         self._open: dict[str, int] = journaled(j)  # trials not yet terminal, per study
-        self._nodes: dict[str, _Node] = journaled(j)
-        self._profiles: dict[tuple[WorkloadKey, str], Profile] = journaled(j)
-        self._profile_failed: dict[tuple[WorkloadKey, str], str] = journaled(j)
+        self._cluster = ClusterState(j, self.config.ratio, self.config.exclusive)
+        self._profiles: dict[Slot, Profile] = journaled(j)
+        self._profile_failed: dict[Slot, str] = journaled(j)
         # trial: arch, peak MiB, peak %
         self._observed: dict[str, tuple[str, int, float]] = journaled(j)
         self._needs_cache: dict[tuple[WorkloadKey, int | None, frozenset[str]],
@@ -196,6 +145,24 @@ class Orchestrator:
         self.decision_time_s = 0.0
         self._deferred = False
         self._schedule_wanted = False
+        # Event dispatch: one handler per event type.
+        self._handlers: dict[type, Callable[[Any], list[Command]]] = dict([
+            _handler(TrialProgress, self._on_progress),
+            _handler(TrialStarted, self._on_progress),
+            _handler(Heartbeat, self._on_heartbeat),
+            _handler(TrialFinished, self._on_finished),
+            _handler(TrialFailed, self._on_failed),
+            _handler(TrialOutOfMemory, self._on_oom),
+            _handler(StudySubmitted, self._on_submitted),
+            _handler(StudyCancelled, self._on_cancelled),
+            _handler(NodeJoined, self._on_joined),
+            _handler(NodeLost, self._on_lost),
+            _handler(NodeDrained, self._on_drained),
+            _handler(ProfileMeasured, self._on_profile),
+            _handler(ProfileFailed, self._on_profile_failed),
+            _handler(ProfilesImported, self._on_imported),
+            _handler(Tick, self._on_tick),
+        ])
         self._restore()
 
     # ----------------------------------------------------------------- restore
@@ -207,7 +174,7 @@ class Orchestrator:
         # Restored nodes get a grace period: their agents need a moment to find the
         # restarted server before silence means they are gone.
         for rec in self._store.list_nodes():
-            self._nodes[rec.spec.name] = _Node.of(rec, now + self.config.restore_grace_s)
+            self._cluster.add(rec, now + self.config.restore_grace_s)
         for study in self._store.list_studies():
             self._studies[study.id] = study
             self._spaces[study.id] = parse_space(study.space, source=f"study {study.id}")
@@ -218,19 +185,18 @@ class Orchestrator:
             self._by_study.setdefault(t.study_id, []).append(t.id)
             self._open[t.study_id] = self._open.get(t.study_id, 0) + (not t.state.terminal)
             if t.state == TrialState.RUNNING:
-                node = self._nodes.get(t.node or "")
-                index = t.gpu_index if t.gpu_index is not None else -1
-                gpu = node.gpus.get(index) if node else None
+                node = self._cluster.get(t.node)
+                gpu = self._cluster.gpu(t.node, t.gpu_index)
                 if node is None or gpu is None or t.demand is None:
                     # Its node is gone from the inventory: run it again.
                     self._requeue(t)
                 else:
-                    self._allocate(t.id, node, gpu, t.demand)
+                    self._cluster.allocate(t.id, node, gpu, t.demand)
         if self._dirty:
             with self._store.transaction():
                 self._flush()
         log.info("restored %d studies, %d trials, %d nodes, %d profiles", len(self._studies),
-                 len(self._trials), len(self._nodes), len(self._profiles))
+                 len(self._trials), len(self._cluster), len(self._profiles))
 
     # ----------------------------------------------------------------- queries
     def studies(self) -> list[StudyRecord]:
@@ -259,22 +225,17 @@ class Orchestrator:
             raise NotFound(f"no trial {trial_id!r}") from None
 
     def has_node(self, name: str) -> bool:
-        return name in self._nodes
+        return name in self._cluster
 
     def nodes(self) -> list[NodeRecord]:
-        return [NodeRecord(spec=n.spec, draining=n.draining) for n in self._nodes.values()]
+        return [n.record() for n in self._cluster]
 
     def profiles(self) -> list[Profile]:
         return list(self._profiles.values())
 
     def gpu_load(self) -> dict[tuple[str, int], tuple[int, float]]:
         """(node, GPU index) -> (trials running, scaled-compute share used, 0..1)."""
-        out = {}
-        for node in self._nodes.values():
-            for idx, gpu in node.gpus.items():
-                cap = compute_capacity(self.config.ratio(gpu.arch, {}))
-                out[node.spec.name, idx] = (len(gpu.trials), gpu.used_compute / cap if cap else 0.0)
-        return out
+        return self._cluster.gpu_load()
 
     # ----------------------------------------------------------------- events
     def handle(self, event: Event) -> list[Command]:
@@ -350,58 +311,37 @@ class Orchestrator:
             result.commands += commands
 
     def _dispatch(self, event: Event) -> list[Command]:
-        if isinstance(event, TrialProgress):
-            self._running_on(event.trial_id, event.node, event.attempt)
-            return []
-        if isinstance(event, Heartbeat):
-            node = self._live(event.node)
-            self._journal.touch(node)
-            node.last_seen = self._clock.now()
-            return self._reconcile(node, event.running, joined=False)
-        if isinstance(event, TrialStarted):
-            self._running_on(event.trial_id, event.node, event.attempt)
-            return []
-        if isinstance(event, TrialFinished):
-            return self._on_finished(event)
-        if isinstance(event, TrialFailed):
-            return self._on_failed(event)
-        if isinstance(event, TrialOutOfMemory):
-            return self._on_oom(event)
-        if isinstance(event, StudySubmitted):
-            return self._on_submitted(event.space)
-        if isinstance(event, StudyCancelled):
-            return self._on_cancelled(event.study_id)
-        if isinstance(event, NodeJoined):
-            return self._on_joined(event)
-        if isinstance(event, NodeLost):
-            self._live(event.node)
-            self._lose(event.node, event.reason)
-            return self._schedule()
-        if isinstance(event, NodeDrained):
-            node = self._live(event.node)
-            self._journal.touch(node)
-            node.draining = True
-            self._store.put_node(NodeRecord(spec=node.spec, draining=True))
-            return []
-        if isinstance(event, ProfileMeasured):
-            return self._on_profile(event.profile)
-        if isinstance(event, ProfileFailed):
-            return self._on_profile_failed(event)
-        if isinstance(event, ProfilesImported):
-            return self._on_imported(event)
-        if isinstance(event, Tick):
-            now = self._clock.now()
-            for name in [n for n, node in self._nodes.items()
-                         if now - node.last_seen > self.config.heartbeat_timeout_s]:
-                self._lose(name, f"no heartbeat for {self.config.heartbeat_timeout_s:g} s")
-            return self._schedule()
-        raise InvalidInput(f"unknown event {event!r}")
+        handler = self._handlers.get(type(event))
+        if handler is None:
+            raise InvalidInput(f"unknown event {_short(repr(event))}")
+        return handler(event)
 
-    def _live(self, name: str) -> _Node:
-        node = self._nodes.get(name)
-        if node is None:
-            raise StaleEvent(f"node {name!r} is not registered")
-        return node
+    def _on_progress(self, event: TrialProgress | TrialStarted) -> list[Command]:
+        self._running_on(event.trial_id, event.node, event.attempt)
+        return []
+
+    def _on_heartbeat(self, event: Heartbeat) -> list[Command]:
+        node = self._cluster.live(event.node)
+        self._cluster.seen(node, self._clock.now())
+        return self._reconcile(node, event.running, joined=False)
+
+    def _on_lost(self, event: NodeLost) -> list[Command]:
+        self._cluster.live(event.node)
+        self._lose(event.node, event.reason)
+        return self._schedule()
+
+    def _on_drained(self, event: NodeDrained) -> list[Command]:
+        node = self._cluster.live(event.node)
+        self._cluster.touch(node)
+        node.draining = True
+        self._store.put_node(node.record())
+        return []
+
+    def _on_tick(self, event: Tick) -> list[Command]:
+        timeout = self.config.heartbeat_timeout_s
+        for name in self._cluster.silent(self._clock.now(), timeout):
+            self._lose(name, f"no heartbeat for {timeout:g} s")
+        return self._schedule()
 
     def _running_on(self, trial_id: str, node: str, attempt: int = 0, *,
                     exit: bool = False) -> TrialRecord:
@@ -423,7 +363,8 @@ class Orchestrator:
                              + (f" on {t.node}" if t.node else "") + f", not running on {node}")
         return t
 
-    def _on_submitted(self, space: SearchSpace) -> list[Command]:
+    def _on_submitted(self, event: StudySubmitted) -> list[Command]:
+        space = event.space
         seq = max((s.seq for s in self._studies.values()), default=0) + 1
         study_id = f"{space.name}-{seq}"
         study = StudyRecord(id=study_id, name=space.name, space=space.model_dump(mode="json"),
@@ -439,7 +380,8 @@ class Orchestrator:
         log.info("study %s submitted: %d trials", study_id, len(trials))
         return self._schedule()
 
-    def _on_cancelled(self, study_id: str) -> list[Command]:
+    def _on_cancelled(self, event: StudyCancelled) -> list[Command]:
+        study_id = event.study_id
         study = self.study(study_id)
         if study.state != StudyState.ACTIVE:
             return []
@@ -458,25 +400,22 @@ class Orchestrator:
 
     def _on_joined(self, event: NodeJoined) -> list[Command]:
         spec = event.node
-        old = self._nodes.get(spec.name)
+        old = self._cluster.get(spec.name)
         now = self._clock.now()
         if old is not None and old.spec != spec:
             # Same name, new inventory (a GPU appeared or failed): keep what still runs.
             self._lose(spec.name, "re-registered with a different inventory")
             old = None
         if old is None:
-            draining = False
-            node = _Node.of(NodeRecord(spec=spec, draining=draining), now)
-            self._nodes[spec.name] = node
-            self._store.put_node(NodeRecord(spec=spec, draining=draining))
+            node = self._cluster.add(NodeRecord(spec=spec, draining=False), now)
+            self._store.put_node(node.record())
             log.info("node %s joined: %d GPUs, %g cores", spec.name, len(spec.gpus), spec.cores)
         else:
             node = old
-            self._journal.touch(node)
-            node.last_seen = now
+            self._cluster.seen(node, now)
         return self._reconcile(node, event.running, joined=True) + self._schedule()
 
-    def _reconcile(self, node: _Node, running: Iterable[RunningTrial], *, joined: bool
+    def _reconcile(self, node: Node, running: Iterable[RunningTrial], *, joined: bool
                    ) -> list[Command]:
         """Adopt what the node runs for us, kill what it runs that we do not want, and, on
         (re)registration, requeue what it should run but does not."""
@@ -505,7 +444,7 @@ class Orchestrator:
                 demand = demand_with_override(profile, t.memory_override_mib)
                 self._set(t, state=TrialState.RUNNING, node=node.spec.name,
                           gpu_index=gpu.spec_index, demand=demand)
-                self._allocate(t.id, node, gpu, demand)
+                self._cluster.allocate(t.id, node, gpu, demand)
                 log.info("adopted %s on %s:%d", t.id, node.spec.name, gpu.spec_index)
             else:
                 commands.append(KillTrial(r.trial_id, node.spec.name,
@@ -519,9 +458,7 @@ class Orchestrator:
         return commands
 
     def _lose(self, name: str, reason: str) -> None:
-        node = self._nodes[name]
-        self._journal.touch(node)
-        del self._nodes[name]
+        node = self._cluster.remove(name)
         self._store.remove_node(name)
         for gpu in node.gpus.values():
             for tid in sorted(gpu.trials):
@@ -545,43 +482,36 @@ class Orchestrator:
     def _on_failed(self, event: TrialFailed) -> list[Command]:
         t = self._running_on(event.trial_id, event.node, event.attempt, exit=True)
         self._release(t.id)
-        retries = self._spaces[t.study_id].settings.retries
-        failures = t.failures + 1
+        after = after_failure(event.exit_code, t.failures,
+                              self._spaces[t.study_id].settings.retries)
         tail = event.log_tail[-4000:]
-        if failures > retries:
-            self._fail(t, f"exit code {event.exit_code}; failed {failures} times "
-                          f"(retries: {retries})", failures=failures, log_tail=tail)
+        if after.give_up:
+            self._fail(t, after.reason, failures=after.failures, log_tail=tail)
         else:
-            self._requeue(t, failures=failures, log_tail=tail,
-                          reason=f"exit code {event.exit_code}; retry {failures} of {retries}")
+            self._requeue(t, failures=after.failures, log_tail=tail, reason=after.reason)
         return self._schedule()
 
     def _on_oom(self, event: TrialOutOfMemory) -> list[Command]:
         t = self._running_on(event.trial_id, event.node, event.attempt)
         assert t.demand is not None
         self._release(t.id)
-        grown = max(math.ceil(t.demand.memory_mib * self.config.oom_growth),
-                    event.observed_memory_mib + 1)
-        node = self._nodes.get(t.node or "")
-        gpu = node.gpus.get(t.gpu_index if t.gpu_index is not None else -1) if node else None
+        after = after_out_of_memory(t.demand.memory_mib, event.observed_memory_mib,
+                                    self.config.oom_growth, self._cluster.largest_memory_mib())
+        gpu = self._cluster.gpu(t.node, t.gpu_index)
         if gpu is not None:
             # Future trials of this workload ask for the grown memory from the start.
-            self._feedback(t.key, gpu.arch, grown, 0.0, t.id, oom_at=t.demand.memory_mib)
-        largest = max((g.memory_mib for n in self._nodes.values() for g in n.gpus.values()),
-                      default=0)
-        if grown > largest:
-            self._fail(t, f"out of memory: needs more than {t.demand.memory_mib} MiB, grown "
-                          f"to {grown} MiB, larger than any GPU ({largest} MiB)",
-                       memory_override_mib=grown)
+            self._feedback(t.key, gpu.arch, after.memory_mib, 0.0, t.id,
+                           oom_at=t.demand.memory_mib)
+        if after.give_up:
+            self._fail(t, after.reason, memory_override_mib=after.memory_mib)
         else:
-            self._requeue(t, memory_override_mib=grown,
-                          reason=f"out of memory at {t.demand.memory_mib} MiB; now asks "
-                                 f"{grown} MiB")
+            self._requeue(t, memory_override_mib=after.memory_mib, reason=after.reason)
         return self._schedule()
 
-    def _on_profile(self, profile: Profile) -> list[Command]:
+    def _on_profile(self, event: ProfileMeasured) -> list[Command]:
+        profile = event.profile
         slot = (profile.key, profile.arch)
-        self._end_profile_job(slot)
+        self._cluster.end_profile(slot)
         self._profiles[slot] = profile
         self._profile_failed.pop(slot, None)
         self._needs_cache.clear()
@@ -598,13 +528,13 @@ class Orchestrator:
 
     def _on_profile_failed(self, event: ProfileFailed) -> list[Command]:
         slot = (event.key, event.arch)
-        self._end_profile_job(slot)
+        self._cluster.end_profile(slot)
         self._profile_failed[slot] = event.reason
         log.warning("profiling %s on %s failed: %s", event.key.label(), event.arch, event.reason)
         return self._schedule()
 
     # ----------------------------------------------------------------- feedback
-    def _observe(self, t: TrialRecord, gpu: _Gpu, r: RunningTrial) -> None:
+    def _observe(self, t: TrialRecord, gpu: Gpu, r: RunningTrial) -> None:
         """Keep a running trial's observed peaks; correct its profile when they exceed it."""
         if r.peak_memory_mib <= 0 and r.peak_utilization_pct <= 0:
             return
@@ -617,56 +547,19 @@ class Orchestrator:
 
     def _feedback(self, key: WorkloadKey, arch: str, memory_mib: int, util_pct: float,
                   trial_id: str, *, count: bool = False, oom_at: int | None = None) -> None:
-        """Record a trial's observed peaks in its profile and raise the profile's demand
-        where they exceed it (`oom_at`: the trial died of out-of-memory with that much)."""
+        """Record a trial's observed peaks in its profile (see `sampler.feedback`)."""
         p = self._profiles.get((key, arch))
         if p is None:
             return
-        update: dict[str, Any] = {}
-        if memory_mib > p.observed_memory_mib:
-            update["observed_memory_mib"] = memory_mib
-        if util_pct > p.observed_compute_pct:
-            update["observed_compute_pct"] = round(util_pct, 2)
-        if count:
-            update["observed_trials"] = p.observed_trials + 1
-        demand = p.demand
-        notes = []
-        if memory_mib > demand.memory_mib:
-            if oom_at is not None:
-                new = memory_mib
-                why = f"trial {trial_id} ran out of memory at {oom_at} MiB"
-            else:
-                new = math.ceil(memory_mib * (1 + self.config.feedback_margin))
-                why = f"trial {trial_id} used {memory_mib} MiB"
-            notes.append(f"memory {demand.memory_mib} -> {new} MiB ({why})")
-            demand = Demand(compute_pct=demand.compute_pct, memory_mib=min(new, MAX_MEMORY_MIB),
-                            cores=demand.cores)
-        if util_pct > demand.compute_pct * (1 + self.config.feedback_compute_tolerance):
-            notes.append(f"compute {demand.compute_pct:g} -> {util_pct:.4g} % (trial "
-                         f"{trial_id} used {util_pct:.4g} %)")
-            demand = Demand(compute_pct=min(round(util_pct, 2), MAX_COMPUTE_PCT),
-                            memory_mib=demand.memory_mib, cores=demand.cores)
-        if notes:
-            update["demand"] = demand
-            update["corrected"] = "; ".join(notes)
-            log.info("profile of %s on %s corrected: %s", key.label(), arch, update["corrected"])
-        if update:
-            # Validated, not copied: nothing out of bounds reaches the store.
-            corrected = Profile.model_validate({**dict(p), **update})
-            self._profiles[key, arch] = corrected
-            self._store.put_profile(corrected)
-            if notes:
-                self._needs_cache.clear()
-
-    def _end_profile_job(self, slot: tuple[WorkloadKey, str]) -> None:
-        for node in self._nodes.values():
-            for gpu in node.gpus.values():
-                if slot in (gpu.profiling, gpu.reserved_for):
-                    self._journal.touch(node)
-                if gpu.profiling == slot:
-                    gpu.profiling = None
-                if gpu.reserved_for == slot:
-                    gpu.reserved_for = None
+        new = corrected(p, memory_mib, util_pct, trial_id, count=count, oom_at=oom_at,
+                        margin=self.config.feedback_margin,
+                        tolerance=self.config.feedback_compute_tolerance)
+        if new is None:
+            return
+        self._profiles[key, arch] = new
+        self._store.put_profile(new)
+        if new.demand != p.demand:
+            self._needs_cache.clear()
 
     # ----------------------------------------------------------------- state
     def _set(self, t: TrialRecord, **changes: Any) -> TrialRecord:
@@ -711,30 +604,13 @@ class Orchestrator:
         self._dirty.clear()
         self._dirty_studies.clear()
 
-    def _allocate(self, trial_id: str, node: _Node, gpu: _Gpu, demand: Demand) -> None:
-        need = Need.of(demand)
-        self._journal.touch(node)
-        gpu.used_compute += need.compute
-        gpu.used_memory += need.memory
-        node.used_cores += need.cores
-        gpu.trials.add(trial_id)
-
     def _release(self, trial_id: str) -> None:
+        """The trial gives back what it held; what it was seen using is fed back."""
         t = self._trials[trial_id]
         seen = self._observed.pop(trial_id, None)
         if seen is not None:
             self._feedback(t.key, seen[0], seen[1], seen[2], trial_id, count=True)
-        node = self._nodes.get(t.node or "")
-        if node is None or t.gpu_index is None or t.demand is None:
-            return
-        gpu = node.gpus[t.gpu_index]
-        if trial_id in gpu.trials:
-            self._journal.touch(node)
-            need = Need.of(t.demand)
-            gpu.used_compute -= need.compute
-            gpu.used_memory -= need.memory
-            node.used_cores -= need.cores
-            gpu.trials.discard(trial_id)
+        self._cluster.release(trial_id, t.node, t.gpu_index, t.demand)
 
     # ----------------------------------------------------------------- decisions
     def _policy(self, space: SearchSpace) -> Policy:
@@ -742,9 +618,6 @@ class Orchestrator:
         if name not in self._policies:
             self._policies[name] = make_policy(name, **self.config.policy_options.get(name, {}))
         return self._policies[name]
-
-    def _open_nodes(self) -> list[_Node]:
-        return [n for _, n in sorted(self._nodes.items()) if not n.draining]
 
     def _needs(self, t: TrialRecord, archs: frozenset[str]) -> dict[str, Need]:
         ck = (t.key, t.memory_override_mib, archs)
@@ -764,7 +637,7 @@ class Orchestrator:
             return []
         self._schedule_wanted = False
         commands: list[Command] = []
-        open_nodes = self._open_nodes()
+        open_nodes = self._cluster.open_nodes()
         archs = frozenset(g.arch for n in open_nodes for g in n.gpus.values())
         active = [s for s in self.studies() if s.state == StudyState.ACTIVE]
         commands += self._profile_missing(active, open_nodes, archs)
@@ -778,12 +651,12 @@ class Orchestrator:
                               "tried again at the next event", study.id)
         return commands
 
-    def _decide(self, study: StudyRecord, open_nodes: list[_Node], archs: frozenset[str]
+    def _decide(self, study: StudyRecord, open_nodes: list[Node], archs: frozenset[str]
                 ) -> list[Command]:
         """One policy run for one study's pending trials."""
         commands: list[Command] = []
         space = self._spaces[study.id]
-        view = self._view(open_nodes, space.settings.oversubscription)
+        view = self._cluster.view(open_nodes, space.settings.oversubscription)
         batch: list[Item] = []
         # Trials with equal needs are interchangeable: once one fails to fit, so do
         # the rest. Pass each group only as many as could fit in the free compute,
@@ -821,102 +694,65 @@ class Orchestrator:
         return commands
 
     def _launch(self, t: TrialRecord, node_name: str, gpu_index: int) -> LaunchTrial:
-        node = self._nodes[node_name]
+        node = self._cluster.live(node_name)
         gpu = node.gpus[gpu_index]
         demand = demand_with_override(self._profiles[t.key, gpu.arch], t.memory_override_mib)
         t = self._set(t, state=TrialState.RUNNING, node=node_name, gpu_index=gpu_index,
                       demand=demand, launches=t.launches + 1, started_at=self._clock.now())
-        self._allocate(t.id, node, gpu, demand)
+        self._cluster.allocate(t.id, node, gpu, demand)
         return LaunchTrial(trial_id=t.id, study_id=t.study_id, node=node_name,
                            gpu_index=gpu_index, params=dict(t.params), key=t.key,
                            demand=demand, epochs=t.epochs, attempt=t.launches)
 
-    def _view(self, nodes: list[_Node], study_ratios: Mapping[str, float]) -> ClusterView:
-        out = []
-        for node in nodes:
-            bins = []
-            for idx in sorted(node.gpus):
-                gpu = node.gpus[idx]
-                cap = compute_capacity(self.config.ratio(gpu.arch, study_ratios))
-                blocked = gpu.profiling is not None or gpu.reserved_for is not None
-                slots: int | None = None
-                if blocked:
-                    slots = 0
-                elif self.config.exclusive:
-                    slots = max(0, 1 - len(gpu.trials))
-                bins.append(GpuBin(node=node.spec.name, index=idx, arch=gpu.arch,
-                                   compute=max(0, cap - gpu.used_compute),
-                                   memory=max(0, gpu.memory_mib - gpu.used_memory),
-                                   total_compute=cap, total_memory=gpu.memory_mib, slots=slots))
-            total_cores = core_units(node.spec.cores)
-            out.append(NodeBin(name=node.spec.name, cores=max(0, total_cores - node.used_cores),
-                               gpus=tuple(bins), total_cores=total_cores))
-        return ClusterView(nodes=tuple(out))
-
-    def _profile_missing(self, active: list[StudyRecord], open_nodes: list[_Node],
+    def _profile_missing(self, active: list[StudyRecord], open_nodes: list[Node],
                          archs: frozenset[str]) -> list[Command]:
-        """Profile each (workload, architecture) the history lacks, on an idle GPU of that
-        architecture; move trials between PENDING and PROFILING; fail those no
-        architecture can run."""
+        """Profile each (workload, architecture) the history lacks, on a GPU of that
+        architecture (see `sampler.planning`); move trials between PENDING and PROFILING;
+        fail those no architecture can run."""
         if not archs:
             return []
-        commands: list[Command] = []
-        in_flight = {g.profiling for n in self._nodes.values() for g in n.gpus.values()
-                     if g.profiling is not None}
-        in_flight |= {g.reserved_for for n in self._nodes.values() for g in n.gpus.values()
-                      if g.reserved_for is not None}
-        wanted: list[tuple[WorkloadKey, str]] = []
+        in_flight = self._cluster.in_flight()
+        wanted: list[Slot] = []
         for study in active:
             for tid in self._by_study[study.id]:
                 t = self._trials[tid]
                 if t.state not in (TrialState.PENDING, TrialState.PROFILING):
                     continue
-                known = [a for a in archs if (t.key, a) in self._profiles]
-                for arch in sorted(archs):
-                    slot = (t.key, arch)
-                    if (slot not in self._profiles and slot not in self._profile_failed
-                            and slot not in in_flight and slot not in wanted):
+                for slot in planning.missing(t.key, archs, self._profiles, self._profile_failed):
+                    if slot not in in_flight and slot not in wanted:
                         wanted.append(slot)
-                if known:
+                status = planning.status(t.key, archs, self._profiles, self._profile_failed)
+                if status == "known":
                     if t.state == TrialState.PROFILING:
                         self._set(t, state=TrialState.PENDING)
-                elif all((t.key, a) in self._profile_failed for a in archs):
+                elif status == "failed":
                     reasons = "; ".join(f"{a}: {self._profile_failed[t.key, a]}"
                                         for a in sorted(archs))
                     self._fail(t, f"profiling failed on every architecture ({reasons})")
                 elif t.state == TrialState.PENDING:
                     self._set(t, state=TrialState.PROFILING)
-        for key, arch in wanted:
-            gpus = [(n, g) for n in open_nodes for _, g in sorted(n.gpus.items())
-                    if g.arch == arch and g.profiling is None and g.reserved_for is None]
-            if not gpus:
-                continue
-            idle = [(n, g) for n, g in gpus if not g.trials]
-            if idle:
-                node, gpu = idle[0]
-                commands.append(self._profile_job(node, gpu, (key, arch)))
-            else:
-                # Let the least busy GPU drain, so that the profile does not starve.
-                node, gpu = min(gpus, key=lambda ng: len(ng[1].trials))
-                self._journal.touch(node)
-                gpu.reserved_for = (key, arch)
-        # A reserved GPU that drained starts its profile now.
-        for node in open_nodes:
-            for gpu in node.gpus.values():
-                if gpu.reserved_for is not None and not gpu.trials and gpu.profiling is None:
-                    self._journal.touch(node)
-                    slot, gpu.reserved_for = gpu.reserved_for, None
-                    commands.append(self._profile_job(node, gpu, slot))
+        plan = planning.plan_profiles(wanted, self._cluster.gpu_slots(open_nodes))
+        for slot, g in plan.reserve:
+            node = self._cluster.live(g.node)
+            self._cluster.reserve(node, node.gpus[g.index], slot)
+        commands: list[Command] = []
+        for slot, g in plan.start:
+            node = self._cluster.live(g.node)
+            self._cluster.start_profile(node, node.gpus[g.index], slot)
+            commands.append(ProfileWorkload(key=slot[0], arch=slot[1], node=node.name,
+                                            gpu_index=g.index,
+                                            iterations=self.config.profile_iterations,
+                                            warmup=self.config.profile_warmup))
         return commands
 
-    def _profile_job(self, node: _Node, gpu: _Gpu, slot: tuple[WorkloadKey, str]
-                     ) -> ProfileWorkload:
-        self._journal.touch(node)
-        gpu.profiling = slot
-        return ProfileWorkload(key=slot[0], arch=slot[1], node=node.spec.name,
-                               gpu_index=gpu.spec_index,
-                               iterations=self.config.profile_iterations,
-                               warmup=self.config.profile_warmup)
+
+E = TypeVar("E")
+
+
+def _handler(kind: type[E], fn: Callable[[E], list[Command]]
+             ) -> tuple[type, Callable[[Any], list[Command]]]:
+    """One entry of the dispatch table, type-checked: `fn` takes events of `kind`."""
+    return kind, fn
 
 
 def _short(text: str, limit: int = 300) -> str:

@@ -27,7 +27,7 @@ import numpy as np
 
 from hypersack.core.catalog import MODELS
 from hypersack.core.errors import InvalidInput
-from hypersack.runner.options import ENV_DATA_DIR, TrainOptions
+from hypersack.core.train_options import ENV_DATA_DIR, TrainOptions, dataset_for
 
 CIFAR_URL = "https://www.cs.toronto.edu/~kriz/cifar-10-python.tar.gz"
 IMDB_URL = "https://ai.stanford.edu/~amaas/data/sentiment/aclImdb_v1.tar.gz"
@@ -61,15 +61,6 @@ class Data:
     classes: int
     train: Split
     val: Split
-
-
-def dataset_for(model: str, opts: TrainOptions) -> str:
-    info = MODELS[model]
-    name = opts.dataset or info.dataset
-    if name not in ("synthetic", info.dataset):
-        raise InvalidInput(f"model {model} trains on {info.dataset} (or synthetic), "
-                           f"not {name}")
-    return name
 
 
 def load(model: str, opts: TrainOptions, vocab: int = 0) -> Data:

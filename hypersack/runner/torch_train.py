@@ -26,9 +26,9 @@ from torch import Tensor, nn
 
 from hypersack import __version__
 from hypersack.core.errors import InvalidInput
+from hypersack.core.train_options import TrainOptions
 from hypersack.runner import datasets, sdk, zoo
 from hypersack.runner.loop import Epochs
-from hypersack.runner.options import TrainOptions
 
 PRECISIONS = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}
 EVAL_PROBE_BATCHES = 3

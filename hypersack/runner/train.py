@@ -6,7 +6,7 @@ digits, so the whole system runs real trials on any machine: the quick start.
 
 Hyperparameters (the trial's params): `lr`, `batch_size`, `momentum`,
 `weight_decay`, and `optimizer` (sgd, adam, adamw) and `precision` (fp32, bf16, fp16)
-for the zoo. Options: `hypersack.runner.options.TrainOptions`. Each epoch reports
+for the zoo. Options: `hypersack.core.train_options.TrainOptions`. Each epoch reports
 `loss` (validation cross-entropy, the default objective), `accuracy`, `train_loss`,
 `iter_time_s` and `data_fraction` (share of each iteration spent loading data).
 """
@@ -23,9 +23,9 @@ import numpy as np
 from hypersack import __version__
 from hypersack.core.catalog import MODELS
 from hypersack.core.errors import HyperSackError
+from hypersack.core.train_options import TrainOptions, parse_train_options
 from hypersack.runner import datasets, sdk
 from hypersack.runner.loop import Epochs
-from hypersack.runner.options import TrainOptions, parse_train_options
 
 
 def train_mlp(params: dict[str, Any], epochs: float, opts: TrainOptions) -> float:

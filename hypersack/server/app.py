@@ -26,8 +26,8 @@ from hypersack.policies.registry import policy_names
 from hypersack.sampler.profiles import load_profiles, to_import
 from hypersack.server.service import SchedulerService
 from hypersack.server.servicers import AgentLinkServicer, SchedulerServicer
-from hypersack.server.settings import ServerSettings, load_settings
 from hypersack.store.sqlite import DatabaseLock, SqliteStore, StoreError
+from hypersack.wire.settings import ServerSettings, load_settings, parse_ratios
 
 log = logging.getLogger(__name__)
 
@@ -160,7 +160,6 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def settings_from_args(args: argparse.Namespace) -> ServerSettings:
-    from hypersack.cli.main import parse_ratios
 
     flags = {"listen": args.listen, "db": args.db, "policy": args.policy,
              "heartbeat_timeout_s": args.heartbeat_timeout_s,

@@ -29,6 +29,8 @@ from hypersack.core.errors import (
     Overloaded,
 )
 from hypersack.core.files import load_yaml
+from hypersack.core.train_options import dataset_for, parse_train_options
+from hypersack.core.trial_env import OOM_EXIT_CODE
 from hypersack.core.types import NodeRecord, NodeSpec, Profile, StudyRecord, TrialState
 from hypersack.core.validation import format_validation_error
 from hypersack.grid.space import SearchSpace, parse_space
@@ -52,11 +54,10 @@ from hypersack.orchestrator.events import (
     TrialProgress,
     TrialStarted,
 )
-from hypersack.runner.datasets import dataset_for
-from hypersack.runner.options import parse_train_options
-from hypersack.runner.sdk import OOM_EXIT_CODE
+from hypersack.policies.registry import policy_names
 from hypersack.sampler.profiles import select_profiles, to_import
-from hypersack.server.convert import (
+from hypersack.store.base import Store
+from hypersack.wire.convert import (
     LOG_TAIL_CHARS,
     clean_memory,
     clean_metrics,
@@ -67,7 +68,6 @@ from hypersack.server.convert import (
     profile_from_pb,
     program_to_pb,
 )
-from hypersack.store.base import Store
 
 log = logging.getLogger(__name__)
 
@@ -243,7 +243,7 @@ class SchedulerService:
     def submit(self, text: str, source: str) -> StudyRecord:
         if len(text.encode()) > MAX_SPACE_BYTES:
             raise InvalidInput(f"{source}: search space larger than {MAX_SPACE_BYTES} bytes")
-        space = parse_space(load_yaml(text, source), source=source)
+        space = parse_space(load_yaml(text, source), source=source, policies=policy_names())
         check_runnable(space, source)
         if space.size() > self.max_study_trials:
             raise InvalidInput(f"{source}: {space.size()} trials; this server accepts at most "

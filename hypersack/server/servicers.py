@@ -22,8 +22,8 @@ from hypersack.core.errors import (
 )
 from hypersack.core.types import StudyRecord
 from hypersack.sampler.profiles import reject_repeats
-from hypersack.server.convert import profile_from_pb, profile_to_pb, study_to_pb, trial_to_pb
 from hypersack.server.service import AgentSession, SchedulerService, Snapshot
+from hypersack.wire.convert import profile_from_pb, profile_to_pb, study_to_pb, trial_to_pb
 
 log = logging.getLogger(__name__)
 

@@ -16,7 +16,7 @@ from hypersack.agent.nvml import arch_of
 from hypersack.core.errors import InvalidInput
 from hypersack.grid.space import Program
 from hypersack.runner import sdk
-from hypersack.server.settings import AgentSettings, ServerSettings, load_settings
+from hypersack.wire.settings import AgentSettings, ServerSettings, load_settings
 
 
 def test_fake_backend_reports_its_inventory() -> None:
@@ -105,3 +105,32 @@ def test_settings_flags_beat_environment_beat_file(tmp_path: Path,
         load_settings(ServerSettings, {"heartbeat_timeout_s": -1})
     monkeypatch.setenv("HYPERSACK_SERVER", "head:7000")
     assert load_settings(AgentSettings, {}).server == "head:7000"
+
+
+CHATTY = """
+import sys, time
+for i in range(400):
+    sys.stdout.write(f"line {i:05d} " + "x" * 10_000 + "\\n")
+    sys.stdout.flush()
+    time.sleep(0.002)
+print("THE END")
+"""
+
+
+def test_a_chatty_trial_keeps_its_log_under_the_cap_and_its_tail(tmp_path: Path) -> None:
+    cap = 1 << 20  # 4 MB of output against a 1 MiB cap
+    job = Job("t3", 0, tmp_path / "t3", [sys.executable, "-c", CHATTY], {}, log_max_bytes=cap)
+    job.start()
+    on_disk, rotations = 0, 0
+    while job.poll() is None:
+        rotations += job.cap_log()
+        on_disk = max(on_disk, sum(p.stat().st_size for p in (job.log_path, job.kept_log_path)
+                                   if p.exists()))
+    rotations += job.cap_log()
+    assert job.exit_code == 0 and rotations >= 3
+    # The cap holds up to what the trial writes between two checks (here a few lines).
+    assert on_disk <= cap + 200_000
+    tail = job.log_tail(30_000)
+    assert tail.rstrip().endswith("THE END") and "line 00399" in tail
+    kept = job.kept_log_path.read_text()
+    assert kept.startswith("[hypersack: the log passed 524288 bytes;")

@@ -37,8 +37,8 @@ from hypersack.orchestrator import (
     TrialFinished,
 )
 from hypersack.server.app import HyperSackServer
-from hypersack.server.settings import ServerSettings
 from hypersack.store import MemoryStore, SqliteStore
+from hypersack.wire.settings import ServerSettings
 from tests.unit.test_orchestrator import launches, make, prof, space
 from tests.unit.test_server import SLEEP_SPACE, RawAgent, make_server, server  # noqa: F401
 

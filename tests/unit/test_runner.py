@@ -13,8 +13,8 @@ import numpy as np
 import pytest
 
 from hypersack.core.errors import InvalidInput
+from hypersack.core.train_options import TrainOptions, parse_train_options
 from hypersack.runner import datasets, sdk
-from hypersack.runner.options import TrainOptions, parse_train_options
 
 
 def write_cifar(root: Path, per_batch: int = 20) -> None:

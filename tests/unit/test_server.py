@@ -18,7 +18,7 @@ from hypersack._proto.v1 import hypersack_pb2_grpc as pb_grpc
 from hypersack.cli.client import Client
 from hypersack.core.errors import InvalidInput, NotFound
 from hypersack.server.app import HyperSackServer
-from hypersack.server.settings import ServerSettings
+from hypersack.wire.settings import ServerSettings
 from tests.conftest import EXAMPLES
 
 SLEEP_SPACE = """

@@ -7,6 +7,7 @@ import pytest
 from hypersack.core.errors import InvalidInput
 from hypersack.grid.expand import expand
 from hypersack.grid.space import load_space, parse_space
+from hypersack.policies.registry import policy_names
 from tests.conftest import EXAMPLES
 
 
@@ -70,7 +71,7 @@ def test_grid_values_of_each_range_kind() -> None:
 ])
 def test_bad_input_names_the_field_and_reason(over: dict[str, Any], fragment: str) -> None:
     with pytest.raises(InvalidInput) as err:
-        parse_space(space(**over), source="s.yaml")
+        parse_space(space(**over), source="s.yaml", policies=policy_names())
     assert fragment in str(err.value)
     assert str(err.value).startswith("s.yaml: ")
 

@@ -3,6 +3,7 @@ file, then defaults (pydantic-settings)."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -10,7 +11,7 @@ from pydantic import Field, ValidationError, field_validator
 from pydantic.fields import FieldInfo
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
-from hypersack.core.bounds import MAX_NODES, MAX_RATIO, PositiveSeconds, Ratio
+from hypersack.core.bounds import MAX_NODES, MAX_RATIO, PositiveSeconds, Ratio, is_name
 from hypersack.core.errors import InvalidInput
 from hypersack.core.files import load_yaml_file
 from hypersack.core.validation import format_validation_error
@@ -62,6 +63,8 @@ class AgentSettings(BaseSettings):
                           description="trial working directories and logs")
     poll_interval_s: PositiveSeconds = 0.2
     reconnect_max_s: PositiveSeconds = 10.0
+    log_max_mib: int = Field(default=64, ge=1, le=1 << 20,
+                             description="cap on each trial's log; the tail is kept")
 
 
 S = TypeVar("S", bound=BaseSettings)
@@ -107,3 +110,18 @@ def load_settings(cls: type[S], flags: dict[str, Any], config: Path | None = Non
     except ValidationError as exc:
         raise InvalidInput(format_validation_error(exc, "settings")) from None
     return cls.model_validate(settings.model_dump())
+
+
+def parse_ratios(pairs: Sequence[str]) -> dict[str, float]:
+    out: dict[str, float] = {}
+    for pair in pairs:
+        arch, sep, value = pair.partition("=")
+        try:
+            ratio = float(value)
+        except ValueError:
+            ratio = float("nan")
+        if not sep or not is_name(arch) or not 0 < ratio <= MAX_RATIO:
+            raise InvalidInput(f"--ratio {pair!r}: expected ARCH=RATIO with RATIO in (0, "
+                               f"{MAX_RATIO:g}], like A100=3")
+        out[arch] = ratio
+    return out

@@ -1,5 +1,6 @@
 """Options of the built-in `train` program (a study's `program.options`), checked by the
-server at submission and read again by the trial process. Imports nothing heavy."""
+server at submission and read again by the trial process. Imports nothing heavy:
+the server checks them without the runner."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from hypersack.core.catalog import MODELS
 from hypersack.core.errors import InvalidInput
 from hypersack.core.validation import format_validation_error
 
@@ -43,3 +45,12 @@ def parse_train_options(options: dict[str, Any], where: str = "program.options")
         return TrainOptions.model_validate(options)
     except ValidationError as exc:
         raise InvalidInput(format_validation_error(exc, where)) from None
+
+
+def dataset_for(model: str, opts: TrainOptions) -> str:
+    info = MODELS[model]
+    name = opts.dataset or info.dataset
+    if name not in ("synthetic", info.dataset):
+        raise InvalidInput(f"model {model} trains on {info.dataset} (or synthetic), "
+                           f"not {name}")
+    return name

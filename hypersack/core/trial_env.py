@@ -1,0 +1,16 @@
+"""The contract between an agent and the trial process it starts: the environment
+variables it sets and the exit code that means out-of-memory. The agent and the server
+read them here; the trial side (`hypersack.runner.sdk`) uses the same names."""
+
+from __future__ import annotations
+
+ENV_TRIAL_ID = "HYPERSACK_TRIAL_ID"
+ENV_STUDY_ID = "HYPERSACK_STUDY_ID"
+ENV_PARAMS = "HYPERSACK_PARAMS"
+ENV_EPOCHS = "HYPERSACK_EPOCHS"
+ENV_OPTIONS = "HYPERSACK_PROGRAM_OPTIONS"
+ENV_METRICS = "HYPERSACK_METRICS_FILE"
+ENV_PROFILE = "HYPERSACK_PROFILE_FILE"
+ENV_PROFILE_ITERATIONS = "HYPERSACK_PROFILE_ITERATIONS"
+ENV_PROFILE_WARMUP = "HYPERSACK_PROFILE_WARMUP"
+OOM_EXIT_CODE = 86

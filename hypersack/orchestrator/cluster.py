@@ -1,0 +1,225 @@
+"""Cluster state and capacity accounting: the nodes the orchestrator knows, what each GPU
+and node has given out, and the view a policy places into.
+
+Every change goes through the journal (the nodes are a journaled dict, and a node is
+touched before it changes in place), so a refused event leaves no trace here.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+from hypersack.core.errors import StaleEvent
+from hypersack.core.types import Demand, NodeRecord, NodeSpec
+from hypersack.orchestrator.journal import Journal, journaled
+from hypersack.policies.base import (
+    ClusterView,
+    GpuBin,
+    Need,
+    NodeBin,
+    compute_capacity,
+    core_units,
+)
+from hypersack.sampler.planning import GpuSlot, Slot
+
+
+@dataclass
+class Gpu:
+    spec_index: int
+    arch: str
+    memory_mib: int
+    used_compute: int = 0
+    used_memory: int = 0
+    trials: set[str] = field(default_factory=set)
+    profiling: Slot | None = None  # the profile job it runs
+    reserved_for: Slot | None = None  # a profile job waits for it to drain
+
+
+@dataclass
+class Node:
+    spec: NodeSpec
+    draining: bool
+    last_seen: float
+    used_cores: int = 0
+    gpus: dict[int, Gpu] = field(default_factory=dict)
+
+    def save(self) -> tuple[Any, ...]:
+        """What the journal keeps to undo changes made in place."""
+        return (self.draining, self.last_seen, self.used_cores,
+                {i: (g.used_compute, g.used_memory, set(g.trials), g.profiling, g.reserved_for)
+                 for i, g in self.gpus.items()})
+
+    def restore(self, saved: tuple[Any, ...]) -> None:
+        self.draining, self.last_seen, self.used_cores, gpus = saved
+        for i, (compute, memory, trials, profiling, reserved) in gpus.items():
+            g = self.gpus[i]
+            g.used_compute, g.used_memory, g.trials = compute, memory, set(trials)
+            g.profiling, g.reserved_for = profiling, reserved
+
+    @property
+    def name(self) -> str:
+        return self.spec.name
+
+    def record(self) -> NodeRecord:
+        return NodeRecord(spec=self.spec, draining=self.draining)
+
+    @classmethod
+    def of(cls, record: NodeRecord, last_seen: float) -> Node:
+        node = cls(spec=record.spec, draining=record.draining, last_seen=last_seen)
+        for g in record.spec.gpus:
+            node.gpus[g.index] = Gpu(g.index, g.arch, g.memory_mib)
+        return node
+
+
+class ClusterState:
+    """The nodes and their capacity. `ratio(arch, study_ratios)` scales a GPU's compute."""
+
+    def __init__(self, journal: Journal,
+                 ratio: Callable[[str, dict[str, float]], float], exclusive: bool = False
+                 ) -> None:
+        self._journal = journal
+        self._ratio = ratio
+        self._exclusive = exclusive
+        self._nodes: dict[str, Node] = journaled(journal)
+
+    # ----------------------------------------------------------------- membership
+    def __contains__(self, name: object) -> bool:
+        return name in self._nodes
+
+    def __iter__(self) -> Iterator[Node]:
+        return iter(self._nodes.values())
+
+    def __len__(self) -> int:
+        return len(self._nodes)
+
+    def get(self, name: str | None) -> Node | None:
+        return self._nodes.get(name or "")
+
+    def live(self, name: str) -> Node:
+        """The node an agent's event comes from; a stale event if it is not registered."""
+        node = self._nodes.get(name)
+        if node is None:
+            raise StaleEvent(f"node {name!r} is not registered")
+        return node
+
+    def gpu(self, name: str | None, index: int | None) -> Gpu | None:
+        node = self.get(name)
+        return node.gpus.get(index if index is not None else -1) if node else None
+
+    def add(self, record: NodeRecord, last_seen: float) -> Node:
+        node = self._nodes[record.spec.name] = Node.of(record, last_seen)
+        return node
+
+    def remove(self, name: str) -> Node:
+        node = self._nodes[name]
+        self.touch(node)
+        del self._nodes[name]
+        return node
+
+    def touch(self, node: Node) -> None:
+        self._journal.touch(node)
+
+    def seen(self, node: Node, now: float) -> None:
+        self.touch(node)
+        node.last_seen = now
+
+    def silent(self, now: float, timeout_s: float) -> list[str]:
+        """Nodes that have sent nothing for longer than the timeout."""
+        return [n for n, node in self._nodes.items() if now - node.last_seen > timeout_s]
+
+    def open_nodes(self) -> list[Node]:
+        """Nodes that take new work, by name."""
+        return [n for _, n in sorted(self._nodes.items()) if not n.draining]
+
+    def largest_memory_mib(self) -> int:
+        return max((g.memory_mib for n in self._nodes.values() for g in n.gpus.values()),
+                   default=0)
+
+    # ----------------------------------------------------------------- accounting
+    def allocate(self, trial_id: str, node: Node, gpu: Gpu, demand: Demand) -> None:
+        need = Need.of(demand)
+        self.touch(node)
+        gpu.used_compute += need.compute
+        gpu.used_memory += need.memory
+        node.used_cores += need.cores
+        gpu.trials.add(trial_id)
+
+    def release(self, trial_id: str, node_name: str | None, gpu_index: int | None,
+                demand: Demand | None) -> None:
+        """Give back what a trial held, if it holds anything there."""
+        node = self.get(node_name)
+        gpu = self.gpu(node_name, gpu_index)
+        if node is None or gpu is None or demand is None or trial_id not in gpu.trials:
+            return
+        self.touch(node)
+        need = Need.of(demand)
+        gpu.used_compute -= need.compute
+        gpu.used_memory -= need.memory
+        node.used_cores -= need.cores
+        gpu.trials.discard(trial_id)
+
+    def gpu_load(self) -> dict[tuple[str, int], tuple[int, float]]:
+        """(node, GPU index) -> (trials running, scaled-compute share used, 0..1)."""
+        out = {}
+        for node in self._nodes.values():
+            for idx, gpu in node.gpus.items():
+                cap = compute_capacity(self._ratio(gpu.arch, {}))
+                out[node.name, idx] = (len(gpu.trials), gpu.used_compute / cap if cap else 0.0)
+        return out
+
+    def view(self, nodes: list[Node], study_ratios: dict[str, float]) -> ClusterView:
+        """What is free, as a policy sees it, with a study's own ratios."""
+        out = []
+        for node in nodes:
+            bins = []
+            for idx in sorted(node.gpus):
+                gpu = node.gpus[idx]
+                cap = compute_capacity(self._ratio(gpu.arch, study_ratios))
+                slots: int | None = None
+                if gpu.profiling is not None or gpu.reserved_for is not None:
+                    slots = 0
+                elif self._exclusive:
+                    slots = max(0, 1 - len(gpu.trials))
+                bins.append(GpuBin(node=node.name, index=idx, arch=gpu.arch,
+                                   compute=max(0, cap - gpu.used_compute),
+                                   memory=max(0, gpu.memory_mib - gpu.used_memory),
+                                   total_compute=cap, total_memory=gpu.memory_mib, slots=slots))
+            total_cores = core_units(node.spec.cores)
+            out.append(NodeBin(name=node.name, cores=max(0, total_cores - node.used_cores),
+                               gpus=tuple(bins), total_cores=total_cores))
+        return ClusterView(nodes=tuple(out))
+
+    # ----------------------------------------------------------------- profile jobs
+    def gpu_slots(self, nodes: list[Node]) -> list[GpuSlot]:
+        """What profile planning needs to know of these nodes' GPUs."""
+        return [GpuSlot(node=n.name, index=i, arch=g.arch, trials=len(g.trials),
+                        profiling=g.profiling, reserved_for=g.reserved_for)
+                for n in nodes for i, g in sorted(n.gpus.items())]
+
+    def in_flight(self) -> set[Slot]:
+        """Profiles running or waiting for a GPU to drain, anywhere."""
+        return {s for n in self._nodes.values() for g in n.gpus.values()
+                for s in (g.profiling, g.reserved_for) if s is not None}
+
+    def start_profile(self, node: Node, gpu: Gpu, slot: Slot) -> None:
+        self.touch(node)
+        gpu.profiling = slot
+        if gpu.reserved_for == slot:
+            gpu.reserved_for = None
+
+    def reserve(self, node: Node, gpu: Gpu, slot: Slot) -> None:
+        self.touch(node)
+        gpu.reserved_for = slot
+
+    def end_profile(self, slot: Slot) -> None:
+        """A profile job ended (measured or failed): its GPU takes trials again."""
+        for node in self._nodes.values():
+            for gpu in node.gpus.values():
+                if slot in (gpu.profiling, gpu.reserved_for):
+                    self.touch(node)
+                if gpu.profiling == slot:
+                    gpu.profiling = None
+                if gpu.reserved_for == slot:
+                    gpu.reserved_for = None

@@ -1,0 +1,1 @@
+"""What the server and the agents share: protobuf <-> domain conversion and settings."""

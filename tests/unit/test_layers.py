@@ -1,0 +1,83 @@
+"""The layers of the design, checked on every import in the package (function-level
+imports too): cli -> server | agent | sim -> orchestrator -> sampler, policies, grid,
+store -> core; `wire` beside server and agent; `runner` a leaf only trial processes
+import. Nothing imports upward or sideways."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+PACKAGE = Path(__file__).resolve().parents[2] / "hypersack"
+
+_BASE = {"core"}
+_MIDDLE = _BASE | {"grid", "policies", "sampler", "store"}
+_ORCH = _MIDDLE | {"orchestrator"}
+# Which packages each package may import (besides itself and the generated protocol).
+ALLOWED: dict[str, set[str]] = {
+    "core": set(),
+    "grid": _BASE,
+    "policies": _BASE,
+    "sampler": _BASE,
+    "store": _BASE,
+    "orchestrator": _MIDDLE,
+    "wire": _MIDDLE | {"_proto"},
+    "server": _ORCH | {"wire", "_proto"},
+    "agent": _MIDDLE | {"wire", "_proto"},
+    "sim": _ORCH,
+    "cli": _ORCH | {"wire", "server", "agent", "sim", "_proto"},
+    "runner": _BASE,
+    "_proto": set(),
+}
+
+
+def _imports(path: Path, *, top_only: bool = False) -> list[tuple[int, str]]:
+    """(line, imported package under hypersack) for every import in a module (only the
+    module-level ones with `top_only`), in line order."""
+    tree = ast.parse(path.read_text(), str(path))
+    out = []
+    for node in (tree.body if top_only else ast.walk(tree)):
+        names: list[str] = []
+        if isinstance(node, ast.Import):
+            names = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            names = [node.module]
+            if node.module == "hypersack":
+                names = [f"hypersack.{a.name}" for a in node.names]
+        for name in names:
+            parts = name.split(".")
+            if parts[0] == "hypersack" and len(parts) > 1 and parts[1] != "__version__":
+                out.append((node.lineno, parts[1]))
+    return sorted(out)
+
+
+def _modules() -> list[Path]:
+    return sorted(p for p in PACKAGE.rglob("*.py") if "_proto" not in p.parts)
+
+
+def test_every_package_has_a_layer() -> None:
+    packages = {p.name for p in PACKAGE.iterdir() if p.is_dir() and (p / "__init__.py").exists()}
+    assert packages == set(ALLOWED), "add the new package to ALLOWED and to the design"
+
+
+@pytest.mark.parametrize("path", _modules(), ids=lambda p: str(p.relative_to(PACKAGE)))
+def test_no_import_goes_up_or_sideways(path: Path) -> None:
+    rel = path.relative_to(PACKAGE)
+    if len(rel.parts) == 1:
+        # The top-level package imports nothing of its own eagerly.
+        assert _imports(path, top_only=True) == [], rel
+        return
+    package = rel.parts[0]
+    bad = [f"{rel}:{line} imports hypersack.{pkg}" for line, pkg in _imports(path)
+           if pkg != package and pkg not in ALLOWED[package]]
+    assert bad == []
+
+
+def test_the_check_sees_a_violation(tmp_path: Path) -> None:
+    # The walker finds function-level imports and `from hypersack import x`.
+    f = tmp_path / "m.py"
+    f.write_text("def f():\n    from hypersack.server import app\n"
+                 "from hypersack import runner\n")
+    assert [pkg for _, pkg in _imports(f)] == ["server", "runner"]
