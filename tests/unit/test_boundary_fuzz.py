@@ -124,7 +124,10 @@ def test_hostile_registrations_and_requests_leave_a_server_that_schedules(
     assert {t.id: t for t in stored.list_trials()} == in_memory
     assert {n.spec.name for n in stored.list_nodes()} == nodes
     stored.close()
-    # And it still schedules: a well-formed agent gets the trials of a new study.
+    # And it still schedules: a well-formed agent gets the trials of a new study (those
+    # the fuzz submitted, valid by chance, are cancelled first).
+    for st_ in stub.ListStudies(pb.ListStudiesRequest()).studies:
+        stub.CancelStudy(pb.CancelStudyRequest(study_id=st_.id))
     study = stub.SubmitStudy(pb.SubmitStudyRequest(space_yaml=yaml.safe_dump(
         {**BASE_SPACE, "name": "after"}), source="after.yaml"))
     agent = RawAgent(server.address)
