@@ -20,8 +20,9 @@ from hypersack._proto.v1 import hypersack_pb2 as pb
 from hypersack._proto.v1 import hypersack_pb2_grpc as pb_grpc
 from hypersack.cli.main import main
 from hypersack.core.types import TrialState
+from hypersack.server.app import HyperSackServer
 from hypersack.store import SqliteStore
-from tests.unit.test_server import RawAgent, make_server
+from tests.unit.test_server import RawAgent, server  # noqa: F401  (the fixture stops it)
 from tests.unit.test_server_fuzz import _consistent
 
 FUZZ = settings(max_examples=30, deadline=None,
@@ -73,8 +74,8 @@ def _mutated(base: dict[str, Any], path: tuple[str, ...], value: Any) -> dict[st
 
 
 def test_hostile_registrations_and_requests_leave_a_server_that_schedules(
-        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
-    server = make_server(tmp_path)
+        server: HyperSackServer, tmp_path: Path,  # noqa: F811
+        caplog: pytest.LogCaptureFixture) -> None:
     channel = grpc.insecure_channel(server.address)
     stub = pb_grpc.SchedulerStub(channel)
     counter = iter(range(10**6))
@@ -138,7 +139,6 @@ def test_hostile_registrations_and_requests_leave_a_server_that_schedules(
         assert all(orch.trial(m.trial_id).state == TrialState.RUNNING for m in got)
     agent.close()
     channel.close()
-    server.stop(0)
     errors = [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR]
     assert errors == []
 

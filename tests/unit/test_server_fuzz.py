@@ -6,7 +6,6 @@ from __future__ import annotations
 import logging
 import string
 import time
-from pathlib import Path
 
 import grpc
 import pytest
@@ -17,7 +16,8 @@ from hypersack._proto.v1 import hypersack_pb2 as pb
 from hypersack._proto.v1 import hypersack_pb2_grpc as pb_grpc
 from hypersack.core.types import TrialState
 from hypersack.policies.base import Need, compute_capacity
-from tests.unit.test_server import SLEEP_SPACE, RawAgent, make_server
+from hypersack.server.app import HyperSackServer
+from tests.unit.test_server import SLEEP_SPACE, RawAgent, server  # noqa: F401  (stops it)
 
 text = st.text(alphabet=string.printable, max_size=30)
 ids = st.one_of(text, st.sampled_from(["tiny-1-t00000", "tiny-1-t00001", "tiny-1-t00003",
@@ -53,8 +53,7 @@ agent_messages = st.one_of(
 
 
 def test_random_agent_and_client_messages_leave_the_server_consistent(
-        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
-    server = make_server(tmp_path)
+        server: HyperSackServer, caplog: pytest.LogCaptureFixture) -> None:  # noqa: F811
     counter = iter(range(10**6))
     channel = grpc.insecure_channel(server.address)
     stub = pb_grpc.SchedulerStub(channel)
@@ -87,15 +86,14 @@ def test_random_agent_and_client_messages_leave_the_server_consistent(
     check()
     assert stub.GetStudy(pb.GetStudyRequest(study_id="tiny-1")).id == "tiny-1"
     channel.close()
-    server.stop(0)
     errors = [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR]
     assert errors == []
 
 
-def _consistent(server: object) -> None:
+def _consistent(srv: object) -> None:
     """Every running trial sits on a registered node's GPU, and no GPU is over capacity."""
-    orch = server.service.orch  # type: ignore[attr-defined]
-    with server.service.locked():  # type: ignore[attr-defined]
+    orch = srv.service.orch  # type: ignore[attr-defined]
+    with srv.service.locked():  # type: ignore[attr-defined]
         nodes = {n.spec.name: n for n in orch.nodes()}
         used: dict[tuple[str, int], int] = {}
         for t in orch.trials():
