@@ -71,7 +71,8 @@ def main() -> int:
         stdout=server_log, stderr=subprocess.STDOUT, start_new_session=True)
     agent = subprocess.Popen(
         [sys.executable, "-m", "hypersack.agent.app", "--server", address, "--node", "big",
-         "--backend", "fake", "--inventory", args.inventory, "--workdir", str(tmp / "work")],
+         "--backend", "fake", "--inventory", args.inventory, "--workdir", str(tmp / "work"),
+         "--allow-commands", "sleep"],
         stdout=agent_log, stderr=subprocess.STDOUT, start_new_session=True)
     try:
         with Client(address, timeout_s=30) as client:

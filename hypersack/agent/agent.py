@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import queue
 import random
 import threading
@@ -22,6 +23,7 @@ from hypersack import __version__
 from hypersack._proto.v1 import hypersack_pb2 as pb
 from hypersack._proto.v1 import hypersack_pb2_grpc as pb_grpc
 from hypersack.agent.devices import DeviceBackend, Measured
+from hypersack.agent.guard import CommandPolicy, clean_env
 from hypersack.agent.launcher import LOG_MAX_BYTES, Job, argv_for, job_dir, job_key
 from hypersack.agent.procs import Records, kill_strays
 from hypersack.core import trial_env as sdk
@@ -56,7 +58,8 @@ class Agent:
     def __init__(self, server: str, node: str, backend: DeviceBackend, workdir: Path, *,
                  poll_interval_s: float = 0.2, reconnect_max_s: float = 10.0,
                  duplicate_timeout_s: float = 60.0, kill_on_stop: bool = True,
-                 log_max_bytes: int = LOG_MAX_BYTES) -> None:
+                 log_max_bytes: int = LOG_MAX_BYTES, commands: CommandPolicy | None = None,
+                 pass_env: Iterable[str] = (), inherit_env: bool = False) -> None:
         self.server = server
         self.node = node
         self.backend = backend
@@ -66,8 +69,14 @@ class Agent:
         self.duplicate_timeout_s = duplicate_timeout_s
         self.kill_on_stop = kill_on_stop
         self.log_max_bytes = log_max_bytes
+        self.commands = commands or CommandPolicy()
+        # What trials see of this process's environment (`inherit_env`: all of it, for
+        # `hypersack run` on one's own machine).
+        self.base_env = None if inherit_env else clean_env(os.environ, pass_env)
         self.jobs: dict[str, Job] = {}  # by Job.key: trial#attempt, or a profile's id
         self._jobs_lock = threading.Lock()  # the heartbeat thread reads jobs
+        # Trial directories are private to the agent's user.
+        (workdir / node).mkdir(mode=0o700, parents=True, exist_ok=True)
         self.agent_dir = str((workdir / node).resolve())
         self.records = Records(workdir / node / "jobs")
         self._swept_at = 0.0
@@ -319,6 +328,8 @@ class Agent:
         workdir = job_dir(self.workdir / self.node, group, job_id)
         if attempt:
             workdir = workdir / f"attempt-{attempt}"  # each attempt writes its own files
+        if program.command:
+            self.commands.check(program.command, self.node)
         fields = {**json.loads(params_json or "{}"), "epochs": epochs, "trial_id": job_id,
                   "study_id": study_id, "workdir": str(workdir.resolve())}
         argv = argv_for(program_from_pb(program), fields)
@@ -327,7 +338,8 @@ class Agent:
                sdk.ENV_EPOCHS: repr(epochs), sdk.ENV_OPTIONS: program.options_json or "{}",
                **(extra_env or {})}
         return Job(job_id, gpu_index, workdir, argv, env, profile=profile, attempt=attempt,
-                   agent_dir=self.agent_dir, log_max_bytes=self.log_max_bytes), device
+                   agent_dir=self.agent_dir, log_max_bytes=self.log_max_bytes,
+                   base_env=self.base_env), device
 
     def _launch(self, m: pb.LaunchTrial, outbox: queue.Queue[pb.AgentMessage | None]) -> None:
         same = self.jobs.get(job_key(m.trial_id, m.attempt))

@@ -13,6 +13,7 @@ from pathlib import Path
 from hypersack import __version__
 from hypersack.agent.agent import Agent
 from hypersack.agent.devices import BACKENDS, make_backend
+from hypersack.agent.guard import CommandPolicy
 from hypersack.agent.procs import become_subreaper
 from hypersack.core.errors import HyperSackError
 from hypersack.wire.settings import AgentSettings, load_settings
@@ -37,6 +38,15 @@ def _parser() -> argparse.ArgumentParser:
                    "(default ./hypersack-work)")
     p.add_argument("--log-max-mib", type=int, help="cap on each trial's log in MiB; past half "
                    "of it the last quarter is kept in log.1.txt (default 64)")
+    p.add_argument("--allow-commands", nargs="?", const="*", metavar="EXE,...",
+                   help="run `command` programs of studies (default: built-in programs "
+                   "only); optionally only these executables, e.g. python,/opt/bin/train")
+    p.add_argument("--allow-shell", action="store_true", default=None,
+                   help="also run templates that start a shell or pass inline code "
+                   "(sh -c, python -c): a hyperparameter value there runs as code")
+    p.add_argument("--pass-env", action="append", metavar="NAME",
+                   help="an environment variable trials may see besides PATH, HOME, the "
+                   "locale and CUDA's (repeatable; PREFIX* for many)")
     p.add_argument("--log-level", default="INFO")
     p.add_argument("--version", action="version", version=f"hypersack-agent {__version__}")
     return p
@@ -50,13 +60,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         settings = load_settings(AgentSettings, {
             "server": args.server, "node": args.node, "backend": args.backend,
             "inventory": args.inventory, "workdir": args.workdir,
-            "log_max_mib": args.log_max_mib}, args.config)
+            "log_max_mib": args.log_max_mib, "allow_commands": args.allow_commands,
+            "allow_shell": args.allow_shell, "pass_env": args.pass_env}, args.config)
         node = settings.node or socket.gethostname()
         backend = make_backend(settings.backend, inventory=settings.inventory, node=node)
         agent = Agent(settings.server, node, backend, settings.workdir,
                       poll_interval_s=settings.poll_interval_s,
                       reconnect_max_s=settings.reconnect_max_s,
-                      log_max_bytes=settings.log_max_mib << 20)
+                      log_max_bytes=settings.log_max_mib << 20,
+                      commands=CommandPolicy.parse(settings.allow_commands, settings.allow_shell),
+                      pass_env=settings.pass_env)
     except HyperSackError as exc:
         print(f"hypersack-agent: error: {exc}", file=sys.stderr)
         return 2

@@ -36,7 +36,8 @@ def argv_for(program: Program, fields: dict[str, Any]) -> list[str]:
     if program.builtin is not None:
         return [sys.executable, "-m", f"hypersack.runner.{program.builtin}"]
     assert program.command is not None
-    values = {"python": sys.executable, **fields}
+    # The agent's own fields win over hyperparameters of the same name.
+    values = {**fields, "python": sys.executable}
 
     def fill(match: re.Match[str]) -> str:
         name = match.group(1)
@@ -59,6 +60,7 @@ class Job:
     profile: bool = False
     attempt: int = 0
     agent_dir: str = ""  # the agent's marker in every process of the job
+    base_env: dict[str, str] | None = None  # what it sees of the agent's environment (None: all)
     log_max_bytes: int = LOG_MAX_BYTES
     proc: subprocess.Popen[bytes] | None = None
     started_at: float = 0.0
@@ -94,10 +96,10 @@ class Job:
         return self.workdir / "profile.json"
 
     def start(self) -> None:
-        self.workdir.mkdir(parents=True, exist_ok=True)
+        self.workdir.mkdir(mode=0o700, parents=True, exist_ok=True)
         for p in (self.metrics_path, self.profile_path, self.kept_log_path):
             p.unlink(missing_ok=True)
-        env = dict(os.environ)
+        env = dict(os.environ) if self.base_env is None else dict(self.base_env)
         env.update(self.env)
         if self.agent_dir:
             env[ENV_AGENT_DIR] = self.agent_dir
@@ -245,4 +247,11 @@ def job_key(job_id: str, attempt: int) -> str:
 
 
 def job_dir(root: Path, group: str, job_id: str) -> Path:
-    return root / _SAFE_NAME.sub("_", group) / _SAFE_NAME.sub("_", job_id)
+    """A job's directory, always inside `root`: names are reduced to safe characters and
+    never `.`, `..` or hidden."""
+    return root / _safe_part(group) / _safe_part(job_id)
+
+
+def _safe_part(name: str) -> str:
+    part = _SAFE_NAME.sub("_", name)[:200]
+    return "_" + part if not part or part.startswith(".") else part

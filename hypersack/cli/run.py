@@ -11,6 +11,7 @@ from typing import Any
 
 from hypersack.agent.agent import Agent
 from hypersack.agent.devices import BACKENDS, make_backend
+from hypersack.agent.guard import CommandPolicy
 from hypersack.cli.client import Client
 from hypersack.cli.control import make_console, print_results, watch
 from hypersack.core.errors import HyperSackError
@@ -54,7 +55,9 @@ def run_embedded(args: argparse.Namespace) -> int:
     backend = make_backend(args.backend, inventory=args.inventory, node="local")
     server = HyperSackServer(settings)
     server.start()
-    agent = Agent(server.address, "local", backend, state / "work", poll_interval_s=0.1)
+    # One's own machine and programs: any command, and the trials see this environment.
+    agent = Agent(server.address, "local", backend, state / "work", poll_interval_s=0.1,
+                  commands=CommandPolicy.permissive(), inherit_env=True)
     failure: list[BaseException] = []
 
     def serve() -> None:

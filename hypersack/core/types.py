@@ -143,6 +143,7 @@ class TrialRecord(Frozen):
     memory_override_mib: int | None = None
     node: str | None = None
     gpu_index: int | None = None
+    launched_on: str | None = None  # the node of the latest attempt, kept when it is lost
     demand: Demand | None = None
     started_at: float | None = None
     finished_at: float | None = None

@@ -256,6 +256,10 @@ BUILTIN_PROGRAMS = ("train", "sleep")
 PLACEHOLDER = re.compile(r"\{([A-Za-z_][A-Za-z0-9_]*)\}")
 # Placeholders every command template may use besides the hyperparameters.
 COMMAND_FIELDS = ("python", "model", "epochs", "trial_id", "study_id", "workdir")
+# Placeholders the agent fills in itself: no hyperparameter may take their names (a
+# hyperparameter `python` would choose the executable). `epochs` may be one: it is the
+# trial's epochs.
+RESERVED_NAMES = frozenset(COMMAND_FIELDS) - {"epochs"}
 
 
 class Program(_Spec):
@@ -334,6 +338,11 @@ class SearchSpace(_Spec):
         for name in RESERVED:
             if name in self.hyperparameters:
                 raise ValueError(f"hyperparameters.{name}: reserved; list models under 'models'")
+        reserved = sorted(RESERVED_NAMES & set(self.hyperparameters))
+        if reserved:
+            raise ValueError(f"hyperparameters.{reserved[0]}: a reserved name (the agent fills "
+                             f"in {{{reserved[0]}}} itself); reserved: "
+                             f"{', '.join(sorted(RESERVED_NAMES))}")
         if self.search.type == "grid":
             for name, hp in self.hyperparameters.items():
                 if hp.count() is None:

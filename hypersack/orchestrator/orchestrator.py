@@ -354,7 +354,7 @@ class Orchestrator:
         if attempt and attempt != t.launches:
             raise StaleEvent(f"trial {trial_id}: attempt {attempt} was superseded by attempt "
                              f"{t.launches}")
-        if exit and attempt and t.state == TrialState.PENDING:
+        if exit and attempt and t.state == TrialState.PENDING and t.launched_on == node:
             log.info("%s: the exit of attempt %d arrived after its node was lost; it counts",
                      trial_id, attempt)
             return t
@@ -437,8 +437,11 @@ class Orchestrator:
                     self._observe(t, gpu, r)
                 continue
             profile = None
-            if t is not None and gpu is not None and t.state in (TrialState.PENDING,
-                                                                 TrialState.PROFILING):
+            if (t is not None and gpu is not None
+                    and t.state in (TrialState.PENDING, TrialState.PROFILING)
+                    and t.launches > 0 and t.launched_on == node.spec.name):
+                # Only what this node was given, in its latest attempt: a node cannot
+                # claim a trial it never ran.
                 profile = self._profiles.get((t.key, gpu.arch))
             if t is not None and gpu is not None and profile is not None:
                 demand = demand_with_override(profile, t.memory_override_mib)
@@ -698,7 +701,8 @@ class Orchestrator:
         gpu = node.gpus[gpu_index]
         demand = demand_with_override(self._profiles[t.key, gpu.arch], t.memory_override_mib)
         t = self._set(t, state=TrialState.RUNNING, node=node_name, gpu_index=gpu_index,
-                      demand=demand, launches=t.launches + 1, started_at=self._clock.now())
+                      launched_on=node_name, demand=demand, launches=t.launches + 1,
+                      started_at=self._clock.now())
         self._cluster.allocate(t.id, node, gpu, demand)
         return LaunchTrial(trial_id=t.id, study_id=t.study_id, node=node_name,
                            gpu_index=gpu_index, params=dict(t.params), key=t.key,

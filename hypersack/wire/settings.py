@@ -65,6 +65,13 @@ class AgentSettings(BaseSettings):
     reconnect_max_s: PositiveSeconds = 10.0
     log_max_mib: int = Field(default=64, ge=1, le=1 << 20,
                              description="cap on each trial's log; the tail is kept")
+    allow_commands: str | None = Field(
+        default=None, max_length=4096,
+        description="let command programs run: '*' any executable, or a comma list")
+    allow_shell: bool = Field(default=False, description="let templates run shells or "
+                              "inline code (sh -c, python -c)")
+    pass_env: list[str] = Field(default_factory=list, max_length=256,
+                                description="more variables trials may see (NAME or PREFIX*)")
 
 
 S = TypeVar("S", bound=BaseSettings)

@@ -62,10 +62,12 @@ class Cluster:
         for key in [k for k in self._env if k.startswith("HYPERSACK_")]:
             del self._env[key]
 
-    def _spawn(self, name: str, argv: list[str]) -> subprocess.Popen[bytes]:
+    def _spawn(self, name: str, argv: list[str], env: dict[str, str] | None = None
+               ) -> subprocess.Popen[bytes]:
         log = open(self.tmp / f"{name}.log", "ab")
-        return subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=self._env,
-                                cwd=self.tmp, start_new_session=True)
+        return subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT,
+                                env={**self._env, **(env or {})}, cwd=self.tmp,
+                                start_new_session=True)
 
     def start_server(self, *extra: str) -> None:
         self.server = self._spawn("server", [
@@ -91,11 +93,18 @@ class Cluster:
         os.killpg(self.server.pid, signal.SIGKILL)
         self.server.wait()
 
-    def start_agent(self, name: str, inventory: str = "1xA100-80GB@48") -> None:
+    def start_agent(self, name: str, inventory: str = "1xA100-80GB@48",
+                    *extra: str, env: dict[str, str] | None = None) -> None:
+        """An agent that runs command programs (`--allow-commands`) unless `extra` says
+        otherwise (`--no-commands` here: leave the flag out)."""
+        flags = [f for f in extra if f != "--no-commands"]
+        if "--no-commands" not in extra and not any(f.startswith("--allow-commands")
+                                                    for f in extra):
+            flags.append("--allow-commands")
         self.agents[name] = self._spawn(name, [
             sys.executable, "-m", "hypersack.agent.app", "--server", self.address,
             "--node", name, "--backend", "fake", "--inventory", inventory,
-            "--workdir", str(self.tmp / "work")])
+            "--workdir", str(self.tmp / "work"), *flags], env)
 
     def kill_agent(self, name: str) -> None:
         proc = self.agents.pop(name)

@@ -86,10 +86,13 @@ def test_drained_node_gets_no_new_trials_and_finishes_its_own(cluster: Cluster) 
         assert n1.draining and n1.connected
 
 
-def test_crashing_trial_is_retried_then_failed_with_its_log(cluster: Cluster) -> None:
+def test_crashing_trial_is_retried_then_failed_with_its_log(cluster: Cluster,
+                                                            tmp_path: Path) -> None:
     cluster.start_server()
     cluster.start_agent("n1")
-    crash = "{command: \"{python} -c 'import sys; print(\\\"boom at lr\\\", {lr}); sys.exit(3)'\"}"
+    script = tmp_path / "crash.py"
+    script.write_text("import sys\nprint('boom at lr', sys.argv[1])\nsys.exit(3)\n")
+    crash = f"{{command: '{{python}} {script} {{lr}}'}}"
     study = _submit(cluster, space_yaml("crash", models="[resnet18]", batch_sizes="[64]",
                                         lrs="[0.001]", retries=1, program=crash))
     trials = _done(cluster, study, 60)

@@ -1,0 +1,66 @@
+"""Least privilege on GPU nodes, with a real server and agents as processes: what an
+agent refuses to run, and what a trial can see of the agent's environment."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from tests.integration.conftest import Cluster, space_yaml
+from tests.integration.test_faults import _done, _submit
+
+ENV_PRINTER = """
+import os, sys
+for name in sorted(os.environ):
+    print(f"ENV {name}={os.environ[name]}")
+print("lr", sys.argv[1])
+"""
+
+
+def _one_trial(cluster: Cluster, name: str, program: str) -> object:
+    study = _submit(cluster, space_yaml(name, models="[resnet18]", batch_sizes="[64]",
+                                        lrs="[0.001]", retries=0, program=program))
+    (trial,) = _done(cluster, study, 60)
+    return trial
+
+
+def test_an_agent_runs_built_in_programs_only_unless_allowed(cluster: Cluster,
+                                                             tmp_path: Path) -> None:
+    script = tmp_path / "t.py"
+    script.write_text("print('ran')\n")
+    cluster.start_server()
+    cluster.start_agent("n1", "1xA100-80GB@48", "--no-commands")
+    trial = _one_trial(cluster, "nocmd", f"{{command: '{{python}} {script}'}}")
+    assert trial.state == "FAILED"  # type: ignore[attr-defined]
+    assert "runs built-in programs only" in trial.log_tail  # type: ignore[attr-defined]
+    assert "ran" not in trial.log_tail  # type: ignore[attr-defined]
+
+
+def test_shells_and_inline_code_are_refused_unless_allowed(cluster: Cluster) -> None:
+    cluster.start_server()
+    cluster.start_agent("n1")  # commands allowed, shells not
+    marker = cluster.tmp / "pwned"
+    shell = f"{{command: \"sh -c 'touch {marker}; echo {{lr}}'\"}}"
+    trial = _one_trial(cluster, "shell", shell)
+    assert trial.state == "FAILED" and "sh is a shell" in trial.log_tail  # type: ignore[attr-defined]
+    inline = f"{{command: \"{{python}} -c 'open(\\\"{marker}\\\", \\\"w\\\")'\"}}"
+    trial = _one_trial(cluster, "inline", inline)
+    assert trial.state == "FAILED" and "inline code" in trial.log_tail  # type: ignore[attr-defined]
+    assert not marker.exists()
+
+
+def test_a_trial_sees_none_of_the_agents_undeclared_variables(cluster: Cluster,
+                                                               tmp_path: Path) -> None:
+    script = tmp_path / "env.py"
+    script.write_text(ENV_PRINTER)
+    cluster.start_server()
+    cluster.start_agent("n1", "1xA100-80GB@48", "--allow-commands", "python",
+                        "--pass-env", "SHARED_*",
+                        env={"AWS_SECRET_ACCESS_KEY": "topsecret", "SHARED_CACHE": "/c",
+                             "LD_PRELOAD": "", "LANG": "C.UTF-8"})
+    trial = _one_trial(cluster, "env", f"{{command: '{{python}} {script} {{lr}}'}}")
+    tail = trial.log_tail  # type: ignore[attr-defined]
+    assert trial.state == "COMPLETED" and "lr 0.001" in tail  # type: ignore[attr-defined]
+    seen = {line[4:].split("=", 1)[0] for line in tail.splitlines() if line.startswith("ENV ")}
+    assert "AWS_SECRET_ACCESS_KEY" not in seen and "topsecret" not in tail
+    assert "LD_PRELOAD" not in seen and "PYTHONUNBUFFERED" not in seen
+    assert {"SHARED_CACHE", "PATH", "LANG", "HYPERSACK_TRIAL_ID"} <= seen

@@ -1,0 +1,156 @@
+"""Least privilege: the agent's command policy, clean trial environments, reserved
+placeholders, work directories that stay inside their root, and a node that cannot
+claim trials it was never given."""
+
+from __future__ import annotations
+
+import stat
+import sys
+from pathlib import Path
+
+import pytest
+
+from hypersack.agent.guard import CommandPolicy, CommandRefused, clean_env
+from hypersack.agent.launcher import argv_for, job_dir
+from hypersack.core.cluster import parse_shorthand
+from hypersack.core.errors import InvalidInput, StaleEvent
+from hypersack.core.types import TrialState
+from hypersack.grid.space import Program, parse_space
+from hypersack.orchestrator import KillTrial, NodeJoined, RunningTrial, StudySubmitted, Tick
+from hypersack.server.app import HyperSackServer
+from tests.unit.test_orchestrator import launches, make, space
+from tests.unit.test_server import SLEEP_SPACE, RawAgent, server  # noqa: F401
+
+ANY = CommandPolicy.parse("*", allow_shell=False)
+
+
+@pytest.mark.parametrize("template", [
+    "{python} train.py --lr {lr}", "./train --config c.yaml --lr {lr}",
+    "nice -n 5 python3 t.py {lr}", "{python} -m trainer -c {lr}", "timeout 600 ./t {lr}",
+])
+def test_direct_programs_run(template: str) -> None:
+    ANY.check(template, "n1")
+
+
+@pytest.mark.parametrize("template,reason", [
+    ("sh -c 'echo {lr}'", "sh is a shell"),
+    ("/bin/bash run.sh {lr}", "bash is a shell"),
+    ("env A=1 bash -c x", "bash is a shell"),
+    ("timeout 60 zsh -c x", "zsh is a shell"),
+    ("{python} -c 'print({lr})'", "inline code for python"),
+    ("{python} -uc x", "inline code for python"),
+    ("{python} -W ignore -c x", "inline code for python"),
+    ("python3 -c x", "inline code for python3"),
+    ("perl -e 'print {lr}'", "inline code for perl"),
+    ("node --eval=1", "inline code for node"),
+    ("awk '{print}' {lr}", "awk is a shell"),
+    ("{prog} --lr {lr}", "must be literal or {python}"),
+])
+def test_shells_inline_code_and_placeholder_executables_are_refused(template: str,
+                                                                   reason: str) -> None:
+    with pytest.raises(CommandRefused, match=reason.replace("{", r"\{").replace("}", r"\}")):
+        ANY.check(template, "n1")
+    CommandPolicy.parse("*", allow_shell=True).check(template.replace("{prog}", "p"), "n1")
+
+
+def test_commands_are_off_by_default_and_an_allow_list_holds() -> None:
+    with pytest.raises(CommandRefused, match="runs built-in programs only"):
+        CommandPolicy().check("{python} t.py", "n1")
+    only = CommandPolicy.parse("python,/opt/bin/train", allow_shell=False)
+    only.check("{python} t.py", "n1")
+    only.check("/opt/bin/train --lr 1", "n1")
+    with pytest.raises(CommandRefused, match="allows only these executables"):
+        only.check("/usr/bin/other", "n1")
+    with pytest.raises(CommandRefused, match="not python"):
+        CommandPolicy.parse("/opt/bin/train", allow_shell=False).check("{python} t.py", "n1")
+
+
+def test_a_clean_environment_keeps_only_what_is_declared() -> None:
+    agent = {"PATH": "/bin", "HOME": "/root", "LANG": "C", "LC_ALL": "C",
+             "CUDA_VISIBLE_DEVICES": "0", "AWS_SECRET_ACCESS_KEY": "s", "HYPERSACK_DB": "x",
+             "LD_PRELOAD": "/evil.so", "PYTHONPATH": "/p", "NCCL_DEBUG": "INFO"}
+    env = clean_env(agent, ["PYTHONPATH", "NCCL_*"])
+    assert set(env) == {"PATH", "HOME", "LANG", "LC_ALL", "CUDA_VISIBLE_DEVICES", "PYTHONPATH",
+                        "NCCL_DEBUG"}
+
+
+@pytest.mark.parametrize("name", ["python", "trial_id", "study_id", "workdir"])
+def test_reserved_placeholders_are_no_hyperparameter_names(name: str) -> None:
+    data = {"name": "r", "models": ["resnet18"],
+            "hyperparameters": {"batch_size": [64], name: ["/tmp/evil"]},
+            "program": {"command": "{python} t.py"}}
+    with pytest.raises(InvalidInput, match=f"hyperparameters.{name}: a reserved name"):
+        parse_space(data, source="s.yaml")
+
+
+def test_the_agents_fields_win_over_parameters() -> None:
+    argv = argv_for(Program(command="{python} t.py {workdir}"),
+                    {"python": "/tmp/evil", "workdir": "/w"})
+    assert argv == [sys.executable, "t.py", "/w"]
+
+
+@pytest.mark.parametrize("group,job", [("..", ".."), ("../../etc", "x"), ("", "."),
+                                       ("a/b", ".hidden")])
+def test_work_directories_stay_inside_their_root(tmp_path: Path, group: str, job: str) -> None:
+    d = job_dir(tmp_path, group, job)
+    assert d.resolve().is_relative_to(tmp_path.resolve()) and d.parent.parent == tmp_path
+    assert not d.name.startswith(".") and not d.parent.name.startswith(".")
+
+
+def test_job_directories_are_private(tmp_path: Path) -> None:
+    from hypersack.agent.launcher import Job
+
+    job = Job("t", 0, tmp_path / "s" / "t", [sys.executable, "-c", "pass"], {}, base_env={})
+    job.start()
+    while job.poll() is None:
+        pass
+    assert stat.S_IMODE(job.workdir.stat().st_mode) == 0o700
+
+
+def test_a_node_cannot_claim_trials_it_was_never_given() -> None:
+    orch, _, _ = make(heartbeat_timeout_s=30.0)
+    first = launches(orch.handle(StudySubmitted(space(n_lr=3))))
+    assert first == []  # no node yet: every trial is pending
+    ids = [t.id for t in orch.trials()]
+    forged = parse_shorthand("1x1xA100-80GB").nodes[0].model_copy(update={"name": "evil"})
+    cmds = orch.handle(NodeJoined(forged, tuple(RunningTrial(i, 0, attempt=1) for i in ids)))
+    # Nothing adopted; what it claims to run is killed; the trials are placed as usual.
+    assert {c.trial_id for c in cmds if isinstance(c, KillTrial)} == set(ids)
+    placed = launches(cmds)
+    assert all(orch.trial(c.trial_id).launches == 1 for c in placed)
+    # A node that ran a trial once cannot report its exit after the trial moved on.
+    honest = parse_shorthand("1x1xA100-80GB").nodes[0].model_copy(update={"name": "a"})
+    orch2, _, clock2 = make(heartbeat_timeout_s=30.0)
+    orch2.handle(NodeJoined(honest))
+    (launch,) = launches(orch2.handle(StudySubmitted(space(n_lr=1))))
+    clock2.advance(31)
+    orch2.handle(Tick())  # a is lost: the trial waits, PENDING
+    from hypersack.orchestrator import TrialFinished
+
+    with pytest.raises(StaleEvent):
+        orch2.handle(TrialFinished(launch.trial_id, "evil", {"loss": -1.0}, attempt=1))
+    assert orch2.trial(launch.trial_id).state == TrialState.PENDING
+
+
+def test_a_forged_register_over_grpc_adopts_nothing(server: HyperSackServer  # noqa: F811
+                                                    ) -> None:
+    import grpc
+
+    from hypersack._proto.v1 import hypersack_pb2 as pb
+    from hypersack._proto.v1 import hypersack_pb2_grpc as pb_grpc
+
+    stub = pb_grpc.SchedulerStub(grpc.insecure_channel(server.address))
+    study = stub.SubmitStudy(pb.SubmitStudyRequest(space_yaml=SLEEP_SPACE, source="t"))
+    ids = [t.id for t in stub.ListTrials(pb.ListTrialsRequest(study_id=study.id)).trials]
+    agent = RawAgent(server.address)
+    agent.register("forger", gpus=1, running=tuple(ids))
+    kills = set()
+    while len(kills) < len(ids):
+        msg = agent.next()
+        assert isinstance(msg, pb.ServerMessage)
+        if msg.WhichOneof("body") == "kill":
+            kills.add(msg.kill.trial_id)
+    assert kills == set(ids)
+    trials = stub.ListTrials(pb.ListTrialsRequest(study_id=study.id)).trials
+    assert all(t.launches <= 1 for t in trials)  # placed by the server, not adopted
+    agent.close()
