@@ -27,7 +27,7 @@ from hypersack.sampler.profiles import load_profiles, to_import
 from hypersack.server.service import SchedulerService
 from hypersack.server.servicers import AgentLinkServicer, SchedulerServicer
 from hypersack.store.sqlite import DatabaseLock, SqliteStore, StoreError
-from hypersack.wire.settings import ServerSettings, load_settings, parse_ratios
+from hypersack.wire.settings import ServerSettings, is_loopback, load_settings, parse_ratios
 
 log = logging.getLogger(__name__)
 
@@ -43,6 +43,16 @@ class HyperSackServer:
             raise InvalidInput(f"unknown policy {settings.policy!r}; valid: "
                                f"{', '.join(policy_names())}")
         self.settings = settings
+        if not is_loopback(settings.listen):
+            if not settings.insecure:
+                raise InvalidInput(
+                    f"--listen {settings.listen}: refused; this server has no TLS or client "
+                    "authentication yet, so anyone who can reach the port can submit "
+                    "studies. Listen on 127.0.0.1, or give --insecure on a network only "
+                    "the cluster reaches (a firewall)")
+            log.warning("listening on %s WITHOUT TLS or authentication (--insecure): "
+                        "anyone who can reach this port controls the cluster",
+                        settings.listen)
         profiles = [p for path in settings.profiles for p in load_profiles(path)]
         # One writer: a second server on the same database stops here, saying who holds it.
         self._lock = DatabaseLock(settings.db)
@@ -138,8 +148,11 @@ def _parser() -> argparse.ArgumentParser:
                     "then HYPERSACK_* environment variables, then --config.")
     p.add_argument("--config", type=Path, help="YAML file of settings (the flag names, "
                    "with underscores: listen, db, heartbeat_timeout_s, ...)")
-    p.add_argument("--listen", help="address (default 127.0.0.1:50051; 0.0.0.0:50051 to "
-                   "accept agents from other hosts)")
+    p.add_argument("--listen", help="address (default 127.0.0.1:50051; 0.0.0.0:50051 "
+                   "with --insecure to accept agents from other hosts)")
+    p.add_argument("--insecure", action="store_true", default=None,
+                   help="accept --listen on a non-loopback address without TLS or "
+                   "authentication; only on a network only the cluster reaches")
     p.add_argument("--db", type=Path, help="SQLite database (default hypersack.db); "
                    "restart on the same file to resume every study")
     p.add_argument("--policy", help=f"override every study's policy: {', '.join(policy_names())}")
@@ -162,6 +175,7 @@ def _parser() -> argparse.ArgumentParser:
 def settings_from_args(args: argparse.Namespace) -> ServerSettings:
 
     flags = {"listen": args.listen, "db": args.db, "policy": args.policy,
+             "insecure": args.insecure,
              "heartbeat_timeout_s": args.heartbeat_timeout_s,
              "heartbeat_interval_s": args.heartbeat_interval_s, "retries": args.retries,
              "profiles": args.profiles,

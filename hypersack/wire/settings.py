@@ -24,6 +24,8 @@ class ServerSettings(BaseSettings):
     listen: str = Field(default="127.0.0.1:50051",
                         description="address to listen on; 0.0.0.0:50051 for a cluster")
     db: Path = Field(default=Path("hypersack.db"), description="SQLite database file")
+    insecure: bool = Field(default=False, description="accept a non-loopback --listen "
+                           "without TLS or authentication (behind a firewall only)")
     policy: str | None = Field(default=None, description="override every study's policy")
     oversubscription: dict[str, float] = Field(
         default_factory=lambda: {"A100": 3.0, "H100": 2.5},
@@ -117,6 +119,12 @@ def load_settings(cls: type[S], flags: dict[str, Any], config: Path | None = Non
     except ValidationError as exc:
         raise InvalidInput(format_validation_error(exc, "settings")) from None
     return cls.model_validate(settings.model_dump())
+
+
+def is_loopback(listen: str) -> bool:
+    """Whether a listen address (HOST:PORT) accepts connections from this host only."""
+    host = listen.rpartition(":")[0].strip("[]").lower()
+    return host in ("localhost", "::1") or host.startswith("127.")
 
 
 def parse_ratios(pairs: Sequence[str]) -> dict[str, float]:

@@ -154,3 +154,32 @@ def test_a_forged_register_over_grpc_adopts_nothing(server: HyperSackServer  # n
     trials = stub.ListTrials(pb.ListTrialsRequest(study_id=study.id)).trials
     assert all(t.launches <= 1 for t in trials)  # placed by the server, not adopted
     agent.close()
+
+
+@pytest.mark.parametrize("listen,ok", [("127.0.0.1:0", True), ("localhost:0", True),
+                                       ("[::1]:0", True), ("0.0.0.0:0", False),
+                                       ("[::]:0", False), ("head.example:50051", False)])
+def test_a_non_loopback_listen_needs_insecure(tmp_path: Path, listen: str, ok: bool,
+                                              capsys: pytest.CaptureFixture[str]) -> None:
+    from hypersack.server.app import main
+    from hypersack.wire.settings import is_loopback
+
+    assert is_loopback(listen) is ok
+    if ok:
+        return
+    assert main(["--listen", listen, "--db", str(tmp_path / "s.db")]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "refused" in err and "--insecure" in err
+    assert not (tmp_path / "s.db").exists()  # refused before anything was opened
+
+
+def test_insecure_listen_warns_at_start(tmp_path: Path,
+                                        caplog: pytest.LogCaptureFixture) -> None:
+    from hypersack.wire.settings import ServerSettings
+
+    s = HyperSackServer(ServerSettings(listen="0.0.0.0:0", insecure=True, db=tmp_path / "s.db"))
+    s.start()
+    try:
+        assert any("WITHOUT TLS or authentication" in r.getMessage() for r in caplog.records)
+    finally:
+        s.stop(0)
