@@ -24,7 +24,14 @@ from hypersack._proto.v1 import hypersack_pb2 as pb
 from hypersack._proto.v1 import hypersack_pb2_grpc as pb_grpc
 from hypersack.agent.devices import DeviceBackend, Measured
 from hypersack.agent.guard import CommandPolicy, clean_env
-from hypersack.agent.launcher import LOG_MAX_BYTES, Job, argv_for, job_dir, job_key
+from hypersack.agent.launcher import (
+    LOG_MAX_BYTES,
+    Job,
+    argv_for,
+    job_dir,
+    job_key,
+    safe_part,
+)
 from hypersack.agent.procs import Records, kill_strays
 from hypersack.core import trial_env as sdk
 from hypersack.core.bounds import clamp
@@ -76,9 +83,10 @@ class Agent:
         self.jobs: dict[str, Job] = {}  # by Job.key: trial#attempt, or a profile's id
         self._jobs_lock = threading.Lock()  # the heartbeat thread reads jobs
         # Trial directories are private to the agent's user.
-        (workdir / node).mkdir(mode=0o700, parents=True, exist_ok=True)
-        self.agent_dir = str((workdir / node).resolve())
-        self.records = Records(workdir / node / "jobs")
+        self.node_dir = workdir / safe_part(node)  # never outside the work directory
+        self.node_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+        self.agent_dir = str(self.node_dir.resolve())
+        self.records = Records(self.node_dir / "jobs")
         self._swept_at = 0.0
         self._ended_since_sweep = False
         self.heartbeat_timeout_s = 30.0
@@ -325,7 +333,7 @@ class Agent:
         device = next((d for d in self.backend.devices() if d.index == gpu_index), None)
         if device is None:
             raise HyperSackError(f"this node has no device {gpu_index}")
-        workdir = job_dir(self.workdir / self.node, group, job_id)
+        workdir = job_dir(self.node_dir, group, job_id)
         if attempt:
             workdir = workdir / f"attempt-{attempt}"  # each attempt writes its own files
         if program.command:

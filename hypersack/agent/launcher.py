@@ -249,9 +249,10 @@ def job_key(job_id: str, attempt: int) -> str:
 def job_dir(root: Path, group: str, job_id: str) -> Path:
     """A job's directory, always inside `root`: names are reduced to safe characters and
     never `.`, `..` or hidden."""
-    return root / _safe_part(group) / _safe_part(job_id)
+    return root / safe_part(group) / safe_part(job_id)
 
 
-def _safe_part(name: str) -> str:
+def safe_part(name: str) -> str:
+    """A name as one path component: safe characters, never `.`, `..` or hidden."""
     part = _SAFE_NAME.sub("_", name)[:200]
     return "_" + part if not part or part.startswith(".") else part
