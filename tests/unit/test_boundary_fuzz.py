@@ -180,3 +180,16 @@ def test_hostile_cli_files_answer_in_one_line(tmp_path_factory: pytest.TempPathF
     assert "Traceback" not in message
     if rc != 0:
         assert rc == 2 and message.startswith("error: ") and message.count("\n") == 1, message
+
+
+def test_a_key_with_control_characters_stays_on_one_line() -> None:
+    # Found by the fuzz above: a mapping key with a newline broke the one-line error.
+    from hypersack.core.errors import InvalidInput
+    from hypersack.grid.space import parse_space
+
+    bad = _mutated(BASE_SPACE, ("settings", "oversubscription"), {"\n\u202e": None})
+    with pytest.raises(InvalidInput) as err:
+        parse_space(bad, source="s.yaml")
+    message = str(err.value)
+    assert "\n" not in message and "\u202e" not in message
+    assert "settings.oversubscription.\\n\\u202e" in message
