@@ -22,11 +22,12 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
 from hypersack.core.errors import HyperSackError
+from hypersack.grid.space import PLACEHOLDER
 
 # Names every trial gets from the agent's environment, when set there.
 BASE_ENV = ("PATH", "HOME", "LANG", "LANGUAGE", "TZ", "TMPDIR", "USER", "LOGNAME", "TERM",
             "HYPERSACK_DATA_DIR")
-BASE_PREFIXES = ("LC_", "CUDA_", "NVIDIA_", "CUDA_MPS_")
+BASE_PREFIXES = ("LC_", "CUDA_", "NVIDIA_")  # CUDA_ covers MPS's CUDA_MPS_*
 
 # Shells, and programs whose first argument is itself code.
 SHELLS = frozenset({"sh", "bash", "dash", "zsh", "ksh", "mksh", "ash", "fish", "csh", "tcsh",
@@ -40,7 +41,6 @@ _INTERPRETER = re.compile(r"^(python[0-9.]*|pypy[0-9.]*|perl[0-9.]*|ruby[0-9.]*|
                           r"deno|bun|php[0-9.]*|lua[0-9.]*|Rscript|R|julia|osascript)$")
 _PYTHON_INLINE = re.compile(r"^-[A-Za-z]*c")  # -c, -uc, -Bc'code'
 _TAKES_VALUE = frozenset({"-W", "-X", "-Q", "-I", "-M", "-r"})  # their value is no option
-_PLACEHOLDER = re.compile(r"\{([A-Za-z_][A-Za-z0-9_]*)\}")
 
 
 class CommandRefused(HyperSackError):
@@ -67,12 +67,6 @@ class CommandPolicy:
         names = frozenset(n.strip() for n in allow_commands.split(",") if n.strip()) - {"*"}
         return cls(allow_commands=True, executables=names, allow_shell=allow_shell)
 
-    def describe(self) -> str:
-        if not self.allow_commands:
-            return "built-in programs only"
-        what = ", ".join(sorted(self.executables)) if self.executables else "any executable"
-        return f"commands ({what}){', shells too' if self.allow_shell else ''}"
-
     def check(self, template: str, node: str) -> None:
         """Raise CommandRefused unless this command template may run on this node."""
         if not self.allow_commands:
@@ -87,19 +81,14 @@ class CommandPolicy:
         exe, rest = _executable(argv)
         if exe is None:
             raise CommandRefused("command: no executable after its wrappers")
-        placeholders = _PLACEHOLDER.findall(exe)
-        if placeholders and exe != "{python}":
+        if exe != "{python}" and PLACEHOLDER.search(exe):
             raise CommandRefused(f"command: the executable {exe!r} must be literal or "
                                  "{python}, not a placeholder")
         name = "python" if exe == "{python}" else os.path.basename(exe)
-        if self.executables and exe != "{python}" and not (
-                exe in self.executables or name in self.executables):
+        if self.executables and not {exe, name} & self.executables:
+            shown = "python" if exe == "{python}" else repr(exe)
             raise CommandRefused(f"agent {node} allows only these executables: "
-                                 f"{', '.join(sorted(self.executables))} (not {exe!r})")
-        if exe == "{python}" and self.executables and not (
-                {"python", "{python}"} & self.executables):
-            raise CommandRefused(f"agent {node} allows only these executables: "
-                                 f"{', '.join(sorted(self.executables))} (not python)")
+                                 f"{', '.join(sorted(self.executables))} (not {shown})")
         if self.allow_shell:
             return
         if name in SHELLS:
