@@ -439,7 +439,7 @@ class Orchestrator:
             profile = None
             if (t is not None and gpu is not None
                     and t.state in (TrialState.PENDING, TrialState.PROFILING)
-                    and t.launches > 0 and t.launched_on == node.spec.name):
+                    and t.launched_on == node.spec.name):
                 # Only what this node was given, in its latest attempt: a node cannot
                 # claim a trial it never ran.
                 profile = self._profiles.get((t.key, gpu.arch))
