@@ -15,7 +15,8 @@ from hypersack.agent.agent import Agent
 from hypersack.agent.devices import BACKENDS, make_backend
 from hypersack.agent.guard import CommandPolicy
 from hypersack.agent.procs import become_subreaper
-from hypersack.core.errors import HyperSackError
+from hypersack.core.bounds import is_name
+from hypersack.core.errors import HyperSackError, InvalidInput
 from hypersack.wire.settings import AgentSettings, load_settings
 
 
@@ -63,6 +64,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             "log_max_mib": args.log_max_mib, "allow_commands": args.allow_commands,
             "allow_shell": args.allow_shell, "pass_env": args.pass_env}, args.config)
         node = settings.node or socket.gethostname()
+        if not is_name(node):
+            raise InvalidInput(f"node name {node[:80]!r}: use letters, digits and _.:@+=- "
+                               "(give --node)")
         backend = make_backend(settings.backend, inventory=settings.inventory, node=node)
         agent = Agent(settings.server, node, backend, settings.workdir,
                       poll_interval_s=settings.poll_interval_s,

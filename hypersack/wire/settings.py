@@ -11,7 +11,7 @@ from pydantic import Field, ValidationError, field_validator
 from pydantic.fields import FieldInfo
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
-from hypersack.core.bounds import MAX_NODES, MAX_RATIO, PositiveSeconds, Ratio, is_name
+from hypersack.core.bounds import MAX_NODES, MAX_RATIO, Name, PositiveSeconds, Ratio, is_name
 from hypersack.core.errors import InvalidInput
 from hypersack.core.files import load_yaml_file
 from hypersack.core.validation import format_validation_error
@@ -57,7 +57,7 @@ class AgentSettings(BaseSettings):
                                       allow_inf_nan=False)
 
     server: str = Field(default="127.0.0.1:50051", description="server address")
-    node: str | None = Field(default=None, description="node name (default: host name)")
+    node: Name | None = Field(default=None, description="node name (default: host name)")
     backend: str = Field(default="auto", description="auto, nvml, cpu or fake")
     inventory: str | None = Field(default=None,
                                   description="for the fake backend: e.g. 4xA100-80GB@88")

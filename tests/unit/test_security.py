@@ -183,3 +183,15 @@ def test_insecure_listen_warns_at_start(tmp_path: Path,
         assert any("WITHOUT TLS or authentication" in r.getMessage() for r in caplog.records)
     finally:
         s.stop(0)
+
+
+@pytest.mark.parametrize("node", ["../../x", "a/b", "", "x" * 200])
+def test_an_agent_refuses_a_node_name_it_could_not_register(
+        tmp_path: Path, node: str, capsys: pytest.CaptureFixture[str]) -> None:
+    from hypersack.agent.app import main
+
+    rc = main(["--node", node, "--server", "127.0.0.1:1", "--backend", "fake",
+               "--inventory", "1xA100-80GB@8", "--workdir", str(tmp_path / "w")])
+    err = capsys.readouterr().err
+    assert rc == 2 and err.count("\n") == 1 and "node" in err
+    assert not (tmp_path / "w").exists()
