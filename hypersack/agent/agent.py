@@ -22,6 +22,7 @@ import grpc
 from hypersack import __version__
 from hypersack._proto.v1 import hypersack_pb2 as pb
 from hypersack._proto.v1 import hypersack_pb2_grpc as pb_grpc
+from hypersack.agent.accounts import TrialUsers
 from hypersack.agent.devices import DeviceBackend, Measured
 from hypersack.agent.guard import CommandPolicy, clean_env
 from hypersack.agent.launcher import (
@@ -49,7 +50,8 @@ SWEEP_INTERVAL_S = 1.0  # at most this often, after a trial ended: kill what it 
 CHANNEL_OPTIONS = [("grpc.keepalive_time_ms", 10_000), ("grpc.keepalive_timeout_ms", 5_000),
                    ("grpc.keepalive_permit_without_calls", 1),
                    ("grpc.http2.max_pings_without_data", 0)]
-FATAL = (grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.UNIMPLEMENTED)
+FATAL = (grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.UNIMPLEMENTED,
+         grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.PERMISSION_DENIED)
 
 
 class AgentError(HyperSackError):
@@ -66,8 +68,15 @@ class Agent:
                  poll_interval_s: float = 0.2, reconnect_max_s: float = 10.0,
                  duplicate_timeout_s: float = 60.0, kill_on_stop: bool = True,
                  log_max_bytes: int = LOG_MAX_BYTES, commands: CommandPolicy | None = None,
-                 pass_env: Iterable[str] = (), inherit_env: bool = False) -> None:
+                 pass_env: Iterable[str] = (), inherit_env: bool = False,
+                 credentials: grpc.ChannelCredentials | None = None,
+                 server_name: str | None = None, users: TrialUsers | None = None) -> None:
         self.server = server
+        # TLS to the server, with this node's certificate (None: plain, loopback only).
+        self.credentials = credentials
+        self.channel_options: list[tuple[str, str | int]] = list(CHANNEL_OPTIONS)
+        if server_name:
+            self.channel_options.append(("grpc.ssl_target_name_override", server_name))
         self.node = node
         self.backend = backend
         self.workdir = workdir
@@ -77,6 +86,7 @@ class Agent:
         self.kill_on_stop = kill_on_stop
         self.log_max_bytes = log_max_bytes
         self.commands = commands or CommandPolicy()
+        self.users = users or TrialUsers()  # default: trials run as the agent's user
         # What trials see of this process's environment (`inherit_env`: all of it, for
         # `hypersack run` on one's own machine).
         self.base_env = None if inherit_env else clean_env(os.environ, pass_env)
@@ -216,7 +226,10 @@ class Agent:
         now = time.monotonic()
         self._sent = [(now, m, gpu) for m, gpu in self._resend]
         self._resend = []
-        channel = grpc.insecure_channel(self.server, options=CHANNEL_OPTIONS)
+        channel = (grpc.insecure_channel(self.server, options=self.channel_options)
+                   if self.credentials is None else
+                   grpc.secure_channel(self.server, self.credentials,
+                                       options=self.channel_options))
         stub = pb_grpc.AgentLinkStub(channel)  # type: ignore[no-untyped-call]
         call = stub.Connect(iter(outbox.get, None))
 
@@ -326,8 +339,8 @@ class Agent:
 
     def _job(self, job_id: str, study_id: str, group: str, gpu_index: int,
              program: pb.Program, params_json: str, epochs: float,
-             extra_env: dict[str, str] | None = None, profile: bool = False, attempt: int = 0
-             ) -> tuple[Job, GpuSpec]:
+             extra_env: dict[str, str] | None = None, profile: bool = False, attempt: int = 0,
+             owner: str = "") -> tuple[Job, GpuSpec]:
         """A trial or profile process, not yet started: its argument list, work directory
         and environment. Raises HyperSackError or ValueError if it cannot run here."""
         device = next((d for d in self.backend.devices() if d.index == gpu_index), None)
@@ -338,6 +351,7 @@ class Agent:
             workdir = workdir / f"attempt-{attempt}"  # each attempt writes its own files
         if program.command:
             self.commands.check(program.command, self.node)
+        account = self.users.account_for(owner)
         fields = {**json.loads(params_json or "{}"), "epochs": epochs, "trial_id": job_id,
                   "study_id": study_id, "workdir": str(workdir.resolve())}
         argv = argv_for(program_from_pb(program), fields)
@@ -347,7 +361,7 @@ class Agent:
                **(extra_env or {})}
         return Job(job_id, gpu_index, workdir, argv, env, profile=profile, attempt=attempt,
                    agent_dir=self.agent_dir, log_max_bytes=self.log_max_bytes,
-                   base_env=self.base_env), device
+                   base_env=self.base_env, account=account), device
 
     def _launch(self, m: pb.LaunchTrial, outbox: queue.Queue[pb.AgentMessage | None]) -> None:
         same = self.jobs.get(job_key(m.trial_id, m.attempt))
@@ -359,13 +373,13 @@ class Agent:
                 old.kill()
         try:
             job, _ = self._job(m.trial_id, m.study_id, m.study_id, m.gpu_index, m.program,
-                               m.params_json, m.epochs, attempt=m.attempt)
+                               m.params_json, m.epochs, attempt=m.attempt, owner=m.owner)
+            job.start()
         except (HyperSackError, ValueError, OSError) as exc:
             self._send(outbox, pb.AgentMessage(exited=pb.TrialExited(
                 trial_id=m.trial_id, exit_code=127, log_tail=f"cannot launch: {exc}",
                 attempt=m.attempt)), m.gpu_index)
             return
-        job.start()
         if job.proc is not None:
             self.records.add(job.key, job.proc.pid, job.attempt)
         with self._jobs_lock:
@@ -383,12 +397,12 @@ class Agent:
             job, device = self._job(
                 job_id, "profile", "profiles", m.gpu_index, m.program, m.params_json, m.epochs,
                 {sdk.ENV_PROFILE_ITERATIONS: str(m.iterations),
-                 sdk.ENV_PROFILE_WARMUP: str(m.warmup)}, profile=True)
-        except (HyperSackError, ValueError) as exc:
+                 sdk.ENV_PROFILE_WARMUP: str(m.warmup)}, profile=True, owner=m.owner)
+            job.start()
+        except (HyperSackError, ValueError, OSError) as exc:
             self._send(outbox, pb.AgentMessage(profile=pb.ProfileResult(
                 key=m.key, arch=m.arch, ok=False, error=f"cannot launch: {exc}")), m.gpu_index)
             return
-        job.start()
         if job.proc is not None:
             self.backend.start_measuring(device, job.proc.pid)
             self.records.add(job.key, job.proc.pid, 0)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import signal
 import socket
 import sys
@@ -11,6 +12,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from hypersack import __version__
+from hypersack.agent.accounts import TrialUsers
 from hypersack.agent.agent import Agent
 from hypersack.agent.devices import BACKENDS, make_backend
 from hypersack.agent.guard import CommandPolicy
@@ -18,6 +20,7 @@ from hypersack.agent.procs import become_subreaper
 from hypersack.core.bounds import is_name
 from hypersack.core.errors import HyperSackError, InvalidInput
 from hypersack.wire.settings import AgentSettings, load_settings
+from hypersack.wire.tls import NODE, certificate_identity, channel_credentials
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -48,6 +51,22 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--pass-env", action="append", metavar="NAME",
                    help="an environment variable trials may see besides PATH, HOME, the "
                    "locale and CUDA's (repeatable; PREFIX* for many)")
+    p.add_argument("--run-as", metavar="USER", help="run trials as this unprivileged Unix "
+                   "user (an agent started as root needs this or --user-map)")
+    p.add_argument("--user-map", action="append", metavar="OWNER=USER",
+                   help="run the trials of a study owner as this Unix user (repeatable, or "
+                   "comma-separated); others run as --run-as, or are refused")
+    p.add_argument("--allow-root-trials", action="store_true", default=None,
+                   help="an agent started as root may run trials as root: a single-user "
+                   "machine only (logged as a warning at every start)")
+    p.add_argument("--tls-dir", type=Path, help="a `hypersack certs` directory: ca.crt and "
+                   "nodes/NODE.crt, nodes/NODE.key (then --server is the agent port)")
+    p.add_argument("--tls-ca", type=Path, help="the cluster CA certificate")
+    p.add_argument("--tls-cert", type=Path, help="this node's certificate (`hypersack certs "
+                   "issue --node NAME`); its name is the node name")
+    p.add_argument("--tls-key", type=Path, help="this node's private key (mode 0600)")
+    p.add_argument("--tls-server-name", help="the name in the server's certificate, when "
+                   "--server dials another name or address")
     p.add_argument("--log-level", default="INFO")
     p.add_argument("--version", action="version", version=f"hypersack-agent {__version__}")
     return p
@@ -62,21 +81,46 @@ def main(argv: Sequence[str] | None = None) -> int:
             "server": args.server, "node": args.node, "backend": args.backend,
             "inventory": args.inventory, "workdir": args.workdir,
             "log_max_mib": args.log_max_mib, "allow_commands": args.allow_commands,
-            "allow_shell": args.allow_shell, "pass_env": args.pass_env}, args.config)
-        node = settings.node or socket.gethostname()
+            "allow_shell": args.allow_shell, "pass_env": args.pass_env,
+            "tls_dir": args.tls_dir, "tls_ca": args.tls_ca, "tls_cert": args.tls_cert,
+            "tls_key": args.tls_key, "tls_server_name": args.tls_server_name,
+            "run_as": args.run_as, "user_map": args.user_map,
+            "allow_root_trials": args.allow_root_trials}, args.config)
+        users = TrialUsers.parse(settings.run_as, settings.user_map,
+                                 allow_root=settings.allow_root_trials)
+        cert_node = (certificate_identity(settings.tls_cert)
+                     if settings.tls_cert is not None else None)
+        node = settings.node or (cert_node.name if cert_node else socket.gethostname())
         if not is_name(node):
             raise InvalidInput(f"node name {node[:80]!r}: use letters, digits and _.:@+=- "
                                "(give --node)")
+        tls = settings.tls(node)
+        credentials = None
+        if tls is not None:
+            ident = certificate_identity(tls.cert)
+            if ident.kind != NODE or ident.name != node:
+                raise InvalidInput(f"{tls.cert} names {ident.kind} {ident.name!r}, not node "
+                                   f"{node!r}: the server accepts an agent only with its "
+                                   f"node's certificate (hypersack certs issue --node {node})")
+            credentials = channel_credentials(tls.ca, tls.cert, tls.key)
         backend = make_backend(settings.backend, inventory=settings.inventory, node=node)
         agent = Agent(settings.server, node, backend, settings.workdir,
                       poll_interval_s=settings.poll_interval_s,
                       reconnect_max_s=settings.reconnect_max_s,
                       log_max_bytes=settings.log_max_mib << 20,
                       commands=CommandPolicy.parse(settings.allow_commands, settings.allow_shell),
-                      pass_env=settings.pass_env)
+                      pass_env=settings.pass_env, credentials=credentials,
+                      server_name=settings.tls_server_name, users=users)
     except HyperSackError as exc:
         print(f"hypersack-agent: error: {exc}", file=sys.stderr)
         return 2
+
+    if os.geteuid() == 0 and not users.switches:
+        logging.getLogger("hypersack.agent").warning(
+            "trials run as ROOT on this node (--allow-root-trials): any study's program "
+            "owns the machine")
+    elif users.switches:
+        logging.getLogger("hypersack.agent").info("trials run %s", users.describe())
 
     def _stop(signum: int, frame: object) -> None:
         agent.stop()

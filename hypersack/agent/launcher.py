@@ -3,12 +3,14 @@ working directory and log file, its device in the environment."""
 
 from __future__ import annotations
 
+import errno
 import json
 import logging
 import os
 import re
 import shlex
 import signal
+import stat
 import subprocess
 import sys
 import time
@@ -18,6 +20,7 @@ from typing import IO, Any
 
 import psutil
 
+from hypersack.agent.accounts import Account
 from hypersack.agent.procs import ENV_AGENT_DIR, ENV_JOB, die_with_parent, signal_all, tree
 from hypersack.core import trial_env as sdk
 from hypersack.core.errors import InvalidInput
@@ -26,6 +29,7 @@ from hypersack.grid.space import PLACEHOLDER, Program
 log = logging.getLogger(__name__)
 
 KILL_GRACE_S = 5.0
+PASSABLE = 0o711  # others may pass through (to their own directory), not list
 LOG_MAX_BYTES = 64 << 20  # default cap on a trial's log: log.txt plus the kept tail
 _SAFE_NAME = re.compile(r"[^A-Za-z0-9_.-]")
 
@@ -48,6 +52,24 @@ def argv_for(program: Program, fields: dict[str, Any]) -> list[str]:
     return [PLACEHOLDER.sub(fill, arg) for arg in shlex.split(program.command)]
 
 
+_MODES = {"rb": os.O_RDONLY, "r+b": os.O_RDWR, "wb": os.O_WRONLY | os.O_CREAT | os.O_TRUNC,
+          "ab": os.O_WRONLY | os.O_CREAT | os.O_APPEND}
+
+
+def open_regular(path: Path, mode: str) -> IO[bytes]:
+    """Open a file in a trial's directory, which the trial may own: never through a
+    symbolic link (the agent may be root), never a FIFO or device. Raises OSError."""
+    fd = os.open(path, _MODES[mode] | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, 0o600)
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise OSError(errno.EINVAL, "not a regular file", str(path))
+        os.set_blocking(fd, True)
+        return os.fdopen(fd, mode)
+    except BaseException:
+        os.close(fd)
+        raise
+
+
 @dataclass
 class Job:
     """One child process: a trial, or a profile run of a workload."""
@@ -61,6 +83,7 @@ class Job:
     attempt: int = 0
     agent_dir: str = ""  # the agent's marker in every process of the job
     base_env: dict[str, str] | None = None  # what it sees of the agent's environment (None: all)
+    account: Account | None = None  # the Unix user it runs as (None: the agent's)
     log_max_bytes: int = LOG_MAX_BYTES
     proc: subprocess.Popen[bytes] | None = None
     started_at: float = 0.0
@@ -101,19 +124,36 @@ class Job:
             p.unlink(missing_ok=True)
         env = dict(os.environ) if self.base_env is None else dict(self.base_env)
         env.update(self.env)
+        if self.account is not None:
+            env.update(self.account.env())
         if self.agent_dir:
             env[ENV_AGENT_DIR] = self.agent_dir
             env[ENV_JOB] = self.key
         env[sdk.ENV_METRICS] = str(self.metrics_path.resolve())
         if self.profile:
             env[sdk.ENV_PROFILE] = str(self.profile_path.resolve())
-        self._log = open(self.log_path, "ab")
+        self._log = open_regular(self.log_path, "ab")
         self._log.write(f"$ {shlex.join(self.argv)}\n".encode())
         self._log.flush()
+        who: dict[str, Any] = {}
+        if self.account is not None:
+            # The directory becomes the trial user's own; the log stays the agent's (the
+            # trial writes it through its stdout only).
+            self.account.own(self.workdir)
+            if self.agent_dir:
+                # The agent's directories above it: passable (0711), not listable.
+                top = Path(self.agent_dir)
+                for part in self.workdir.resolve().relative_to(top).parts[:-1]:
+                    os.chmod(top, PASSABLE)
+                    top = top / part
+                os.chmod(top, PASSABLE)
+            who = {"user": self.account.uid, "group": self.account.gid,
+                   "extra_groups": list(self.account.groups)}
         try:
             self.proc = subprocess.Popen(die_with_parent(self.argv), cwd=self.workdir,
                                          env=env, stdin=subprocess.DEVNULL, stdout=self._log,
-                                         stderr=subprocess.STDOUT, start_new_session=True)
+                                         stderr=subprocess.STDOUT, start_new_session=True,
+                                         **who)
         except OSError as exc:
             self._log.write(f"cannot start: {exc}\n".encode())
             self._log.close()
@@ -170,10 +210,10 @@ class Job:
     def new_metrics(self) -> bool:
         """Read lines the trial appended since the last call; True if any."""
         try:
-            with open(self.metrics_path, "rb") as f:
+            with open_regular(self.metrics_path, "rb") as f:
                 f.seek(self._metrics_pos)
                 data = f.read()
-        except FileNotFoundError:
+        except OSError:
             return False
         end = data.rfind(b"\n") + 1  # a line still being written waits
         self._metrics_pos += end
@@ -203,12 +243,12 @@ class Job:
             if size <= half:
                 return False
             keep = max(1, self.log_max_bytes // 4)
-            with open(self.log_path, "r+b") as f:
+            with open_regular(self.log_path, "r+b") as f:
                 f.seek(max(0, size - keep))
                 tail = f.read(keep)
                 f.truncate(0)
             dropped = size - len(tail)
-            with open(self.kept_log_path, "wb") as out:
+            with open_regular(self.kept_log_path, "wb") as out:
                 out.write(f"[hypersack: the log passed {half} bytes; {dropped} earlier bytes "
                           f"were dropped]\n".encode())
                 out.write(tail)
@@ -222,12 +262,12 @@ class Job:
         out = b""
         for path in (self.log_path, self.kept_log_path):
             try:
-                with open(path, "rb") as f:
+                with open_regular(path, "rb") as f:
                     f.seek(0, os.SEEK_END)
                     size = f.tell()
                     f.seek(max(0, size - (chars - len(out))))
                     out = f.read() + out
-            except FileNotFoundError:
+            except OSError:
                 continue
             if len(out) >= chars:
                 break
@@ -235,8 +275,9 @@ class Job:
 
     def profile_result(self) -> dict[str, Any] | None:
         try:
-            data = json.loads(self.profile_path.read_text())
-        except (FileNotFoundError, ValueError):
+            with open_regular(self.profile_path, "rb") as f:
+                data = json.loads(f.read(1 << 20))
+        except (OSError, ValueError):
             return None
         return data if isinstance(data, dict) else None
 

@@ -10,7 +10,14 @@ import grpc
 
 from hypersack._proto.v1 import hypersack_pb2 as pb
 from hypersack._proto.v1 import hypersack_pb2_grpc as pb_grpc
-from hypersack.core.errors import AlreadyExists, HyperSackError, InvalidInput, NotFound
+from hypersack.core.errors import (
+    AlreadyExists,
+    HyperSackError,
+    InvalidInput,
+    NotFound,
+    PermissionDenied,
+    Unauthenticated,
+)
 
 T = TypeVar("T")
 
@@ -26,6 +33,10 @@ def domain_error(exc: grpc.RpcError, server: str) -> HyperSackError:
         return NotFound(detail)
     if code == grpc.StatusCode.ALREADY_EXISTS:
         return AlreadyExists(detail)
+    if code == grpc.StatusCode.UNAUTHENTICATED:
+        return Unauthenticated(f"not authenticated: {detail}")
+    if code == grpc.StatusCode.PERMISSION_DENIED:
+        return PermissionDenied(f"permission denied: {detail}")
     if code in (grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.RESOURCE_EXHAUSTED):
         return InvalidInput(detail)
     if code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
@@ -35,10 +46,18 @@ def domain_error(exc: grpc.RpcError, server: str) -> HyperSackError:
 
 
 class Client:
-    def __init__(self, server: str, timeout_s: float = 30.0) -> None:
+    """`credentials`: TLS to the server (None: plain, for a loopback server without TLS);
+    `token`: the bearer token sent with every call."""
+
+    def __init__(self, server: str, timeout_s: float = 30.0, *, token: str | None = None,
+                 credentials: grpc.ChannelCredentials | None = None,
+                 server_name: str | None = None) -> None:
         self.server = server
         self.timeout_s = timeout_s
-        self._channel = grpc.insecure_channel(server)
+        self._metadata = (("authorization", f"Bearer {token}"),) if token else None
+        options = [("grpc.ssl_target_name_override", server_name)] if server_name else []
+        self._channel = (grpc.insecure_channel(server, options=options) if credentials is None
+                         else grpc.secure_channel(server, credentials, options=options))
         self._stub = pb_grpc.SchedulerStub(self._channel)  # type: ignore[no-untyped-call]
 
     def close(self) -> None:
@@ -52,7 +71,8 @@ class Client:
 
     def _call(self, method: str, request: Any) -> Any:
         try:
-            return getattr(self._stub, method)(request, timeout=self.timeout_s)
+            return getattr(self._stub, method)(request, timeout=self.timeout_s,
+                                               metadata=self._metadata)
         except grpc.RpcError as exc:
             raise domain_error(exc, self.server) from None
 
@@ -92,9 +112,29 @@ class Client:
     def watch(self, study_id: str, min_interval_s: float = 0.2) -> Iterator[pb.StudyUpdate]:
         try:
             yield from self._stub.WatchStudy(
-                pb.WatchStudyRequest(study_id=study_id, min_interval_s=min_interval_s))
+                pb.WatchStudyRequest(study_id=study_id, min_interval_s=min_interval_s),
+                metadata=self._metadata)
         except grpc.RpcError as exc:
             raise domain_error(exc, self.server) from None
+
+
+    def whoami(self) -> pb.User:
+        return self._call("WhoAmI", pb.WhoAmIRequest())  # type: ignore[no-any-return]
+
+    def add_user(self, name: str, role: str) -> pb.User:
+        return self._call("AddUser", pb.AddUserRequest(name=name, role=role))  # type: ignore[no-any-return]
+
+    def users(self) -> list[pb.User]:
+        return list(self._call("ListUsers", pb.ListUsersRequest()).users)
+
+    def create_token(self, user: str = "", label: str = "") -> pb.CreateTokenResponse:
+        return self._call("CreateToken", pb.CreateTokenRequest(user=user, label=label))  # type: ignore[no-any-return]
+
+    def tokens(self, user: str = "") -> list[pb.Token]:
+        return list(self._call("ListTokens", pb.ListTokensRequest(user=user)).tokens)
+
+    def revoke_token(self, token_id: str) -> pb.Token:
+        return self._call("RevokeToken", pb.RevokeTokenRequest(id=token_id))  # type: ignore[no-any-return]
 
 
 def params_of(t: pb.Trial) -> dict[str, Any]:

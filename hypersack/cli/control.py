@@ -8,7 +8,6 @@ import csv
 import io
 import json
 import math
-import os
 import sys
 from pathlib import Path
 from typing import Any
@@ -19,19 +18,14 @@ from rich.table import Table
 
 from hypersack._proto.v1 import hypersack_pb2 as pb
 from hypersack.cli.client import Client, params_of
+from hypersack.cli.connect import add_server_flag, connect
 from hypersack.cli.text import safe, safe_log
 from hypersack.core.errors import InvalidInput
 from hypersack.core.files import read_text_file
 
-DEFAULT_SERVER = "127.0.0.1:50051"
 STATE_STYLE = {"PENDING": "dim", "PROFILING": "cyan", "RUNNING": "yellow",
                "COMPLETED": "green", "FAILED": "bold red", "CANCELLED": "magenta"}
 TERMINAL = ("COMPLETED", "FAILED", "CANCELLED")
-
-
-def add_server_flag(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--server", default=os.environ.get("HYPERSACK_SERVER", DEFAULT_SERVER),
-                   help=f"server address (default $HYPERSACK_SERVER or {DEFAULT_SERVER})")
 
 
 def add_parsers(sub: Any) -> None:
@@ -78,7 +72,7 @@ def make_console() -> Console:
 
 def run_control(args: argparse.Namespace) -> int:
     console = make_console()
-    with Client(args.server) as client:
+    with connect(args) as client:
         cmd = args.command
         if cmd == "submit":
             return _submit(client, args, console)

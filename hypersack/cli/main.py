@@ -88,11 +88,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--contention", type=float,
                    help="interference model: slowdown added per extra trial on a GPU")
 
-    from hypersack.cli import control, profiles, run
+    from hypersack.cli import admin, control, profiles, run
 
     run.add_parser(sub)
     control.add_parsers(sub)
     profiles.add_parser(sub)
+    admin.add_parsers(sub)
     return parser
 
 
@@ -121,6 +122,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             from hypersack.cli.profiles import run_profiles
 
             return run_profiles(args)
+        if args.command in ("certs", "users", "token", "whoami"):
+            from hypersack.cli.admin import run_admin
+
+            return run_admin(args)
         from hypersack.cli.control import run_control
 
         return run_control(args)

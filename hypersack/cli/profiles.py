@@ -12,8 +12,8 @@ from typing import Any
 
 from rich.table import Table
 
-from hypersack.cli.client import Client
-from hypersack.cli.control import add_server_flag, make_console
+from hypersack.cli.connect import add_server_flag, connect
+from hypersack.cli.control import make_console
 from hypersack.cli.text import safe
 from hypersack.core.errors import InvalidInput
 from hypersack.core.types import Profile
@@ -87,14 +87,14 @@ def _list(args: argparse.Namespace) -> list[Profile]:
             return select_profiles(store.list_profiles(), args.model, args.arch)
         finally:
             store.close()
-    with Client(args.server) as client:
+    with connect(args) as client:
         return [profile_from_pb(msg, where=f"server profile {i}")
                 for i, msg in enumerate(client.profiles(args.model, args.arch))]
 
 
 def _import(args: argparse.Namespace, profiles: list[Profile]) -> tuple[int, int]:
     if args.db is None:
-        with Client(args.server) as client:
+        with connect(args) as client:
             return client.import_profiles([profile_to_pb(p) for p in profiles], args.replace)
     store = SqliteStore(args.db)
     try:

@@ -29,6 +29,14 @@ class UnknownName(InvalidInput):
         self.valid = sorted(valid)
 
 
+class Unauthenticated(HyperSackError):
+    """The caller did not prove who it is (no token, a revoked one, no certificate)."""
+
+
+class PermissionDenied(HyperSackError):
+    """The caller is known, and not allowed to do this."""
+
+
 class Overloaded(HyperSackError):
     """A bounded resource (watches, agent sessions) is full; try again later."""
 

@@ -160,6 +160,29 @@ class StudyRecord(Frozen):
     state: StudyState = StudyState.ACTIVE
     submitted_at: float = 0.0
     seq: int = 0
+    owner: str = ""  # the user who submitted it; "" before authentication existed
+
+
+class Role(str, Enum):
+    ADMIN = "admin"  # nodes, drain, profile import, users, any study
+    USER = "user"  # submits studies; reads, cancels and sees logs of their own
+
+
+class UserRecord(Frozen):
+    name: Name
+    role: Role
+    created_at: float = 0.0
+
+
+class TokenRecord(Frozen):
+    """A bearer token: only its SHA-256 is kept; the token itself is shown once."""
+
+    id: str
+    user: str
+    sha256: str
+    created_at: float = 0.0
+    revoked_at: float = 0.0  # 0: valid
+    label: str = ""
 
 
 class NodeRecord(Frozen):

@@ -21,6 +21,7 @@ class RunningTrial:
 @dataclass(frozen=True)
 class StudySubmitted:
     space: SearchSpace
+    owner: str = ""  # the user who submitted it
 
 
 @dataclass(frozen=True)

@@ -368,7 +368,7 @@ class Orchestrator:
         seq = max((s.seq for s in self._studies.values()), default=0) + 1
         study_id = f"{space.name}-{seq}"
         study = StudyRecord(id=study_id, name=space.name, space=space.model_dump(mode="json"),
-                            submitted_at=self._clock.now(), seq=seq)
+                            submitted_at=self._clock.now(), seq=seq, owner=event.owner)
         trials = expand(space, study_id)
         self._store.add_study(study, trials)
         self._studies[study_id] = study

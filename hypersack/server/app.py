@@ -24,10 +24,18 @@ from hypersack.core.errors import HyperSackError, InvalidInput
 from hypersack.orchestrator import OrchestratorConfig
 from hypersack.policies.registry import policy_names
 from hypersack.sampler.profiles import load_profiles, to_import
+from hypersack.server.auth import Authenticator
 from hypersack.server.service import SchedulerService
 from hypersack.server.servicers import AgentLinkServicer, SchedulerServicer
 from hypersack.store.sqlite import DatabaseLock, SqliteStore, StoreError
-from hypersack.wire.settings import ServerSettings, is_loopback, load_settings, parse_ratios
+from hypersack.wire.settings import (
+    ServerSettings,
+    is_loopback,
+    load_settings,
+    next_port,
+    parse_ratios,
+)
+from hypersack.wire.tls import server_credentials
 
 log = logging.getLogger(__name__)
 
@@ -43,16 +51,26 @@ class HyperSackServer:
             raise InvalidInput(f"unknown policy {settings.policy!r}; valid: "
                                f"{', '.join(policy_names())}")
         self.settings = settings
-        if not is_loopback(settings.listen):
+        self.tls = settings.tls()
+        if self.tls is None and settings.agent_listen:
+            raise InvalidInput("--agent-listen is the mutual-TLS port: give TLS files too "
+                               "(--tls-dir, or --tls-ca/--tls-cert/--tls-key)")
+        if self.tls is None and not is_loopback(settings.listen):
             if not settings.insecure:
                 raise InvalidInput(
-                    f"--listen {settings.listen}: refused; this server has no TLS or client "
-                    "authentication yet, so anyone who can reach the port can submit "
-                    "studies. Listen on 127.0.0.1, or give --insecure on a network only "
-                    "the cluster reaches (a firewall)")
+                    f"--listen {settings.listen}: refused without TLS, which also turns on "
+                    "authentication: anyone who can reach the port could run code on every "
+                    "GPU node. Give --tls-dir (made by `hypersack certs init`), listen on "
+                    "127.0.0.1, or give --insecure on a network only the cluster reaches")
             log.warning("listening on %s WITHOUT TLS or authentication (--insecure): "
                         "anyone who can reach this port controls the cluster",
                         settings.listen)
+        self.agent_listen = (settings.agent_listen or next_port(settings.listen)
+                             if self.tls else settings.listen)
+        # Read (and check) the key and certificates before anything else starts.
+        self._credentials = None if self.tls is None else (
+            server_credentials(self.tls, require_client_cert=False),
+            server_credentials(self.tls, require_client_cert=True))
         profiles = [p for path in settings.profiles for p in load_profiles(path)]
         # One writer: a second server on the same database stops here, saying who holds it.
         self._lock = DatabaseLock(settings.db)
@@ -82,6 +100,10 @@ class HyperSackServer:
             self._lock.release()
             raise
         self.service.on_fatal = self._fatal
+        # With TLS every client call needs a token (or a client certificate), and agents
+        # a node certificate; without it everyone is the local admin (loopback only).
+        self.auth = Authenticator(self.store, enabled=self.tls is not None,
+                                  share_results=settings.share_results, clock=clock)
         self.failed = threading.Event()
         workers = settings.max_agents + 64
         self._grpc = grpc.server(
@@ -91,32 +113,46 @@ class HyperSackServer:
                      ("grpc.max_send_message_length", 64 << 20),
                      ("grpc.so_reuseport", 0)])
         pb_grpc.add_SchedulerServicer_to_server(  # type: ignore[no-untyped-call]
-            SchedulerServicer(self.service), self._grpc)
+            SchedulerServicer(self.service, self.auth), self._grpc)
         pb_grpc.add_AgentLinkServicer_to_server(  # type: ignore[no-untyped-call]
-            AgentLinkServicer(self.service), self._grpc)
+            AgentLinkServicer(self.service, self.auth, tls=self.tls is not None), self._grpc)
         self._health = health.HealthServicer()
         health_pb2_grpc.add_HealthServicer_to_server(self._health, self._grpc)
         self.port = 0
+        self.agent_port = 0
 
     def start(self) -> int:
         """Listen and serve; returns the bound port (useful with port 0)."""
-        self.port = self._grpc.add_insecure_port(self.settings.listen)
-        if self.port == 0:
-            raise InvalidInput(f"cannot listen on {self.settings.listen!r}")
+        if self._credentials is None:
+            self.port = self.agent_port = self._grpc.add_insecure_port(self.settings.listen)
+        else:
+            # Two ports: TLS for clients (a token says who they are), and mutual TLS for
+            # agents, whose certificate says which node they are. gRPC cannot ask for a
+            # client certificate without requiring one, so one port cannot serve both.
+            for_clients, for_agents = self._credentials
+            self.port = self._grpc.add_secure_port(self.settings.listen, for_clients)
+            self.agent_port = self._grpc.add_secure_port(self.agent_listen, for_agents)
+        if self.port == 0 or self.agent_port == 0:
+            raise InvalidInput(f"cannot listen on {self.settings.listen!r}"
+                               + (f" and {self.agent_listen!r}" if self.tls else ""))
         self.service.start()
         self._grpc.start()
         for name in ("", *SERVICES):
             self._health.set(name, health_pb2.HealthCheckResponse.SERVING)
         log.info("hypersack-server %s listening on %s (port %d), database %s", __version__,
                  self.settings.listen, self.port, self.settings.db)
+        if self.tls:
+            log.info("TLS on; clients authenticate with tokens; agents connect with node "
+                     "certificates to port %d", self.agent_port)
         return self.port
 
     @property
     def address(self) -> str:
-        host = self.settings.listen.rsplit(":", 1)[0]
-        if host in ("0.0.0.0", "[::]", ""):  # noqa: S104 - a wildcard: dial loopback
-            host = "127.0.0.1"
-        return f"{host}:{self.port}"
+        return f"{_dial_host(self.settings.listen)}:{self.port}"
+
+    @property
+    def agent_address(self) -> str:
+        return f"{_dial_host(self.agent_listen)}:{self.agent_port}"
 
     def _fatal(self, reason: str) -> None:
         """A loop of the service stopped: say NOT_SERVING, and let main() exit non-zero."""
@@ -133,6 +169,13 @@ class HyperSackServer:
 
     def wait(self) -> None:
         self._grpc.wait_for_termination()
+
+
+def _dial_host(listen: str) -> str:
+    host = listen.rsplit(":", 1)[0]
+    if host in ("0.0.0.0", "[::]", ""):  # noqa: S104 - a wildcard: dial loopback
+        host = "127.0.0.1"
+    return host
 
 
 def _first_line(exc: BaseException) -> str:
@@ -153,6 +196,16 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--insecure", action="store_true", default=None,
                    help="accept --listen on a non-loopback address without TLS or "
                    "authentication; only on a network only the cluster reaches")
+    p.add_argument("--tls-dir", type=Path, help="TLS and authentication from a `hypersack "
+                   "certs init` directory (ca.crt, server.crt, server.key)")
+    p.add_argument("--tls-ca", type=Path, help="the cluster CA certificate (instead of "
+                   "--tls-dir)")
+    p.add_argument("--tls-cert", type=Path, help="this server's certificate")
+    p.add_argument("--tls-key", type=Path, help="this server's private key (mode 0600)")
+    p.add_argument("--agent-listen", help="with TLS: the mutual-TLS port agents dial "
+                   "(default: the --listen port + 1)")
+    p.add_argument("--share-results", action="store_true", default=None,
+                   help="users may read other users' studies and results (not their logs)")
     p.add_argument("--db", type=Path, help="SQLite database (default hypersack.db); "
                    "restart on the same file to resume every study")
     p.add_argument("--policy", help=f"override every study's policy: {', '.join(policy_names())}")
@@ -175,7 +228,9 @@ def _parser() -> argparse.ArgumentParser:
 def settings_from_args(args: argparse.Namespace) -> ServerSettings:
 
     flags = {"listen": args.listen, "db": args.db, "policy": args.policy,
-             "insecure": args.insecure,
+             "insecure": args.insecure, "tls_dir": args.tls_dir, "tls_ca": args.tls_ca,
+             "tls_cert": args.tls_cert, "tls_key": args.tls_key,
+             "agent_listen": args.agent_listen, "share_results": args.share_results,
              "heartbeat_timeout_s": args.heartbeat_timeout_s,
              "heartbeat_interval_s": args.heartbeat_interval_s, "retries": args.retries,
              "profiles": args.profiles,

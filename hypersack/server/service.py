@@ -222,7 +222,7 @@ class SchedulerService:
                 params_json=json.dumps(c.params, sort_keys=True), key=key_to_pb(c.key),
                 epochs=c.epochs, program=program_to_pb(program),
                 compute_pct=c.demand.compute_pct, memory_mib=c.demand.memory_mib,
-                cores=c.demand.cores, attempt=c.attempt))
+                cores=c.demand.cores, attempt=c.attempt, owner=self.orch.study(c.study_id).owner))
         if isinstance(c, KillTrial):
             return pb.ServerMessage(kill=pb.KillTrial(trial_id=c.trial_id, reason=c.reason,
                                                       attempt=c.attempt))
@@ -237,10 +237,11 @@ class SchedulerService:
         return pb.ServerMessage(profile=pb.ProfileWorkload(
             key=key_to_pb(c.key), arch=c.arch, gpu_index=c.gpu_index, iterations=c.iterations,
             warmup=c.warmup, program=program_to_pb(program),
-            params_json=json.dumps(sample.params, sort_keys=True), epochs=sample.epochs))
+            params_json=json.dumps(sample.params, sort_keys=True), epochs=sample.epochs,
+            owner=self.orch.study(sample.study_id).owner))
 
     # ----------------------------------------------------------------- clients
-    def submit(self, text: str, source: str) -> StudyRecord:
+    def submit(self, text: str, source: str, owner: str = "") -> StudyRecord:
         if len(text.encode()) > MAX_SPACE_BYTES:
             raise InvalidInput(f"{source}: search space larger than {MAX_SPACE_BYTES} bytes")
         space = parse_space(load_yaml(text, source), source=source, policies=policy_names())
@@ -252,7 +253,7 @@ class SchedulerService:
             settings = space.settings.model_copy(update={"retries": self.default_retries})
             space = space.model_copy(update={"settings": settings})
         with self._lock:
-            self._apply(StudySubmitted(space))
+            self._apply(StudySubmitted(space, owner))
             return self.orch.studies()[-1]
 
     def cancel(self, study_id: str) -> StudyRecord:

@@ -19,11 +19,15 @@ from hypersack.core.errors import (
     InvalidInput,
     NotFound,
     Overloaded,
+    PermissionDenied,
+    Unauthenticated,
 )
-from hypersack.core.types import StudyRecord
+from hypersack.core.types import StudyRecord, TokenRecord, UserRecord
 from hypersack.sampler.profiles import reject_repeats
+from hypersack.server.auth import Authenticator, Principal, bearer
 from hypersack.server.service import AgentSession, SchedulerService, Snapshot
 from hypersack.wire.convert import profile_from_pb, profile_to_pb, study_to_pb, trial_to_pb
+from hypersack.wire.tls import Identity, identity_of
 
 log = logging.getLogger(__name__)
 
@@ -37,6 +41,10 @@ def status_of(exc: Exception) -> grpc.StatusCode:
         return grpc.StatusCode.ALREADY_EXISTS
     if isinstance(exc, InvalidInput):
         return grpc.StatusCode.INVALID_ARGUMENT
+    if isinstance(exc, Unauthenticated):
+        return grpc.StatusCode.UNAUTHENTICATED
+    if isinstance(exc, PermissionDenied):
+        return grpc.StatusCode.PERMISSION_DENIED
     if isinstance(exc, Overloaded):
         return grpc.StatusCode.RESOURCE_EXHAUSTED
     if isinstance(exc, HyperSackError):
@@ -73,41 +81,83 @@ def _update(service: SchedulerService, snap: Snapshot) -> pb.StudyUpdate:
               for n, i, k, s in snap.gpus])
 
 
+def peer_identity(context: grpc.ServicerContext) -> Identity | None:
+    """The identity in the certificate the peer presented. Only the mutual-TLS port asks
+    for one, and it accepts only certificates signed by the cluster's CA."""
+    pems = context.auth_context().get("x509_pem_cert")
+    return identity_of(pems[0]) if pems else None
+
+
+def _user_pb(user: UserRecord, via: str = "") -> pb.User:
+    return pb.User(name=user.name, role=user.role.value, created_at=user.created_at, via=via)
+
+
+def _token_pb(t: TokenRecord) -> pb.Token:
+    return pb.Token(id=t.id, user=t.user, created_at=t.created_at, revoked_at=t.revoked_at,
+                    label=t.label)
+
+
 class SchedulerServicer(pb_grpc.SchedulerServicer):
-    def __init__(self, service: SchedulerService) -> None:
+    """Every call is authenticated first; what it may see or change is the auth rules'."""
+
+    def __init__(self, service: SchedulerService, auth: Authenticator) -> None:
         self._s = service
+        self._auth = auth
+
+    def _who(self, context: grpc.ServicerContext) -> Principal:
+        return self._auth.client(bearer(context.invocation_metadata()), peer_identity(context))
+
+    def _readable(self, who: Principal, study_id: str) -> StudyRecord:
+        study = self._s.orch.study(study_id)
+        self._auth.require_read(who, study)
+        return study
+
+    def _trial(self, who: Principal, trial: pb.Trial, study: StudyRecord) -> pb.Trial:
+        if not self._auth.owns(who, study):
+            trial.log_tail = ""  # shared results, never someone else's logs
+        return trial
 
     @translated
     def SubmitStudy(self, request: pb.SubmitStudyRequest, context: grpc.ServicerContext
                     ) -> pb.Study:
-        study = self._s.submit(request.space_yaml, request.source or "search space")
+        who = self._who(context)
+        study = self._s.submit(request.space_yaml, request.source or "search space",
+                               owner=who.name)
         return _study(self._s, study, self._s.counts(study.id))
 
     @translated
     def GetStudy(self, request: pb.GetStudyRequest, context: grpc.ServicerContext) -> pb.Study:
-        study = self._s.orch.study(request.study_id)
+        study = self._readable(self._who(context), request.study_id)
         return _study(self._s, study, self._s.counts(study.id))
 
     @translated
     def ListStudies(self, request: pb.ListStudiesRequest, context: grpc.ServicerContext
                     ) -> pb.ListStudiesResponse:
+        who = self._who(context)
         return pb.ListStudiesResponse(studies=[_study(self._s, s, self._s.counts(s.id))
-                                               for s in self._s.orch.studies()])
+                                               for s in self._s.orch.studies()
+                                               if self._auth.may_read(who, s)])
 
     @translated
     def ListTrials(self, request: pb.ListTrialsRequest, context: grpc.ServicerContext
                    ) -> pb.ListTrialsResponse:
-        return pb.ListTrialsResponse(
-            trials=[trial_to_pb(t) for t in self._s.orch.trials(request.study_id)])
+        who = self._who(context)
+        study = self._readable(who, request.study_id)
+        return pb.ListTrialsResponse(trials=[self._trial(who, trial_to_pb(t), study)
+                                             for t in self._s.orch.trials(request.study_id)])
 
     @translated
     def GetTrial(self, request: pb.GetTrialRequest, context: grpc.ServicerContext) -> pb.Trial:
-        return trial_to_pb(self._s.orch.trial(request.trial_id))
+        who = self._who(context)
+        trial = self._s.orch.trial(request.trial_id)
+        study = self._readable(who, trial.study_id)
+        return self._trial(who, trial_to_pb(trial), study)
 
     def WatchStudy(self, request: pb.WatchStudyRequest, context: grpc.ServicerContext
                    ) -> Iterator[pb.StudyUpdate]:
         context.add_callback(self._s.wake)  # a cancelled watch frees its thread at once
         try:
+            self._readable(self._who(context), request.study_id)
             with self._s.watch_slot(peer_host(context.peer())):
                 stream = self._s.watch(request.study_id, request.min_interval_s,
                                        context.is_active)
@@ -119,34 +169,72 @@ class SchedulerServicer(pb_grpc.SchedulerServicer):
     @translated
     def CancelStudy(self, request: pb.CancelStudyRequest, context: grpc.ServicerContext
                     ) -> pb.Study:
+        self._auth.require_owner(self._who(context), self._s.orch.study(request.study_id),
+                                 "cancelling")
         study = self._s.cancel(request.study_id)
         return _study(self._s, study, self._s.counts(study.id))
 
     @translated
     def ListNodes(self, request: pb.ListNodesRequest, context: grpc.ServicerContext
                   ) -> pb.ListNodesResponse:
+        self._who(context)
         return pb.ListNodesResponse(nodes=node_messages(self._s))
 
     @translated
     def DrainNode(self, request: pb.DrainNodeRequest, context: grpc.ServicerContext) -> pb.Node:
+        self._auth.require_admin(self._who(context), f"draining {request.node[:80]!r}")
         self._s.drain(request.node)
         return next(n for n in node_messages(self._s) if n.name == request.node)
-
 
     @translated
     def ListProfiles(self, request: pb.ListProfilesRequest, context: grpc.ServicerContext
                      ) -> pb.ListProfilesResponse:
+        self._who(context)
         return pb.ListProfilesResponse(profiles=[
             profile_to_pb(p) for p in self._s.profiles(request.model, request.arch)])
 
     @translated
     def ImportProfiles(self, request: pb.ImportProfilesRequest, context: grpc.ServicerContext
                        ) -> pb.ImportProfilesResponse:
+        self._auth.require_admin(self._who(context), "importing profiles")
         profiles = [profile_from_pb(msg, where=f"profiles.{i}", default_source="imported")
                     for i, msg in enumerate(request.profiles)]
         reject_repeats(profiles)
         imported, kept = self._s.import_profiles(profiles, request.replace)
         return pb.ImportProfilesResponse(imported=imported, kept=kept)
+
+    @translated
+    def WhoAmI(self, request: pb.WhoAmIRequest, context: grpc.ServicerContext) -> pb.User:
+        who = self._who(context)
+        return pb.User(name=who.name, role=who.role.value, via=who.via)
+
+    @translated
+    def AddUser(self, request: pb.AddUserRequest, context: grpc.ServicerContext) -> pb.User:
+        return _user_pb(self._auth.add_user(self._who(context), request.name, request.role))
+
+    @translated
+    def ListUsers(self, request: pb.ListUsersRequest, context: grpc.ServicerContext
+                  ) -> pb.ListUsersResponse:
+        return pb.ListUsersResponse(users=[_user_pb(u)
+                                           for u in self._auth.users(self._who(context))])
+
+    @translated
+    def CreateToken(self, request: pb.CreateTokenRequest, context: grpc.ServicerContext
+                    ) -> pb.CreateTokenResponse:
+        record, secret = self._auth.create_token(self._who(context), request.user,
+                                                 request.label)
+        return pb.CreateTokenResponse(token=_token_pb(record), secret=secret)
+
+    @translated
+    def ListTokens(self, request: pb.ListTokensRequest, context: grpc.ServicerContext
+                   ) -> pb.ListTokensResponse:
+        return pb.ListTokensResponse(tokens=[
+            _token_pb(t) for t in self._auth.tokens(self._who(context), request.user)])
+
+    @translated
+    def RevokeToken(self, request: pb.RevokeTokenRequest, context: grpc.ServicerContext
+                    ) -> pb.Token:
+        return _token_pb(self._auth.revoke_token(self._who(context), request.id))
 
 
 def peer_host(peer: str) -> str:
@@ -178,8 +266,10 @@ def node_messages(service: SchedulerService) -> list[pb.Node]:
 class AgentLinkServicer(pb_grpc.AgentLinkServicer):
     """One stream per agent: the first message registers, the rest are events."""
 
-    def __init__(self, service: SchedulerService) -> None:
+    def __init__(self, service: SchedulerService, auth: Authenticator, *, tls: bool) -> None:
         self._s = service
+        self._auth = auth
+        self._tls = tls
 
     def Connect(self, request_iterator: Iterator[pb.AgentMessage],
                 context: grpc.ServicerContext) -> Iterator[pb.ServerMessage]:
@@ -191,8 +281,13 @@ class AgentLinkServicer(pb_grpc.AgentLinkServicer):
             context.abort(grpc.StatusCode.INVALID_ARGUMENT,
                           "the first message on the agent stream must be register")
         try:
+            # The certificate's node, and only it: a client certificate, another node's
+            # certificate or none (on a TLS server) never makes an agent.
+            self._auth.agent(peer_identity(context), first.register.node, tls=self._tls)
             session = self._s.register(first.register)
         except HyperSackError as exc:
+            if isinstance(exc, (Unauthenticated, PermissionDenied)):
+                log.warning("refused an agent from %s: %s", context.peer(), exc)
             context.abort(status_of(exc), str(exc))
         reader = threading.Thread(target=self._read, args=(session, request_iterator, context),
                                   name=f"agent-{session.node}", daemon=True)

@@ -6,7 +6,15 @@ from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from contextlib import AbstractContextManager
 
-from hypersack.core.types import NodeRecord, Profile, StudyRecord, TrialRecord, WorkloadKey
+from hypersack.core.types import (
+    NodeRecord,
+    Profile,
+    StudyRecord,
+    TokenRecord,
+    TrialRecord,
+    UserRecord,
+    WorkloadKey,
+)
 
 
 class Store(ABC):
@@ -69,6 +77,22 @@ class Store(ABC):
 
     @abstractmethod
     def list_profiles(self) -> list[Profile]: ...
+
+    @abstractmethod
+    def put_user(self, user: UserRecord) -> None:
+        """Insert or replace the user of that name."""
+
+    @abstractmethod
+    def list_users(self) -> list[UserRecord]:
+        """By name."""
+
+    @abstractmethod
+    def put_token(self, token: TokenRecord) -> None:
+        """Insert or replace the token of that id (a revocation replaces it)."""
+
+    @abstractmethod
+    def list_tokens(self) -> list[TokenRecord]:
+        """By id; revoked ones too."""
 
     def close(self) -> None:  # noqa: B027 - optional hook
         """Release resources; the default has none."""

@@ -7,7 +7,15 @@ from contextlib import contextmanager
 from typing import Any
 
 from hypersack.core.errors import AlreadyExists, NotFound
-from hypersack.core.types import NodeRecord, Profile, StudyRecord, TrialRecord, WorkloadKey
+from hypersack.core.types import (
+    NodeRecord,
+    Profile,
+    StudyRecord,
+    TokenRecord,
+    TrialRecord,
+    UserRecord,
+    WorkloadKey,
+)
 from hypersack.store.base import Store
 
 _MISSING = object()
@@ -19,6 +27,8 @@ class MemoryStore(Store):
         self._trials: dict[str, TrialRecord] = {}
         self._nodes: dict[str, NodeRecord] = {}
         self._profiles: dict[tuple[WorkloadKey, str], Profile] = {}
+        self._users: dict[str, UserRecord] = {}
+        self._tokens: dict[str, TokenRecord] = {}
         self._undo: list[tuple[dict[Any, Any], Any, Any]] | None = None
 
     @contextmanager
@@ -124,3 +134,15 @@ class MemoryStore(Store):
 
     def list_profiles(self) -> list[Profile]:
         return sorted(self._profiles.values(), key=lambda p: (p.key.label(), p.arch))
+
+    def put_user(self, user: UserRecord) -> None:
+        self._set(self._users, user.name, user)
+
+    def list_users(self) -> list[UserRecord]:
+        return sorted(self._users.values(), key=lambda u: u.name)
+
+    def put_token(self, token: TokenRecord) -> None:
+        self._set(self._tokens, token.id, token)
+
+    def list_tokens(self) -> list[TokenRecord]:
+        return sorted(self._tokens.values(), key=lambda t: t.id)

@@ -17,7 +17,15 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from hypersack.core.errors import AlreadyExists, HyperSackError, InvalidInput, NotFound
-from hypersack.core.types import NodeRecord, Profile, StudyRecord, TrialRecord, WorkloadKey
+from hypersack.core.types import (
+    NodeRecord,
+    Profile,
+    StudyRecord,
+    TokenRecord,
+    TrialRecord,
+    UserRecord,
+    WorkloadKey,
+)
 from hypersack.store.base import Store
 
 SCHEMA_VERSION = 1
@@ -32,6 +40,8 @@ CREATE INDEX IF NOT EXISTS trials_by_study ON trials(study_id);
 CREATE TABLE IF NOT EXISTS nodes (name TEXT PRIMARY KEY, doc TEXT NOT NULL);
 CREATE TABLE IF NOT EXISTS profiles (
     key TEXT NOT NULL, arch TEXT NOT NULL, doc TEXT NOT NULL, PRIMARY KEY (key, arch));
+CREATE TABLE IF NOT EXISTS users (name TEXT PRIMARY KEY, doc TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS tokens (id TEXT PRIMARY KEY, doc TEXT NOT NULL);
 """
 
 
@@ -69,7 +79,8 @@ class DatabaseLock:
 
 _COLUMNS = {"meta": ("key", "value"), "studies": ("id", "seq", "doc"),
             "trials": ("id", "study_id", "doc"), "nodes": ("name", "doc"),
-            "profiles": ("key", "arch", "doc")}
+            "profiles": ("key", "arch", "doc"), "users": ("name", "doc"),
+            "tokens": ("id", "doc")}
 
 
 class SqliteStore(Store):
@@ -240,3 +251,23 @@ class SqliteStore(Store):
             rows = self._db.execute("SELECT doc FROM profiles").fetchall()
         return sorted((Profile.model_validate_json(r[0]) for r in rows),
                       key=lambda p: (p.key.label(), p.arch))
+
+    def put_user(self, user: UserRecord) -> None:
+        with self.transaction():
+            self._db.execute("INSERT OR REPLACE INTO users VALUES (?, ?)",
+                             (user.name, user.model_dump_json()))
+
+    def list_users(self) -> list[UserRecord]:
+        with self._lock:
+            rows = self._db.execute("SELECT doc FROM users ORDER BY name").fetchall()
+        return [UserRecord.model_validate_json(r[0]) for r in rows]
+
+    def put_token(self, token: TokenRecord) -> None:
+        with self.transaction():
+            self._db.execute("INSERT OR REPLACE INTO tokens VALUES (?, ?)",
+                             (token.id, token.model_dump_json()))
+
+    def list_tokens(self) -> list[TokenRecord]:
+        with self._lock:
+            rows = self._db.execute("SELECT doc FROM tokens ORDER BY id").fetchall()
+        return [TokenRecord.model_validate_json(r[0]) for r in rows]

@@ -100,7 +100,8 @@ def study_to_pb(study: StudyRecord, counts: dict[str, int], objective: Objective
     return pb.Study(id=study.id, name=study.name, state=study.state.value,
                     submitted_at=study.submitted_at, counts=counts,
                     space_json=json.dumps(study.space, sort_keys=True),
-                    objective_metric=objective.metric, objective_mode=objective.mode)
+                    objective_metric=objective.metric, objective_mode=objective.mode,
+                    owner=study.owner)
 
 
 def trial_to_pb(t: TrialRecord) -> pb.Trial:

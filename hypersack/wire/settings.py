@@ -15,6 +15,23 @@ from hypersack.core.bounds import MAX_NODES, MAX_RATIO, Name, PositiveSeconds, R
 from hypersack.core.errors import InvalidInput
 from hypersack.core.files import load_yaml_file
 from hypersack.core.validation import format_validation_error
+from hypersack.wire.tls import CertPaths
+
+
+def _tls_paths(ca: Path | None, cert: Path | None, key: Path | None,
+               directory: Path | None, cert_name: str, key_name: str) -> CertPaths | None:
+    """The three TLS files from flags, or from a `hypersack certs` directory."""
+    if directory is not None:
+        ca = ca or directory / "ca.crt"
+        cert = cert or directory / cert_name
+        key = key or directory / key_name
+    given = [p for p in (ca, cert, key) if p is not None]
+    if not given:
+        return None
+    if ca is None or cert is None or key is None:
+        raise InvalidInput("TLS needs the CA certificate, this side's certificate and its "
+                           "key (--tls-ca, --tls-cert, --tls-key, or --tls-dir)")
+    return CertPaths(ca, cert, key)
 
 
 class ServerSettings(BaseSettings):
@@ -26,6 +43,16 @@ class ServerSettings(BaseSettings):
     db: Path = Field(default=Path("hypersack.db"), description="SQLite database file")
     insecure: bool = Field(default=False, description="accept a non-loopback --listen "
                            "without TLS or authentication (behind a firewall only)")
+    tls_dir: Path | None = Field(default=None, description="a `hypersack certs` directory: "
+                                 "ca.crt, server.crt, server.key")
+    tls_ca: Path | None = Field(default=None, description="the cluster CA's certificate")
+    tls_cert: Path | None = Field(default=None, description="this server's certificate")
+    tls_key: Path | None = Field(default=None, description="this server's private key")
+    agent_listen: str | None = Field(
+        default=None, description="the mutual-TLS port for agents (and clients with client "
+        "certificates); default: the --listen port + 1")
+    share_results: bool = Field(default=False, description="users may read (not cancel, "
+                                "not see the logs of) other users' studies")
     policy: str | None = Field(default=None, description="override every study's policy")
     oversubscription: dict[str, float] = Field(
         default_factory=lambda: {"A100": 3.0, "H100": 2.5},
@@ -41,6 +68,10 @@ class ServerSettings(BaseSettings):
     max_watches: int = Field(default=32, ge=1, le=1024)
     profiles: list[Path] = Field(default_factory=list,
                                  description="profile files imported into the history")
+
+    def tls(self) -> CertPaths | None:
+        return _tls_paths(self.tls_ca, self.tls_cert, self.tls_key, self.tls_dir,
+                          "server.crt", "server.key")
 
     @field_validator("oversubscription")
     @classmethod
@@ -74,6 +105,23 @@ class AgentSettings(BaseSettings):
                               "inline code (sh -c, python -c)")
     pass_env: list[str] = Field(default_factory=list, max_length=256,
                                 description="more variables trials may see (NAME or PREFIX*)")
+    tls_dir: Path | None = Field(default=None, description="a `hypersack certs` directory: "
+                                 "ca.crt, nodes/NODE.crt, nodes/NODE.key")
+    tls_ca: Path | None = Field(default=None, description="the cluster CA's certificate")
+    tls_cert: Path | None = Field(default=None, description="this node's certificate")
+    tls_key: Path | None = Field(default=None, description="this node's private key")
+    tls_server_name: str | None = Field(default=None, max_length=253, description="the name "
+                                        "in the server's certificate, if not the --server host")
+    run_as: str | None = Field(default=None, max_length=64, description="the Unix user "
+                               "trials run as (needed when the agent runs as root)")
+    user_map: list[str] = Field(default_factory=list, max_length=4096, description="OWNER="
+                                "UNIXUSER: trials of that study owner run as that user")
+    allow_root_trials: bool = Field(default=False, description="an agent running as root "
+                                    "may run trials as root (a single-user machine only)")
+
+    def tls(self, node: str) -> CertPaths | None:
+        return _tls_paths(self.tls_ca, self.tls_cert, self.tls_key, self.tls_dir,
+                          f"nodes/{node}.crt", f"nodes/{node}.key")
 
 
 S = TypeVar("S", bound=BaseSettings)
@@ -119,6 +167,16 @@ def load_settings(cls: type[S], flags: dict[str, Any], config: Path | None = Non
     except ValidationError as exc:
         raise InvalidInput(format_validation_error(exc, "settings")) from None
     return cls.model_validate(settings.model_dump())
+
+
+def next_port(listen: str) -> str:
+    """HOST:PORT -> HOST:PORT+1 (port 0, any free port, stays 0)."""
+    host, _, port = listen.rpartition(":")
+    try:
+        number = int(port)
+    except ValueError:
+        raise InvalidInput(f"--listen {listen!r}: expected HOST:PORT") from None
+    return f"{host}:{number + 1 if number else 0}"
 
 
 def is_loopback(listen: str) -> bool:

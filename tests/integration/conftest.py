@@ -17,6 +17,9 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from hypersack.cli.client import Client
+from hypersack.server.auth import LOCAL, Authenticator
+from hypersack.store.sqlite import SqliteStore
+from hypersack.wire import tls as _tls
 from tests.conftest import EXAMPLES
 
 
@@ -49,13 +52,24 @@ def wait_for(what: str, check: Callable[[], bool], timeout_s: float = 60.0,
 
 
 class Cluster:
-    """A server and agents as child processes, logs under tmp_path."""
+    """A server and agents as child processes, logs under tmp_path. With `tls` (the
+    default), as a secured cluster runs: TLS, agents with node certificates on the
+    mutual-TLS port, clients with an admin's token."""
 
-    def __init__(self, tmp_path: Path) -> None:
+    def __init__(self, tmp_path: Path, tls: bool = True) -> None:
         self.tmp = tmp_path
         self.port = free_port()
         self.address = f"127.0.0.1:{self.port}"
+        self.tls = tls
+        self.agent_address = f"127.0.0.1:{free_port()}" if tls else self.address
+        self.certs = tmp_path / "certs"
         self.db = tmp_path / "server.db"
+        self.admin_token = ""
+        if tls:
+            _tls.init_ca(self.certs)
+            _tls.issue(self.certs, _tls.SERVER, "localhost",
+                       alt_names=["localhost", "127.0.0.1"])
+            self.admin_token = self.add_user("admin", "admin")
         self.server: subprocess.Popen[bytes] | None = None
         self.agents: dict[str, subprocess.Popen[bytes]] = {}
         self._env = {**os.environ, "PYTHONUNBUFFERED": "1"}
@@ -69,11 +83,34 @@ class Cluster:
                                 env={**self._env, **(env or {})}, cwd=self.tmp,
                                 start_new_session=True)
 
+    def add_user(self, name: str, role: str) -> str:
+        """A user in the database (the server stopped, or not started yet) and a token."""
+        store = SqliteStore(self.db)
+        try:
+            auth = Authenticator(store, enabled=True)
+            auth.add_user(LOCAL, name, role)
+            return auth.create_token(LOCAL, name)[1]
+        finally:
+            store.close()
+
+    def tls_flags(self) -> list[str]:
+        return ["--tls-dir", str(self.certs), "--agent-listen", self.agent_address] \
+            if self.tls else []
+
+    def channel(self) -> grpc.Channel:
+        if not self.tls:
+            return grpc.insecure_channel(self.address)
+        return grpc.secure_channel(self.address, self.credentials())
+
+    def credentials(self, cert: Path | None = None, key: Path | None = None
+                    ) -> grpc.ChannelCredentials:
+        return _tls.channel_credentials(self.certs / "ca.crt", cert, key)
+
     def start_server(self, *extra: str) -> None:
         self.server = self._spawn("server", [
             sys.executable, "-m", "hypersack.server.app", "--listen", self.address,
-            "--db", str(self.db), *SERVER_FLAGS, *extra])
-        channel = grpc.insecure_channel(self.address)
+            "--db", str(self.db), *self.tls_flags(), *SERVER_FLAGS, *extra])
+        channel = self.channel()
         stub = health_pb2_grpc.HealthStub(channel)
 
         def serving() -> bool:
@@ -101,8 +138,15 @@ class Cluster:
         if "--no-commands" not in extra and not any(f.startswith("--allow-commands")
                                                     for f in extra):
             flags.append("--allow-commands")
+        if self.tls:
+            if not _tls.leaf_paths(self.certs, _tls.NODE, name).cert.exists():
+                _tls.issue(self.certs, _tls.NODE, name)
+            flags += ["--tls-dir", str(self.certs), "--tls-server-name", "localhost"]
+        if os.geteuid() == 0 and not any(f.startswith("--run-as") for f in flags):
+            # CI runs as root, and the interpreter lives where other users cannot read it.
+            flags.append("--allow-root-trials")
         self.agents[name] = self._spawn(name, [
-            sys.executable, "-m", "hypersack.agent.app", "--server", self.address,
+            sys.executable, "-m", "hypersack.agent.app", "--server", self.agent_address,
             "--node", name, "--backend", "fake", "--inventory", inventory,
             "--workdir", str(self.tmp / "work"), *flags], env)
 
@@ -111,8 +155,14 @@ class Cluster:
         os.kill(proc.pid, signal.SIGKILL)  # the agent only: its trials are orphaned
         proc.wait()
 
-    def client(self) -> Client:
-        return Client(self.address, timeout_s=10)
+    def client(self, token: str | None = None) -> Client:
+        return Client(self.address, timeout_s=10, token=token or self.admin_token or None,
+                      credentials=self.credentials() if self.tls else None)
+
+    def cli_flags(self) -> list[str]:
+        """What `hypersack ...` needs to reach this server (the token goes in the env)."""
+        return ["--server", self.address,
+                *(["--tls-ca", str(self.certs / "ca.crt")] if self.tls else [])]
 
     def logs(self, name: str) -> str:
         path = self.tmp / f"{name}.log"

@@ -100,8 +100,8 @@ def test_crashing_trial_is_retried_then_failed_with_its_log(cluster: Cluster,
     assert t.state == "FAILED" and t.failures == 2 and t.launches == 2
     assert "exit code 3" in t.reason and "boom at lr 0.001" in t.log_tail
     out = subprocess.run([sys.executable, "-m", "hypersack.cli.main", "logs", t.id,
-                          "--server", cluster.address], capture_output=True, text=True,
-                         check=True).stdout
+                          *cluster.cli_flags()], capture_output=True, text=True, check=True,
+                         env={**os.environ, "HYPERSACK_TOKEN": cluster.admin_token}).stdout
     assert "FAILED" in out and "boom at lr 0.001" in out and "exit code 3" in out
 
 

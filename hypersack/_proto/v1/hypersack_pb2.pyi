@@ -6,6 +6,88 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 
 DESCRIPTOR: _descriptor.FileDescriptor
 
+class WhoAmIRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class User(_message.Message):
+    __slots__ = ("name", "role", "created_at", "via")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    ROLE_FIELD_NUMBER: _ClassVar[int]
+    CREATED_AT_FIELD_NUMBER: _ClassVar[int]
+    VIA_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    role: str
+    created_at: float
+    via: str
+    def __init__(self, name: _Optional[str] = ..., role: _Optional[str] = ..., created_at: _Optional[float] = ..., via: _Optional[str] = ...) -> None: ...
+
+class AddUserRequest(_message.Message):
+    __slots__ = ("name", "role")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    ROLE_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    role: str
+    def __init__(self, name: _Optional[str] = ..., role: _Optional[str] = ...) -> None: ...
+
+class ListUsersRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class ListUsersResponse(_message.Message):
+    __slots__ = ("users",)
+    USERS_FIELD_NUMBER: _ClassVar[int]
+    users: _containers.RepeatedCompositeFieldContainer[User]
+    def __init__(self, users: _Optional[_Iterable[_Union[User, _Mapping]]] = ...) -> None: ...
+
+class Token(_message.Message):
+    __slots__ = ("id", "user", "created_at", "revoked_at", "label")
+    ID_FIELD_NUMBER: _ClassVar[int]
+    USER_FIELD_NUMBER: _ClassVar[int]
+    CREATED_AT_FIELD_NUMBER: _ClassVar[int]
+    REVOKED_AT_FIELD_NUMBER: _ClassVar[int]
+    LABEL_FIELD_NUMBER: _ClassVar[int]
+    id: str
+    user: str
+    created_at: float
+    revoked_at: float
+    label: str
+    def __init__(self, id: _Optional[str] = ..., user: _Optional[str] = ..., created_at: _Optional[float] = ..., revoked_at: _Optional[float] = ..., label: _Optional[str] = ...) -> None: ...
+
+class CreateTokenRequest(_message.Message):
+    __slots__ = ("user", "label")
+    USER_FIELD_NUMBER: _ClassVar[int]
+    LABEL_FIELD_NUMBER: _ClassVar[int]
+    user: str
+    label: str
+    def __init__(self, user: _Optional[str] = ..., label: _Optional[str] = ...) -> None: ...
+
+class CreateTokenResponse(_message.Message):
+    __slots__ = ("token", "secret")
+    TOKEN_FIELD_NUMBER: _ClassVar[int]
+    SECRET_FIELD_NUMBER: _ClassVar[int]
+    token: Token
+    secret: str
+    def __init__(self, token: _Optional[_Union[Token, _Mapping]] = ..., secret: _Optional[str] = ...) -> None: ...
+
+class ListTokensRequest(_message.Message):
+    __slots__ = ("user",)
+    USER_FIELD_NUMBER: _ClassVar[int]
+    user: str
+    def __init__(self, user: _Optional[str] = ...) -> None: ...
+
+class ListTokensResponse(_message.Message):
+    __slots__ = ("tokens",)
+    TOKENS_FIELD_NUMBER: _ClassVar[int]
+    tokens: _containers.RepeatedCompositeFieldContainer[Token]
+    def __init__(self, tokens: _Optional[_Iterable[_Union[Token, _Mapping]]] = ...) -> None: ...
+
+class RevokeTokenRequest(_message.Message):
+    __slots__ = ("id",)
+    ID_FIELD_NUMBER: _ClassVar[int]
+    id: str
+    def __init__(self, id: _Optional[str] = ...) -> None: ...
+
 class SubmitStudyRequest(_message.Message):
     __slots__ = ("space_yaml", "source")
     SPACE_YAML_FIELD_NUMBER: _ClassVar[int]
@@ -109,7 +191,7 @@ class ImportProfilesResponse(_message.Message):
     def __init__(self, imported: _Optional[int] = ..., kept: _Optional[int] = ...) -> None: ...
 
 class Study(_message.Message):
-    __slots__ = ("id", "name", "state", "submitted_at", "counts", "space_json", "objective_metric", "objective_mode")
+    __slots__ = ("id", "name", "state", "submitted_at", "counts", "space_json", "objective_metric", "objective_mode", "owner")
     class CountsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -125,6 +207,7 @@ class Study(_message.Message):
     SPACE_JSON_FIELD_NUMBER: _ClassVar[int]
     OBJECTIVE_METRIC_FIELD_NUMBER: _ClassVar[int]
     OBJECTIVE_MODE_FIELD_NUMBER: _ClassVar[int]
+    OWNER_FIELD_NUMBER: _ClassVar[int]
     id: str
     name: str
     state: str
@@ -133,7 +216,8 @@ class Study(_message.Message):
     space_json: str
     objective_metric: str
     objective_mode: str
-    def __init__(self, id: _Optional[str] = ..., name: _Optional[str] = ..., state: _Optional[str] = ..., submitted_at: _Optional[float] = ..., counts: _Optional[_Mapping[str, int]] = ..., space_json: _Optional[str] = ..., objective_metric: _Optional[str] = ..., objective_mode: _Optional[str] = ...) -> None: ...
+    owner: str
+    def __init__(self, id: _Optional[str] = ..., name: _Optional[str] = ..., state: _Optional[str] = ..., submitted_at: _Optional[float] = ..., counts: _Optional[_Mapping[str, int]] = ..., space_json: _Optional[str] = ..., objective_metric: _Optional[str] = ..., objective_mode: _Optional[str] = ..., owner: _Optional[str] = ...) -> None: ...
 
 class Trial(_message.Message):
     __slots__ = ("id", "study_id", "state", "params_json", "workload", "node", "gpu_index", "failures", "launches", "metrics", "has_objective", "objective", "reason", "log_tail", "started_at", "finished_at")
@@ -449,7 +533,7 @@ class Registered(_message.Message):
     def __init__(self, heartbeat_interval_s: _Optional[float] = ..., heartbeat_timeout_s: _Optional[float] = ...) -> None: ...
 
 class LaunchTrial(_message.Message):
-    __slots__ = ("trial_id", "study_id", "gpu_index", "params_json", "key", "epochs", "program", "compute_pct", "memory_mib", "cores", "attempt")
+    __slots__ = ("trial_id", "study_id", "gpu_index", "params_json", "key", "epochs", "program", "compute_pct", "memory_mib", "cores", "attempt", "owner")
     TRIAL_ID_FIELD_NUMBER: _ClassVar[int]
     STUDY_ID_FIELD_NUMBER: _ClassVar[int]
     GPU_INDEX_FIELD_NUMBER: _ClassVar[int]
@@ -461,6 +545,7 @@ class LaunchTrial(_message.Message):
     MEMORY_MIB_FIELD_NUMBER: _ClassVar[int]
     CORES_FIELD_NUMBER: _ClassVar[int]
     ATTEMPT_FIELD_NUMBER: _ClassVar[int]
+    OWNER_FIELD_NUMBER: _ClassVar[int]
     trial_id: str
     study_id: str
     gpu_index: int
@@ -472,7 +557,8 @@ class LaunchTrial(_message.Message):
     memory_mib: int
     cores: float
     attempt: int
-    def __init__(self, trial_id: _Optional[str] = ..., study_id: _Optional[str] = ..., gpu_index: _Optional[int] = ..., params_json: _Optional[str] = ..., key: _Optional[_Union[WorkloadKey, _Mapping]] = ..., epochs: _Optional[float] = ..., program: _Optional[_Union[Program, _Mapping]] = ..., compute_pct: _Optional[float] = ..., memory_mib: _Optional[int] = ..., cores: _Optional[float] = ..., attempt: _Optional[int] = ...) -> None: ...
+    owner: str
+    def __init__(self, trial_id: _Optional[str] = ..., study_id: _Optional[str] = ..., gpu_index: _Optional[int] = ..., params_json: _Optional[str] = ..., key: _Optional[_Union[WorkloadKey, _Mapping]] = ..., epochs: _Optional[float] = ..., program: _Optional[_Union[Program, _Mapping]] = ..., compute_pct: _Optional[float] = ..., memory_mib: _Optional[int] = ..., cores: _Optional[float] = ..., attempt: _Optional[int] = ..., owner: _Optional[str] = ...) -> None: ...
 
 class KillTrial(_message.Message):
     __slots__ = ("trial_id", "reason", "attempt")
@@ -485,7 +571,7 @@ class KillTrial(_message.Message):
     def __init__(self, trial_id: _Optional[str] = ..., reason: _Optional[str] = ..., attempt: _Optional[int] = ...) -> None: ...
 
 class ProfileWorkload(_message.Message):
-    __slots__ = ("key", "arch", "gpu_index", "iterations", "warmup", "program", "params_json", "epochs")
+    __slots__ = ("key", "arch", "gpu_index", "iterations", "warmup", "program", "params_json", "epochs", "owner")
     KEY_FIELD_NUMBER: _ClassVar[int]
     ARCH_FIELD_NUMBER: _ClassVar[int]
     GPU_INDEX_FIELD_NUMBER: _ClassVar[int]
@@ -494,6 +580,7 @@ class ProfileWorkload(_message.Message):
     PROGRAM_FIELD_NUMBER: _ClassVar[int]
     PARAMS_JSON_FIELD_NUMBER: _ClassVar[int]
     EPOCHS_FIELD_NUMBER: _ClassVar[int]
+    OWNER_FIELD_NUMBER: _ClassVar[int]
     key: WorkloadKey
     arch: str
     gpu_index: int
@@ -502,7 +589,8 @@ class ProfileWorkload(_message.Message):
     program: Program
     params_json: str
     epochs: float
-    def __init__(self, key: _Optional[_Union[WorkloadKey, _Mapping]] = ..., arch: _Optional[str] = ..., gpu_index: _Optional[int] = ..., iterations: _Optional[int] = ..., warmup: _Optional[int] = ..., program: _Optional[_Union[Program, _Mapping]] = ..., params_json: _Optional[str] = ..., epochs: _Optional[float] = ...) -> None: ...
+    owner: str
+    def __init__(self, key: _Optional[_Union[WorkloadKey, _Mapping]] = ..., arch: _Optional[str] = ..., gpu_index: _Optional[int] = ..., iterations: _Optional[int] = ..., warmup: _Optional[int] = ..., program: _Optional[_Union[Program, _Mapping]] = ..., params_json: _Optional[str] = ..., epochs: _Optional[float] = ..., owner: _Optional[str] = ...) -> None: ...
 
 class ServerMessage(_message.Message):
     __slots__ = ("registered", "launch", "kill", "profile")

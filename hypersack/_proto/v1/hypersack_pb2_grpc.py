@@ -91,6 +91,36 @@ class SchedulerStub(object):
                 request_serializer=hypersack_dot___proto_dot_v1_dot_hypersack__pb2.ImportProfilesRequest.SerializeToString,
                 response_deserializer=hypersack_dot___proto_dot_v1_dot_hypersack__pb2.ImportProfilesResponse.FromString,
                 _registered_method=True)
+        self.WhoAmI = channel.unary_unary(
+                '/hypersack.v1.Scheduler/WhoAmI',
+                request_serializer=hypersack_dot___proto_dot_v1_dot_hypersack__pb2.WhoAmIRequest.SerializeToString,
+                response_deserializer=hypersack_dot___proto_dot_v1_dot_hypersack__pb2.User.FromString,
+                _registered_method=True)
+        self.AddUser = channel.unary_unary(
+                '/hypersack.v1.Scheduler/AddUser',
+                request_serializer=hypersack_dot___proto_dot_v1_dot_hypersack__pb2.AddUserRequest.SerializeToString,
+                response_deserializer=hypersack_dot___proto_dot_v1_dot_hypersack__pb2.User.FromString,
+                _registered_method=True)
+        self.ListUsers = channel.unary_unary(
+                '/hypersack.v1.Scheduler/ListUsers',
+                request_serializer=hypersack_dot___proto_dot_v1_dot_hypersack__pb2.ListUsersRequest.SerializeToString,
+                response_deserializer=hypersack_dot___proto_dot_v1_dot_hypersack__pb2.ListUsersResponse.FromString,
+                _registered_method=True)
+        self.CreateToken = channel.unary_unary(
+                '/hypersack.v1.Scheduler/CreateToken',
+                request_serializer=hypersack_dot___proto_dot_v1_dot_hypersack__pb2.CreateTokenRequest.SerializeToString,
+                response_deserializer=hypersack_dot___proto_dot_v1_dot_hypersack__pb2.CreateTokenResponse.FromString,
+                _registered_method=True)
+        self.ListTokens = channel.unary_unary(
+                '/hypersack.v1.Scheduler/ListTokens',
+                request_serializer=hypersack_dot___proto_dot_v1_dot_hypersack__pb2.ListTokensRequest.SerializeToString,
+                response_deserializer=hypersack_dot___proto_dot_v1_dot_hypersack__pb2.ListTokensResponse.FromString,
+                _registered_method=True)
+        self.RevokeToken = channel.unary_unary(
+                '/hypersack.v1.Scheduler/RevokeToken',
+                request_serializer=hypersack_dot___proto_dot_v1_dot_hypersack__pb2.RevokeTokenRequest.SerializeToString,
+                response_deserializer=hypersack_dot___proto_dot_v1_dot_hypersack__pb2.Token.FromString,
+                _registered_method=True)
 
 
 class SchedulerServicer(object):
@@ -167,6 +197,45 @@ class SchedulerServicer(object):
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def WhoAmI(self, request, context):
+        """Who the server takes the caller for (the token's or certificate's user).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def AddUser(self, request, context):
+        """Users and their bearer tokens. Adding users is for admins; a user may create,
+        list and revoke their own tokens.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ListUsers(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def CreateToken(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ListTokens(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def RevokeToken(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_SchedulerServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -224,6 +293,36 @@ def add_SchedulerServicer_to_server(servicer, server):
                     servicer.ImportProfiles,
                     request_deserializer=hypersack_dot___proto_dot_v1_dot_hypersack__pb2.ImportProfilesRequest.FromString,
                     response_serializer=hypersack_dot___proto_dot_v1_dot_hypersack__pb2.ImportProfilesResponse.SerializeToString,
+            ),
+            'WhoAmI': grpc.unary_unary_rpc_method_handler(
+                    servicer.WhoAmI,
+                    request_deserializer=hypersack_dot___proto_dot_v1_dot_hypersack__pb2.WhoAmIRequest.FromString,
+                    response_serializer=hypersack_dot___proto_dot_v1_dot_hypersack__pb2.User.SerializeToString,
+            ),
+            'AddUser': grpc.unary_unary_rpc_method_handler(
+                    servicer.AddUser,
+                    request_deserializer=hypersack_dot___proto_dot_v1_dot_hypersack__pb2.AddUserRequest.FromString,
+                    response_serializer=hypersack_dot___proto_dot_v1_dot_hypersack__pb2.User.SerializeToString,
+            ),
+            'ListUsers': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListUsers,
+                    request_deserializer=hypersack_dot___proto_dot_v1_dot_hypersack__pb2.ListUsersRequest.FromString,
+                    response_serializer=hypersack_dot___proto_dot_v1_dot_hypersack__pb2.ListUsersResponse.SerializeToString,
+            ),
+            'CreateToken': grpc.unary_unary_rpc_method_handler(
+                    servicer.CreateToken,
+                    request_deserializer=hypersack_dot___proto_dot_v1_dot_hypersack__pb2.CreateTokenRequest.FromString,
+                    response_serializer=hypersack_dot___proto_dot_v1_dot_hypersack__pb2.CreateTokenResponse.SerializeToString,
+            ),
+            'ListTokens': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListTokens,
+                    request_deserializer=hypersack_dot___proto_dot_v1_dot_hypersack__pb2.ListTokensRequest.FromString,
+                    response_serializer=hypersack_dot___proto_dot_v1_dot_hypersack__pb2.ListTokensResponse.SerializeToString,
+            ),
+            'RevokeToken': grpc.unary_unary_rpc_method_handler(
+                    servicer.RevokeToken,
+                    request_deserializer=hypersack_dot___proto_dot_v1_dot_hypersack__pb2.RevokeTokenRequest.FromString,
+                    response_serializer=hypersack_dot___proto_dot_v1_dot_hypersack__pb2.Token.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -525,6 +624,168 @@ class Scheduler(object):
             '/hypersack.v1.Scheduler/ImportProfiles',
             hypersack_dot___proto_dot_v1_dot_hypersack__pb2.ImportProfilesRequest.SerializeToString,
             hypersack_dot___proto_dot_v1_dot_hypersack__pb2.ImportProfilesResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def WhoAmI(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/hypersack.v1.Scheduler/WhoAmI',
+            hypersack_dot___proto_dot_v1_dot_hypersack__pb2.WhoAmIRequest.SerializeToString,
+            hypersack_dot___proto_dot_v1_dot_hypersack__pb2.User.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def AddUser(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/hypersack.v1.Scheduler/AddUser',
+            hypersack_dot___proto_dot_v1_dot_hypersack__pb2.AddUserRequest.SerializeToString,
+            hypersack_dot___proto_dot_v1_dot_hypersack__pb2.User.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListUsers(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/hypersack.v1.Scheduler/ListUsers',
+            hypersack_dot___proto_dot_v1_dot_hypersack__pb2.ListUsersRequest.SerializeToString,
+            hypersack_dot___proto_dot_v1_dot_hypersack__pb2.ListUsersResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def CreateToken(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/hypersack.v1.Scheduler/CreateToken',
+            hypersack_dot___proto_dot_v1_dot_hypersack__pb2.CreateTokenRequest.SerializeToString,
+            hypersack_dot___proto_dot_v1_dot_hypersack__pb2.CreateTokenResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListTokens(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/hypersack.v1.Scheduler/ListTokens',
+            hypersack_dot___proto_dot_v1_dot_hypersack__pb2.ListTokensRequest.SerializeToString,
+            hypersack_dot___proto_dot_v1_dot_hypersack__pb2.ListTokensResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def RevokeToken(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/hypersack.v1.Scheduler/RevokeToken',
+            hypersack_dot___proto_dot_v1_dot_hypersack__pb2.RevokeTokenRequest.SerializeToString,
+            hypersack_dot___proto_dot_v1_dot_hypersack__pb2.Token.FromString,
             options,
             channel_credentials,
             insecure,
