@@ -153,15 +153,17 @@ def _certs(args: argparse.Namespace) -> int:
 
 
 @contextmanager
-def _database(path: Path) -> Iterator[Any]:
+def _database(path: Path, *, create: bool = False) -> Iterator[Any]:
     """The authenticator on the database file itself, as the local admin; refused while
-    a server holds the database (one writer)."""
+    a server holds the database (one writer). Only `users add` creates a new file: the
+    first admin comes before the server's first start."""
     from hypersack.server.auth import Authenticator
     from hypersack.store.sqlite import DatabaseLock, SqliteStore
 
     if not path.exists():
-        raise InvalidInput(f"{path}: no such database (start hypersack-server --db {path} "
-                           "once, or give the right path)")
+        if not create:
+            raise InvalidInput(f"{path}: no such database (give the server's --db path)")
+        print(f"new database {path} (start the server with --db {path})", file=sys.stderr)
     lock = DatabaseLock(path)
     try:
         store = SqliteStore(path)
@@ -176,7 +178,8 @@ def _database(path: Path) -> Iterator[Any]:
 def _offline(args: argparse.Namespace) -> int:
     from hypersack.server.auth import LOCAL
 
-    with _database(args.db) as auth:
+    adding = args.command == "users" and args.action == "add"
+    with _database(args.db, create=adding) as auth:
         if args.command == "users":
             if args.action == "add":
                 user = auth.add_user(LOCAL, args.name, args.role)

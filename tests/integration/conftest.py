@@ -97,6 +97,14 @@ class Cluster:
         return ["--tls-dir", str(self.certs), "--agent-listen", self.agent_address] \
             if self.tls else []
 
+    def tls_flags_for_agent(self, name: str) -> list[str]:
+        """The agent's TLS flags; its node certificate is issued here the first time."""
+        if not self.tls:
+            return []
+        if not _tls.leaf_paths(self.certs, _tls.NODE, name).cert.exists():
+            _tls.issue(self.certs, _tls.NODE, name)
+        return ["--tls-dir", str(self.certs), "--tls-server-name", "localhost"]
+
     def channel(self) -> grpc.Channel:
         if not self.tls:
             return grpc.insecure_channel(self.address)
@@ -138,10 +146,7 @@ class Cluster:
         if "--no-commands" not in extra and not any(f.startswith("--allow-commands")
                                                     for f in extra):
             flags.append("--allow-commands")
-        if self.tls:
-            if not _tls.leaf_paths(self.certs, _tls.NODE, name).cert.exists():
-                _tls.issue(self.certs, _tls.NODE, name)
-            flags += ["--tls-dir", str(self.certs), "--tls-server-name", "localhost"]
+        flags += self.tls_flags_for_agent(name)
         if os.geteuid() == 0 and not any(f.startswith("--run-as") for f in flags):
             # CI runs as root, and the interpreter lives where other users cannot read it.
             flags.append("--allow-root-trials")

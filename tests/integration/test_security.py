@@ -3,7 +3,13 @@ agent refuses to run, and what a trial can see of the agent's environment."""
 
 from __future__ import annotations
 
+import os
+import pwd
+import subprocess
+import sys
 from pathlib import Path
+
+import pytest
 
 from tests.integration.conftest import Cluster, space_yaml
 from tests.integration.test_faults import _done, _submit
@@ -64,3 +70,36 @@ def test_a_trial_sees_none_of_the_agents_undeclared_variables(cluster: Cluster,
     assert "AWS_SECRET_ACCESS_KEY" not in seen and "topsecret" not in tail
     assert "LD_PRELOAD" not in seen and "PYTHONUNBUFFERED" not in seen
     assert {"SHARED_CACHE", "PATH", "LANG", "HYPERSACK_TRIAL_ID"} <= seen
+
+
+needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="switching users needs root")
+
+
+@needs_root
+def test_a_root_agent_refuses_to_run_trials_as_root_unless_told(cluster: Cluster) -> None:
+    cluster.start_server()
+    agent = subprocess.run(
+        [sys.executable, "-m", "hypersack.agent.app", "--server", cluster.agent_address,
+         "--node", "n1", "--backend", "fake", "--workdir", str(cluster.tmp / "w"),
+         *cluster.tls_flags_for_agent("n1")],
+        capture_output=True, text=True, timeout=60)
+    assert agent.returncode == 2 and "--run-as" in agent.stderr
+    assert agent.stderr.count("\n") == 1
+    assert not (cluster.tmp / "w").exists()
+
+
+@needs_root
+def test_a_root_agent_runs_trials_as_the_mapped_user(cluster: Cluster) -> None:
+    nobody = pwd.getpwnam("nobody")
+    cluster.start_server()
+    cluster.start_agent("n1", "1xA100-80GB@48", "--allow-commands", "id",
+                        "--run-as", "nobody")
+    trial = _one_trial(cluster, "whoami", "{command: 'id -u'}")
+    assert trial.state == "COMPLETED", trial.log_tail  # type: ignore[attr-defined]
+    assert str(nobody.pw_uid) in trial.log_tail.split()  # type: ignore[attr-defined]
+    (workdir,) = (cluster.tmp / "work").glob("n1/*/*/attempt-1")
+    st = workdir.stat()
+    assert (st.st_uid, st.st_mode & 0o777) == (nobody.pw_uid, 0o700)
+    # The agent's own directories let the trial pass, and list nothing.
+    assert (cluster.tmp / "work" / "n1").stat().st_mode & 0o777 == 0o711
+    assert (workdir / "log.txt").stat().st_uid == 0  # the log stays the agent's

@@ -52,8 +52,10 @@ def server(tmp_path: Path) -> Iterator[HyperSackServer]:
 class RawAgent:
     """One AgentLink stream; `send` puts a message up, `next` reads one down."""
 
-    def __init__(self, address: str) -> None:
-        self.channel = grpc.insecure_channel(address)
+    def __init__(self, address: str, credentials: grpc.ChannelCredentials | None = None
+                 ) -> None:
+        self.channel = (grpc.insecure_channel(address) if credentials is None else
+                        grpc.secure_channel(address, credentials))
         self.up: queue.Queue[pb.AgentMessage | None] = queue.Queue()
         self.down: queue.Queue[pb.ServerMessage | grpc.RpcError | None] = queue.Queue()
         stub = pb_grpc.AgentLinkStub(self.channel)

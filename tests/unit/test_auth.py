@@ -1,0 +1,397 @@
+"""Authentication and authorization over real TLS connections on loopback: an in-process
+server with the cluster's certificates, agents with and without node certificates,
+clients with and without tokens. Each refusal of the security issue is proven here."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import grpc
+import pytest
+
+from hypersack._proto.v1 import hypersack_pb2 as pb
+from hypersack.cli.client import Client
+from hypersack.cli.main import main as cli_main
+from hypersack.core.errors import InvalidInput, PermissionDenied, Unauthenticated
+from hypersack.server.app import HyperSackServer
+from hypersack.server.auth import LOCAL, Authenticator
+from hypersack.store.sqlite import SqliteStore
+from hypersack.wire import tls
+from hypersack.wire.settings import ServerSettings
+from tests.conftest import EXAMPLES
+from tests.unit.test_server import SLEEP_SPACE, RawAgent
+
+
+@dataclass
+class Secured:
+    server: HyperSackServer
+    certs: Path
+    tokens: dict[str, str]  # user -> token
+
+    def creds(self, kind: str | None = None, name: str = "") -> grpc.ChannelCredentials:
+        if kind is None:
+            return tls.channel_credentials(self.certs / "ca.crt")
+        paths = tls.leaf_paths(self.certs, kind, name)
+        if not paths.cert.exists():
+            tls.issue(self.certs, kind, name)
+        return tls.channel_credentials(paths.ca, paths.cert, paths.key)
+
+    def client(self, user: str | None = None, *, token: str | None = None) -> Client:
+        return Client(self.server.address, timeout_s=10, credentials=self.creds(),
+                      token=token if token is not None else self.tokens.get(user or ""))
+
+    def agent(self, kind: str | None = None, name: str = "") -> RawAgent:
+        return RawAgent(self.server.agent_address, self.creds(kind, name))
+
+
+def make_certs(root: Path) -> Path:
+    certs = root / "certs"
+    tls.init_ca(certs)
+    tls.issue(certs, tls.SERVER, "localhost", alt_names=["localhost", "127.0.0.1"])
+    return certs
+
+
+def add_users(db: Path, **roles: str) -> dict[str, str]:
+    store = SqliteStore(db)
+    try:
+        auth = Authenticator(store, enabled=True)
+        tokens = {}
+        for name, role in roles.items():
+            auth.add_user(LOCAL, name, role)
+            tokens[name] = auth.create_token(LOCAL, name)[1]
+        return tokens
+    finally:
+        store.close()
+
+
+def start(tmp_path: Path, **extra: object) -> Secured:
+    certs = make_certs(tmp_path)
+    db = tmp_path / "s.db"
+    tokens = add_users(db, root="admin", alice="user", bob="user")
+    settings = ServerSettings(listen="127.0.0.1:0", agent_listen="127.0.0.1:0", db=db,
+                              tls_dir=certs, heartbeat_interval_s=0.2, tick_interval_s=0.1,
+                              profiles=[EXAMPLES / "profiles-estimates.yaml"], **extra)
+    server = HyperSackServer(settings)
+    server.start()
+    return Secured(server, certs, tokens)
+
+
+@pytest.fixture
+def secured(tmp_path: Path) -> Iterator[Secured]:
+    s = start(tmp_path)
+    try:
+        yield s
+    finally:
+        s.server.stop(0)
+
+
+def _refused(agent: RawAgent) -> grpc.RpcError:
+    msg = agent.next()
+    assert isinstance(msg, grpc.RpcError), msg
+    return msg
+
+
+# ----------------------------------------------------------------- agents
+def test_an_agent_with_its_node_certificate_registers(secured: Secured) -> None:
+    agent = secured.agent(tls.NODE, "n1")
+    agent.register("n1")
+    msg = agent.next()
+    assert isinstance(msg, pb.ServerMessage) and msg.WhichOneof("body") == "registered"
+    with secured.client("root") as c:
+        assert [n.name for n in c.nodes()] == ["n1"]
+    agent.close()
+
+
+def test_an_agent_without_a_certificate_is_refused(secured: Secured) -> None:
+    # On the agent port the TLS handshake itself fails: no certificate, no connection.
+    agent = RawAgent(secured.server.agent_address, secured.creds())
+    agent.register("n1")
+    assert _refused(agent).code() == grpc.StatusCode.UNAVAILABLE
+    # On the client port (TLS, no client certificate) the stream is refused by name.
+    agent = RawAgent(secured.server.address, secured.creds())
+    agent.register("n1")
+    err = _refused(agent)
+    assert err.code() == grpc.StatusCode.UNAUTHENTICATED and "node certificate" in err.details()
+    # And with no TLS at all, nothing gets through.
+    agent = RawAgent(secured.server.agent_address)
+    agent.register("n1")
+    assert _refused(agent).code() == grpc.StatusCode.UNAVAILABLE
+    with secured.client("root") as c:
+        assert c.nodes() == []
+
+
+def test_an_agent_whose_certificate_names_another_node_is_refused(secured: Secured) -> None:
+    agent = secured.agent(tls.NODE, "n2")
+    agent.register("n1")
+    err = _refused(agent)
+    assert err.code() == grpc.StatusCode.PERMISSION_DENIED
+    assert "'n2'" in err.details() and "'n1'" in err.details()
+    with secured.client("root") as c:
+        assert c.nodes() == []
+
+
+def test_a_client_certificate_never_makes_an_agent(secured: Secured) -> None:
+    agent = secured.agent(tls.CLIENT, "alice")
+    agent.register("alice")
+    err = _refused(agent)
+    assert err.code() == grpc.StatusCode.PERMISSION_DENIED and "client certificate" in err.details()
+
+
+def test_a_certificate_from_another_ca_is_refused(secured: Secured, tmp_path: Path) -> None:
+    other = tmp_path / "other"
+    tls.init_ca(other)
+    paths = tls.issue(other, tls.NODE, "n1")
+    # It trusts our server (our CA), and presents a certificate our CA never signed.
+    creds = tls.channel_credentials(secured.certs / "ca.crt", paths.cert, paths.key)
+    agent = RawAgent(secured.server.agent_address, creds)
+    agent.register("n1")
+    assert _refused(agent).code() == grpc.StatusCode.UNAVAILABLE
+
+
+def test_a_node_registers_only_the_trials_it_was_given(secured: Secured) -> None:
+    with secured.client("alice") as c:
+        study = c.submit(SLEEP_SPACE, "tiny.yaml")
+        ids = [t.id for t in c.trials(study.id)]
+    forger = secured.agent(tls.NODE, "evil")  # a real node certificate, another node
+    forger.register("evil", running=tuple(ids))
+    kills = set()
+    while len(kills) < len(ids):
+        msg = forger.next()
+        assert isinstance(msg, pb.ServerMessage), msg
+        if msg.WhichOneof("body") == "kill":
+            kills.add(msg.kill.trial_id)
+    assert kills == set(ids)  # none adopted: each is killed, then placed by the server
+    forger.close()
+
+
+# ----------------------------------------------------------------- clients
+def test_a_client_without_a_valid_token_is_refused(secured: Secured) -> None:
+    for token in ("", "not-a-token", "hsk_00000000_" + "A" * 43):
+        with secured.client(token=token) as c, pytest.raises(Unauthenticated) as err:
+            c.studies()
+        assert "token" in str(err.value)
+    # Plain text to a TLS port gets nowhere either.
+    with Client(secured.server.address, timeout_s=5) as c, pytest.raises(Exception):  # noqa: B017
+        c.studies()
+
+
+def test_a_revoked_token_is_refused_at_once(secured: Secured) -> None:
+    with secured.client("alice") as c:
+        reply = c.create_token(label="laptop")
+        assert reply.token.user == "alice"
+    with secured.client(token=reply.secret) as c:
+        assert c.whoami().name == "alice"
+        c.revoke_token(reply.token.id)
+        with pytest.raises(Unauthenticated, match="revoked"):
+            c.studies()
+    with secured.client("alice") as c:  # her other token still works
+        assert c.whoami().via == "token"
+
+
+def test_tokens_are_stored_hashed(secured: Secured) -> None:
+    with secured.client("root") as c:
+        secret = c.create_token("bob").secret
+    secured.server.stop(0)
+    data = b"".join(p.read_bytes() for p in secured.server.settings.db.parent.glob("s.db*"))
+    assert secret.encode() not in data and secret.split("_")[2].encode() not in data
+
+
+def test_users_act_on_their_own_studies_only(secured: Secured) -> None:
+    with secured.client("alice") as alice:
+        study = alice.submit(SLEEP_SPACE, "tiny.yaml")
+        assert study.owner == "alice"
+        trial = alice.trials(study.id)[0].id
+    with secured.client("bob") as bob:
+        assert [s.id for s in bob.studies()] == []  # not even listed
+        for call in (lambda: bob.study(study.id), lambda: bob.trials(study.id),
+                     lambda: bob.trial(trial), lambda: bob.cancel(study.id),
+                     lambda: list(bob.watch(study.id))):
+            with pytest.raises(PermissionDenied, match="alice"):
+                call()
+        with pytest.raises(PermissionDenied, match="admin"):
+            bob.drain("n1")
+        with pytest.raises(PermissionDenied, match="admin"):
+            bob.import_profiles([], replace=False)
+        with pytest.raises(PermissionDenied, match="admin"):
+            bob.add_user("mallory", "admin")
+        with pytest.raises(PermissionDenied):
+            bob.create_token("alice")
+        assert bob.nodes() == []  # what the cluster has is no secret
+    with secured.client("root") as root:
+        assert root.study(study.id).owner == "alice"  # an admin sees every study
+    with secured.client("alice") as alice:
+        assert alice.cancel(study.id).state == "CANCELLED"
+
+
+def test_shared_results_never_share_logs_or_control(tmp_path: Path) -> None:
+    s = start(tmp_path, share_results=True)
+    try:
+        with s.client("alice") as alice:
+            study = alice.submit(SLEEP_SPACE, "tiny.yaml")
+        agent = s.agent(tls.NODE, "n1")
+        agent.register("n1", gpus=1)
+        launch = agent.launches(1)[0]
+        agent.send(pb.AgentMessage(started=pb.TrialStarted(trial_id=launch.trial_id,
+                                                           attempt=launch.attempt)))
+        agent.send(pb.AgentMessage(exited=pb.TrialExited(
+            trial_id=launch.trial_id, exit_code=0, log_tail="alice's secret path",
+            metrics={"loss": 0.5}, attempt=launch.attempt)))
+        with s.client("alice") as alice:
+            import time
+            deadline = time.monotonic() + 10
+            while alice.trial(launch.trial_id).state != "COMPLETED":
+                assert time.monotonic() < deadline
+                time.sleep(0.05)
+            assert "secret" in alice.trial(launch.trial_id).log_tail
+        with s.client("bob") as bob:
+            assert [x.id for x in bob.studies()] == [study.id]
+            seen = bob.trial(launch.trial_id)
+            assert seen.state == "COMPLETED" and seen.metrics["loss"] == 0.5
+            assert seen.log_tail == "" and all(t.log_tail == "" for t in bob.trials(study.id))
+            with pytest.raises(PermissionDenied):
+                bob.cancel(study.id)
+        agent.close()
+    finally:
+        s.server.stop(0)
+
+
+def test_certificates_identify_users_on_the_mutual_tls_port(secured: Secured) -> None:
+    creds = secured.creds(tls.CLIENT, "alice")
+    with Client(secured.server.agent_address, credentials=creds) as c:
+        me = c.whoami()
+        assert (me.name, me.role, me.via) == ("alice", "user", "certificate")
+    creds = secured.creds(tls.CLIENT, "stranger")  # signed, but no such user
+    with Client(secured.server.agent_address, credentials=creds) as c, \
+            pytest.raises(Unauthenticated, match="stranger"):
+        c.whoami()
+    creds = secured.creds(tls.NODE, "n1")  # an agent's certificate is not a user
+    with Client(secured.server.agent_address, credentials=creds) as c, \
+            pytest.raises(PermissionDenied, match="node certificate"):
+        c.studies()
+
+
+def test_user_and_token_management(secured: Secured) -> None:
+    with secured.client("root") as root:
+        assert root.add_user("carol", "user").role == "user"
+        with pytest.raises(Exception, match="exists"):
+            root.add_user("carol", "admin")
+        with pytest.raises(InvalidInput, match="role"):
+            root.add_user("dave", "superuser")
+        with pytest.raises(InvalidInput, match="user name"):
+            root.add_user("../x", "user")
+        token = root.create_token("carol", "ci").secret
+        assert {u.name for u in root.users()} == {"root", "alice", "bob", "carol"}
+        ids = {t.id for t in root.tokens("carol")}
+    with secured.client(token=token) as carol:
+        assert carol.whoami().name == "carol"
+        assert {t.id for t in carol.tokens()} == ids
+        with pytest.raises(PermissionDenied):
+            carol.tokens("alice")
+    with secured.client("bob") as bob:
+        with pytest.raises(PermissionDenied, match="carol"):
+            bob.revoke_token(next(iter(ids)))
+
+
+# ----------------------------------------------------------------- set-up
+def test_a_non_loopback_listen_is_allowed_with_tls(tmp_path: Path) -> None:
+    certs = make_certs(tmp_path)
+    server = HyperSackServer(ServerSettings(listen="0.0.0.0:0", agent_listen="0.0.0.0:0",
+                                            db=tmp_path / "s.db", tls_dir=certs))
+    try:
+        server.start()
+        assert server.auth.enabled
+    finally:
+        server.stop(0)
+
+
+def test_broken_tls_settings_are_refused_before_anything_starts(tmp_path: Path) -> None:
+    certs = make_certs(tmp_path)
+    (certs / "server.key").chmod(0o644)
+    with pytest.raises(InvalidInput, match="chmod 600"):
+        HyperSackServer(ServerSettings(listen="127.0.0.1:0", db=tmp_path / "s.db",
+                                       tls_dir=certs))
+    with pytest.raises(InvalidInput, match="--tls-ca"):
+        HyperSackServer(ServerSettings(listen="127.0.0.1:0", db=tmp_path / "s.db",
+                                       tls_cert=certs / "server.crt"))
+    with pytest.raises(InvalidInput, match="mutual-TLS"):
+        HyperSackServer(ServerSettings(listen="127.0.0.1:0", db=tmp_path / "s.db",
+                                       agent_listen="127.0.0.1:0"))
+    assert not (tmp_path / "s.db").exists()
+
+
+def test_certs_cli_writes_private_keys_and_names_identities(tmp_path: Path,
+                                                            capsys: pytest.CaptureFixture[str]
+                                                            ) -> None:
+    d = tmp_path / "c"
+    assert cli_main(["certs", "init", "--dir", str(d), "--server-name", "head.example"]) == 0
+    assert cli_main(["certs", "issue", "--dir", str(d), "--node", "gpu01"]) == 0
+    assert cli_main(["certs", "issue", "--dir", str(d), "--client", "alice"]) == 0
+    assert cli_main(["certs", "init", "--dir", str(d)]) == 2  # never over an existing CA
+    assert cli_main(["certs", "issue", "--dir", str(d), "--node", "a/b"]) == 2
+    assert d.stat().st_mode & 0o777 == 0o700
+    for key in (d / "ca.key", d / "server.key", d / "nodes/gpu01.key", d / "clients/alice.key"):
+        assert key.stat().st_mode & 0o777 == 0o600, key
+    assert tls.certificate_identity(d / "nodes/gpu01.crt") == tls.Identity("node", "gpu01")
+    assert tls.certificate_identity(d / "clients/alice.crt") == tls.Identity("client", "alice")
+    assert "head.example" in capsys.readouterr().out
+
+
+def test_users_cli_bootstraps_an_admin_and_tokens_reach_the_server(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str],
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    certs = make_certs(tmp_path)
+    db = tmp_path / "s.db"
+    tok = tmp_path / "admin.tok"
+    assert cli_main(["users", "add", "ops", "--role", "admin", "--db", str(db),
+                     "--out", str(tok)]) == 0
+    assert tok.stat().st_mode & 0o777 == 0o600
+    server = HyperSackServer(ServerSettings(listen="127.0.0.1:0", agent_listen="127.0.0.1:0",
+                                            db=db, tls_dir=certs))
+    server.start()
+    try:
+        flags = ["--server", server.address, "--tls-ca", str(certs / "ca.crt")]
+        for var in ("HYPERSACK_TOKEN", "HYPERSACK_TOKEN_FILE"):
+            monkeypatch.delenv(var, raising=False)
+        monkeypatch.setenv("HOME", str(tmp_path))  # no ~/.config/hypersack/token
+        capsys.readouterr()
+        assert cli_main(["whoami", *flags]) == 2
+        assert "no token" in capsys.readouterr().err
+        assert cli_main(["whoami", *flags, "--token-file", str(tok)]) == 0
+        assert capsys.readouterr().out.strip() == "ops (admin, by token)"
+        assert cli_main(["users", "add", "eve", "--role", "user", *flags,
+                         "--token-file", str(tok)]) == 0
+        capsys.readouterr()
+        assert cli_main(["token", "create", "eve", *flags, "--token-file", str(tok)]) == 0
+        eve = capsys.readouterr().out.strip()
+        monkeypatch.setenv("HYPERSACK_TOKEN", eve)
+        assert cli_main(["whoami", *flags]) == 0
+        assert capsys.readouterr().out.strip() == "eve (user, by token)"
+        assert cli_main(["drain", "n1", *flags]) == 2
+        assert "permission denied" in capsys.readouterr().err
+        tok.chmod(0o644)
+        monkeypatch.delenv("HYPERSACK_TOKEN")
+        assert cli_main(["whoami", *flags, "--token-file", str(tok)]) == 2
+        assert "chmod 600" in capsys.readouterr().err
+    finally:
+        server.stop(0)
+
+
+def test_study_owner_survives_a_restart(tmp_path: Path) -> None:
+    s = start(tmp_path)
+    with s.client("alice") as c:
+        study = c.submit(SLEEP_SPACE, "tiny.yaml")
+    s.server.stop(0)
+    server = HyperSackServer(s.server.settings)
+    server.start()
+    try:
+        with Client(server.address, credentials=s.creds(), token=s.tokens["bob"]) as bob:
+            with pytest.raises(PermissionDenied):
+                bob.study(study.id)
+        with Client(server.address, credentials=s.creds(), token=s.tokens["alice"]) as c:
+            assert c.study(study.id).owner == "alice"
+            assert json.loads(c.study(study.id).space_json)["name"] == "tiny"
+    finally:
+        server.stop(0)
