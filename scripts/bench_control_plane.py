@@ -10,6 +10,11 @@ no pending trial waits for more exits, which shows in the tail of that delay.
 
     python scripts/bench_control_plane.py                  # 200 agents, 10,000 trials
     python scripts/bench_control_plane.py --agents 20 --trials 1000 --min-s 1 --max-s 3
+    python scripts/bench_control_plane.py --tls both       # plain, then TLS: the ratios
+
+With `--tls on` the server runs secured as a cluster would: TLS for the client with an
+admin's token, mutual TLS for each agent with its own node certificate. Every agent has
+its own connection in both modes, so the two runs differ by TLS and authentication only.
 """
 
 from __future__ import annotations
@@ -38,6 +43,9 @@ sys.path.insert(0, str(ROOT))
 from hypersack._proto.v1 import hypersack_pb2 as pb  # noqa: E402
 from hypersack._proto.v1 import hypersack_pb2_grpc as pb_grpc  # noqa: E402
 from hypersack.cli.client import Client  # noqa: E402
+from hypersack.server.auth import LOCAL, Authenticator  # noqa: E402
+from hypersack.store.sqlite import SqliteStore  # noqa: E402
+from hypersack.wire import tls as _tls  # noqa: E402
 
 SPACE = """
 name: load
@@ -154,19 +162,66 @@ def main() -> int:
                     help="24 workloads of SP1 instead of one: freed capacity then often "
                          "fits no pending trial at once, which the relaunch delay includes")
     ap.add_argument("--json", action="store_true")
+    ap.add_argument("--tls", choices=["off", "on", "both"], default="off",
+                    help="run plain, secured, or both in one run (then the ratios)")
     args = ap.parse_args()
+    modes = {"off": [False], "on": [True], "both": [False, True]}[args.tls]
+    results = {("tls" if secured else "plain"): run_once(args, secured) for secured in modes}
+    if len(results) == 2:
+        plain, secured = results["plain"], results["tls"]
+        results["ratio_tls_over_plain"] = {
+            k: round(secured[k] / plain[k], 3) if plain.get(k) and secured.get(k) else None
+            for k in ("decisions_per_s", "relaunch_delay_p50_ms", "relaunch_delay_p99_ms",
+                      "heartbeats_per_s", "connect_s", "server_peak_rss_mib")}
+    if args.json:
+        print(json.dumps(results, indent=2))
+    else:
+        for mode, result in results.items():
+            print(f"== {mode}")
+            for k, v in result.items():
+                print(f"{k:>24}: {v}")
+    return 0
 
-    tmp = Path(tempfile.mkdtemp(prefix="hs-bench-"))
+
+def _secure(tmp: Path, agents: int) -> tuple[list[str], str, list[grpc.ChannelCredentials]]:
+    """Certificates for the server and every agent, and an admin's token."""
+    certs = tmp / "certs"
+    _tls.init_ca(certs)
+    _tls.issue(certs, _tls.SERVER, "localhost", alt_names=["localhost", "127.0.0.1"])
+    store = SqliteStore(tmp / "bench.db")
+    auth = Authenticator(store, enabled=True)
+    auth.add_user(LOCAL, "bench", "admin")
+    token = auth.create_token(LOCAL, "bench")[1]
+    store.close()
+    creds = []
+    for i in range(agents):
+        paths = _tls.issue(certs, _tls.NODE, f"a{i:03d}")
+        creds.append(_tls.channel_credentials(paths.ca, paths.cert, paths.key))
+    return ["--tls-dir", str(certs)], token, creds
+
+
+def _free_port() -> int:
     with __import__("socket").socket() as s:
         s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    address = f"127.0.0.1:{port}"
+        return int(s.getsockname()[1])
+
+
+def run_once(args: argparse.Namespace, secured: bool) -> dict[str, object]:
+
+    tmp = Path(tempfile.mkdtemp(prefix="hs-bench-"))
+    address = f"127.0.0.1:{_free_port()}"
+    agent_address = f"127.0.0.1:{_free_port()}" if secured else address
+    tls_flags, token, agent_creds = (_secure(tmp, args.agents) if secured
+                                     else ([], "", [None] * args.agents))
+    if secured:
+        tls_flags += ["--agent-listen", agent_address]
     env = {k: v for k, v in os.environ.items() if not k.startswith("HYPERSACK_")}
     server = subprocess.Popen(
         [sys.executable, "-m", "hypersack.server.app", "--listen", address, "--db",
          str(tmp / "bench.db"), "--heartbeat-interval-s", str(args.heartbeat_s),
          "--heartbeat-timeout-s", "60", "--profiles",
-         str(ROOT / "examples" / "profiles-estimates.yaml"), "--log-level", "ERROR"],
+         str(ROOT / "examples" / "profiles-estimates.yaml"), "--log-level", "ERROR",
+         *tls_flags],
         env=env, stdout=open(tmp / "server.log", "wb"), stderr=subprocess.STDOUT)
     proc = psutil.Process(server.pid)
     peak_rss = [0]
@@ -182,7 +237,9 @@ def main() -> int:
 
     threading.Thread(target=sample_rss, daemon=True).start()
     try:
-        client = Client(address, timeout_s=60)
+        client = Client(address, timeout_s=60, token=token or None,
+                        credentials=_tls.channel_credentials(tmp / "certs" / "ca.crt")
+                        if secured else None)
         deadline = time.monotonic() + 30
         while True:
             try:
@@ -194,9 +251,10 @@ def main() -> int:
                 time.sleep(0.2)
         bench = Bench(args.min_s, args.max_s)
         threading.Thread(target=bench.run_timers, args=(stop,), daemon=True).start()
-        channel = grpc.insecure_channel(address)
         t0 = time.monotonic()
-        agents = [SimAgent(f"a{i:03d}", channel, args.gpus, bench) for i in range(args.agents)]
+        agents = [SimAgent(f"a{i:03d}", grpc.insecure_channel(agent_address) if c is None
+                           else grpc.secure_channel(agent_address, c), args.gpus, bench)
+                  for i, c in enumerate(agent_creds)]
         for a in agents:
             a.registered.wait(30)
         connect_s = time.monotonic() - t0
@@ -237,7 +295,7 @@ def main() -> int:
                 stats = json.loads(line)
         d = sorted(bench.delays)
         result = {
-            "agents": args.agents, "gpus": args.agents * args.gpus, "trials": total,
+            "tls": secured, "agents": args.agents, "gpus": args.agents * args.gpus, "trials": total,
             "connect_s": round(connect_s, 2), "submit_s": round(submit_s, 3),
             "study_wall_s": round(wall, 1), "launches": bench.launches,
             "decisions": stats.get("decisions"),
@@ -254,12 +312,7 @@ def main() -> int:
         stop.set()
         if server.poll() is None:
             server.kill()
-    if args.json:
-        print(json.dumps(result, indent=2))
-    else:
-        for k, v in result.items():
-            print(f"{k:>24}: {v}")
-    return 0
+    return result
 
 
 if __name__ == "__main__":

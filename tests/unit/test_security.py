@@ -195,3 +195,59 @@ def test_an_agent_refuses_a_node_name_it_could_not_register(
     err = capsys.readouterr().err
     assert rc == 2 and err.count("\n") == 1 and "node" in err
     assert not (tmp_path / "w").exists()
+
+
+# ----------------------------------------------------------------- trial users
+def test_a_root_agent_needs_an_unprivileged_user_for_its_trials() -> None:
+    from hypersack.agent.accounts import TrialUsers
+
+    with pytest.raises(InvalidInput, match="--run-as"):
+        TrialUsers.parse(None, [], allow_root=False, euid=0)
+    assert not TrialUsers.parse(None, [], allow_root=True, euid=0).switches
+    assert TrialUsers.parse(None, [], allow_root=False, euid=1000).account_for("x") is None
+    with pytest.raises(InvalidInput, match="root"):
+        TrialUsers.parse("root", [], allow_root=False, euid=0)
+    with pytest.raises(InvalidInput, match="root"):
+        TrialUsers.parse("0", [], allow_root=False, euid=0)
+    with pytest.raises(InvalidInput, match="no Unix user"):
+        TrialUsers.parse("no-such-user-here", [], allow_root=False, euid=0)
+    with pytest.raises(InvalidInput, match="OWNER=UNIXUSER"):
+        TrialUsers.parse(None, ["alice"], allow_root=False, euid=0)
+    with pytest.raises(InvalidInput, match="started as root"):
+        TrialUsers.parse("nobody", [], allow_root=False, euid=1000)
+
+
+def test_owners_map_to_their_accounts_and_others_are_refused() -> None:
+    import pwd
+
+    from hypersack.agent.accounts import TrialUsers
+    from hypersack.core.errors import HyperSackError
+
+    nobody = pwd.getpwnam("nobody")
+    users = TrialUsers.parse(None, ["alice=nobody"], allow_root=False, euid=0)
+    account = users.account_for("alice")
+    assert account is not None and account.uid == nobody.pw_uid and 0 not in account.groups
+    assert account.env()["USER"] == "nobody"
+    with pytest.raises(HyperSackError, match="'bob'"):
+        users.account_for("bob")
+    fallback = TrialUsers.parse("nobody", ["alice=nobody"], allow_root=False, euid=0)
+    assert fallback.account_for("bob") == account
+
+
+def test_the_agent_never_follows_a_link_a_trial_left_in_its_directory(tmp_path: Path) -> None:
+    from hypersack.agent.launcher import Job
+
+    secret = tmp_path / "secret"
+    secret.write_text("root's secret\n")
+    job = Job("t1", 0, tmp_path / "w", [sys.executable, "-c", "pass"], {})
+    job.workdir.mkdir()
+    (job.workdir / "log.txt").symlink_to(secret)
+    (job.workdir / "metrics.jsonl").symlink_to(secret)
+    (job.workdir / "profile.json").symlink_to(secret)
+    assert "secret" not in job.log_tail()
+    assert not job.new_metrics()
+    assert job.profile_result() is None
+    import os
+    os.mkfifo(job.workdir / "log.1.txt")  # nor a FIFO: it would block the agent
+    assert job.log_tail() == ""
+    assert secret.read_text() == "root's secret\n"
