@@ -72,7 +72,9 @@ def main() -> int:
     agent = subprocess.Popen(
         [sys.executable, "-m", "hypersack.agent.app", "--server", address, "--node", "big",
          "--backend", "fake", "--inventory", args.inventory, "--workdir", str(tmp / "work"),
-         "--allow-commands", "sleep"],
+         "--allow-commands", "sleep",
+         # A root agent needs a user for its trials; this bench runs on one's own machine.
+         *(["--allow-root-trials"] if os.geteuid() == 0 else [])],
         stdout=agent_log, stderr=subprocess.STDOUT, start_new_session=True)
     try:
         with Client(address, timeout_s=30) as client:

@@ -67,5 +67,8 @@ def connect(args: argparse.Namespace) -> Client:
         credentials = channel_credentials(args.tls_ca, args.tls_cert, args.tls_key)
     elif args.tls_cert is not None or args.tls_key is not None:
         raise InvalidInput("--tls-cert needs --tls-ca (the cluster CA) too")
-    return Client(args.server, token=token_from(args), credentials=credentials,
+    # A server without TLS authenticates nobody: a token would only cross the network
+    # in clear text, so it goes only over TLS.
+    token = token_from(args) if credentials is not None else None
+    return Client(args.server, token=token, credentials=credentials,
                   server_name=args.tls_server_name)

@@ -144,6 +144,10 @@ class HyperSackServer:
         if self.tls:
             log.info("TLS on; clients authenticate with tokens; agents connect with node "
                      "certificates to port %d", self.agent_port)
+            if not self.store.list_users():
+                log.warning("no users yet, so no client can do anything: stop the server "
+                            "and run `hypersack users add NAME --role admin --db %s`",
+                            self.settings.db)
         return self.port
 
     @property
