@@ -122,18 +122,19 @@ class Authenticator:
             raise Unauthenticated(f"token {record.id} belongs to no user")
         return Principal(user.name, user.role, "token")
 
-    def agent(self, peer: Identity | None, node: str, *, tls: bool) -> None:
-        """Raises unless the agent's certificate names exactly the node it registers."""
+    def agent(self, peer: Identity | None, node: str | None, *, tls: bool) -> None:
+        """Raises unless the agent's certificate is a node's, and (once the agent said
+        which node it is) names exactly that node."""
         if not tls:
             return
         if peer is None:
             raise Unauthenticated(
-                f"node {node!r}: agents connect to the agent port with a node certificate "
-                f"(hypersack certs issue --node {node}, then --tls-cert/--tls-key)")
+                "agents connect to the agent port (--agent-listen) with a node certificate "
+                "(hypersack certs issue --node NAME, then --tls-cert/--tls-key)")
         if peer.kind != NODE:
             raise PermissionDenied(f"a {peer.kind} certificate ({peer.name}) does not make "
                                    "an agent; agents need a node certificate")
-        if peer.name != node:
+        if node is not None and peer.name != node:
             raise PermissionDenied(f"the certificate names node {peer.name!r}; it cannot "
                                    f"register as {node!r}")
 

@@ -273,6 +273,14 @@ class AgentLinkServicer(pb_grpc.AgentLinkServicer):
 
     def Connect(self, request_iterator: Iterator[pb.AgentMessage],
                 context: grpc.ServicerContext) -> Iterator[pb.ServerMessage]:
+        peer = peer_identity(context)
+        try:
+            # Before reading anything: a peer without a node certificate never holds a
+            # stream (and a thread) open.
+            self._auth.agent(peer, None, tls=self._tls)
+        except HyperSackError as exc:
+            log.warning("refused an agent from %s: %s", context.peer(), exc)
+            context.abort(status_of(exc), str(exc))
         try:
             first = next(request_iterator)
         except StopIteration:
@@ -283,7 +291,7 @@ class AgentLinkServicer(pb_grpc.AgentLinkServicer):
         try:
             # The certificate's node, and only it: a client certificate, another node's
             # certificate or none (on a TLS server) never makes an agent.
-            self._auth.agent(peer_identity(context), first.register.node, tls=self._tls)
+            self._auth.agent(peer, first.register.node, tls=self._tls)
             session = self._s.register(first.register)
         except HyperSackError as exc:
             if isinstance(exc, (Unauthenticated, PermissionDenied)):

@@ -123,6 +123,12 @@ def test_an_agent_without_a_certificate_is_refused(secured: Secured) -> None:
         assert c.nodes() == []
 
 
+def test_a_stream_without_a_node_certificate_is_closed_before_it_says_anything(
+        secured: Secured) -> None:
+    silent = RawAgent(secured.server.address, secured.creds())  # sends nothing at all
+    assert _refused(silent).code() == grpc.StatusCode.UNAUTHENTICATED
+
+
 def test_an_agent_whose_certificate_names_another_node_is_refused(secured: Secured) -> None:
     agent = secured.agent(tls.NODE, "n2")
     agent.register("n1")
