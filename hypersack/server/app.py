@@ -124,14 +124,20 @@ class HyperSackServer:
     def start(self) -> int:
         """Listen and serve; returns the bound port (useful with port 0)."""
         if self._credentials is None:
-            self.port = self.agent_port = self._grpc.add_insecure_port(self.settings.listen)
+            try:
+                self.port = self.agent_port = self._grpc.add_insecure_port(self.settings.listen)
+            except RuntimeError:
+                self.port = 0
         else:
             # Two ports: TLS for clients (a token says who they are), and mutual TLS for
             # agents, whose certificate says which node they are. gRPC cannot ask for a
             # client certificate without requiring one, so one port cannot serve both.
             for_clients, for_agents = self._credentials
-            self.port = self._grpc.add_secure_port(self.settings.listen, for_clients)
-            self.agent_port = self._grpc.add_secure_port(self.agent_listen, for_agents)
+            try:
+                self.port = self._grpc.add_secure_port(self.settings.listen, for_clients)
+                self.agent_port = self._grpc.add_secure_port(self.agent_listen, for_agents)
+            except RuntimeError:
+                self.port = 0
         if self.port == 0 or self.agent_port == 0:
             raise InvalidInput(f"cannot listen on {self.settings.listen!r}"
                                + (f" and {self.agent_listen!r}" if self.tls else ""))

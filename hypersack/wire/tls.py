@@ -20,6 +20,7 @@ from pathlib import Path
 
 import grpc
 from cryptography import x509
+from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
@@ -239,20 +240,70 @@ def certificate_identity(path: Path) -> Identity:
     return ident
 
 
+def _certificates(path: Path) -> tuple[bytes, list[x509.Certificate]]:
+    data = read_pem(path)
+    try:
+        certs = x509.load_pem_x509_certificates(data)
+    except ValueError:
+        certs = []
+    if not certs:
+        raise InvalidInput(f"{path}: not a PEM certificate")
+    now = _now()
+    for cert in certs:
+        if cert.not_valid_after_utc < now:
+            raise InvalidInput(f"{path}: the certificate for {cert.subject.rfc4514_string()} "
+                               f"expired on {cert.not_valid_after_utc:%Y-%m-%d}; issue a new one")
+    return data, certs
+
+
+def checked(paths: CertPaths | tuple[Path, Path | None, Path | None]
+            ) -> tuple[bytes, bytes | None, bytes | None]:
+    """(CA, certificate, key) as PEM, checked before gRPC sees them, which would only say
+    that it could not bind or connect: each file parses, no certificate has expired, the
+    key is the certificate's, and the CA signed the certificate."""
+    ca, cert, key = (paths.ca, paths.cert, paths.key) if isinstance(paths, CertPaths) else paths
+    if (cert is None) != (key is None):
+        raise InvalidInput("a certificate needs its key, and a key its certificate")
+    ca_pem, cas = _certificates(ca)
+    if cert is None or key is None:
+        return ca_pem, None, None
+    cert_pem, chain = _certificates(cert)
+    key_pem = read_key(key)
+    try:
+        private = serialization.load_pem_private_key(key_pem, password=None)
+    except (ValueError, TypeError):
+        raise InvalidInput(f"{key}: not an unencrypted PEM private key") from None
+    public = serialization.PublicFormat.SubjectPublicKeyInfo
+    der = serialization.Encoding.DER
+    if private.public_key().public_bytes(der, public) != \
+            chain[0].public_key().public_bytes(der, public):
+        raise InvalidInput(f"{key} is not the key of {cert}")
+    if not any(_signed_by(chain[0], c) for c in cas):
+        raise InvalidInput(f"{cert} was not signed by the CA in {ca}")
+    return ca_pem, cert_pem, key_pem
+
+
+def _signed_by(cert: x509.Certificate, ca: x509.Certificate) -> bool:
+    try:
+        cert.verify_directly_issued_by(ca)
+    except (ValueError, TypeError, InvalidSignature):
+        return False
+    return True
+
+
 def server_credentials(paths: CertPaths, *, require_client_cert: bool) -> grpc.ServerCredentials:
     """TLS for a listening port; with `require_client_cert`, mutual TLS: a peer must
     present a certificate signed by the cluster's CA."""
-    return grpc.ssl_server_credentials(
-        [(read_key(paths.key), read_pem(paths.cert))], root_certificates=read_pem(paths.ca),
-        require_client_auth=require_client_cert)
+    ca, cert, key = checked(paths)
+    assert cert is not None and key is not None
+    return grpc.ssl_server_credentials([(key, cert)], root_certificates=ca,
+                                       require_client_auth=require_client_cert)
 
 
 def channel_credentials(ca: Path, cert: Path | None = None,
                         key: Path | None = None) -> grpc.ChannelCredentials:
     """TLS to the server, verified against the cluster's CA; with a certificate and key,
     this side proves its own identity too (agents; clients on the mutual-TLS port)."""
-    if (cert is None) != (key is None):
-        raise InvalidInput("a certificate needs its key, and a key its certificate")
-    return grpc.ssl_channel_credentials(
-        root_certificates=read_pem(ca), private_key=read_key(key) if key else None,
-        certificate_chain=read_pem(cert) if cert else None)
+    ca_pem, cert_pem, key_pem = checked((ca, cert, key))
+    return grpc.ssl_channel_credentials(root_certificates=ca_pem, private_key=key_pem,
+                                        certificate_chain=cert_pem)

@@ -95,7 +95,8 @@ def test_a_root_agent_runs_trials_as_the_mapped_user(cluster: Cluster) -> None:
     cluster.start_agent("n1", "1xA100-80GB@48", "--allow-commands", "id",
                         "--run-as", "nobody")
     trial = _one_trial(cluster, "whoami", "{command: 'id -u'}")
-    assert trial.state == "COMPLETED", trial.log_tail  # type: ignore[attr-defined]
+    assert trial.state == "COMPLETED", (trial.reason, trial.log_tail,  # type: ignore[attr-defined]
+                                        cluster.logs("n1"))
     assert str(nobody.pw_uid) in trial.log_tail.split()  # type: ignore[attr-defined]
     (workdir,) = (cluster.tmp / "work").glob("n1/*/*/attempt-1")
     st = workdir.stat()

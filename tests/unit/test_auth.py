@@ -150,8 +150,12 @@ def test_a_certificate_from_another_ca_is_refused(secured: Secured, tmp_path: Pa
     other = tmp_path / "other"
     tls.init_ca(other)
     paths = tls.issue(other, tls.NODE, "n1")
-    # It trusts our server (our CA), and presents a certificate our CA never signed.
-    creds = tls.channel_credentials(secured.certs / "ca.crt", paths.cert, paths.key)
+    # It trusts our server (our CA), and presents a certificate our CA never signed (with
+    # gRPC itself: our own helper refuses to build such credentials).
+    with pytest.raises(InvalidInput, match="not signed by the CA"):
+        tls.channel_credentials(secured.certs / "ca.crt", paths.cert, paths.key)
+    creds = grpc.ssl_channel_credentials((secured.certs / "ca.crt").read_bytes(),
+                                         paths.key.read_bytes(), paths.cert.read_bytes())
     agent = RawAgent(secured.server.agent_address, creds)
     agent.register("n1")
     assert _refused(agent).code() == grpc.StatusCode.UNAVAILABLE
@@ -322,6 +326,14 @@ def test_broken_tls_settings_are_refused_before_anything_starts(tmp_path: Path) 
     with pytest.raises(InvalidInput, match="--tls-ca"):
         HyperSackServer(ServerSettings(listen="127.0.0.1:0", db=tmp_path / "s.db",
                                        tls_cert=certs / "server.crt"))
+    (tmp_path / "bad.crt").write_text("garbage\n")
+    with pytest.raises(InvalidInput, match="not a PEM certificate"):
+        HyperSackServer(ServerSettings(listen="127.0.0.1:0", db=tmp_path / "s.db",
+                                       tls_dir=certs, tls_cert=tmp_path / "bad.crt"))
+    node = tls.issue(certs, tls.NODE, "n1")
+    with pytest.raises(InvalidInput, match="is not the key of"):
+        HyperSackServer(ServerSettings(listen="127.0.0.1:0", db=tmp_path / "s.db",
+                                       tls_dir=certs, tls_key=node.key))
     with pytest.raises(InvalidInput, match="mutual-TLS"):
         HyperSackServer(ServerSettings(listen="127.0.0.1:0", db=tmp_path / "s.db",
                                        agent_listen="127.0.0.1:0"))
