@@ -60,6 +60,11 @@ def add_parsers(sub: Any) -> None:
     q.add_argument("--out", type=Path,
                    help="with --db: write the first token here (0600) instead of printing it")
     add_server_flag(q)
+    q = usub.add_parser("remove", help="remove a user and revoke their tokens (their "
+                        "studies stay)")
+    q.add_argument("name")
+    q.add_argument("--db", type=Path, help="work on the database directly (server stopped)")
+    add_server_flag(q)
     q = usub.add_parser("list", help="every user")
     q.add_argument("--db", type=Path, help="read the database directly (server stopped)")
     add_server_flag(q)
@@ -104,6 +109,9 @@ def run_admin(args: argparse.Namespace) -> int:
                 user = client.add_user(args.name, args.role)
                 print(f"added {user.name} ({user.role}); give them a token: hypersack token "
                       f"create {user.name}")
+            elif args.action == "remove":
+                user = client.remove_user(args.name)
+                print(f"removed {user.name}; their tokens are revoked")
             else:
                 for u in client.users():
                     print(f"{u.name}\t{u.role}\t{_when(u.created_at)}")
@@ -186,6 +194,9 @@ def _offline(args: argparse.Namespace) -> int:
                 record, secret = auth.create_token(LOCAL, user.name, "first token")
                 print(f"added {user.name} ({user.role.value})", file=sys.stderr)
                 _give(secret, record.id, user.name, args.out)
+            elif args.action == "remove":
+                user = auth.remove_user(LOCAL, args.name)
+                print(f"removed {user.name}; their tokens are revoked")
             else:
                 for u in auth.users(LOCAL):
                     print(f"{u.name}\t{u.role.value}\t{_when(u.created_at)}")

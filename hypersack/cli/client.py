@@ -124,6 +124,9 @@ class Client:
     def add_user(self, name: str, role: str) -> pb.User:
         return self._call("AddUser", pb.AddUserRequest(name=name, role=role))  # type: ignore[no-any-return]
 
+    def remove_user(self, name: str) -> pb.User:
+        return self._call("RemoveUser", pb.RemoveUserRequest(name=name))  # type: ignore[no-any-return]
+
     def users(self) -> list[pb.User]:
         return list(self._call("ListUsers", pb.ListUsersRequest()).users)
 

@@ -182,6 +182,28 @@ class Authenticator:
             self._users[name] = user
         return user
 
+    def remove_user(self, who: Principal, name: str) -> UserRecord:
+        """The user goes, and every token of theirs with them; their studies stay (an
+        admin still sees and cancels them)."""
+        self.require_admin(who, "removing a user")
+        if name == who.name:
+            raise InvalidInput("an admin cannot remove themselves (another admin can)")
+        with self._lock:
+            user = self._users.get(name)
+            if user is None:
+                raise NotFound(f"no user {name[:80]!r}")
+            now = self._clock.now()
+            revoked = [t.model_copy(update={"revoked_at": now}) for t in self._tokens.values()
+                       if t.user == name and not t.revoked_at]
+            with self._store.transaction():
+                for t in revoked:
+                    self._store.put_token(t)
+                self._store.remove_user(name)
+            for t in revoked:
+                self._tokens[t.id] = t
+            del self._users[name]
+        return user
+
     def users(self, who: Principal) -> list[UserRecord]:
         self.require_admin(who, "listing users")
         with self._lock:

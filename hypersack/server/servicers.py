@@ -213,6 +213,11 @@ class SchedulerServicer(pb_grpc.SchedulerServicer):
         return _user_pb(self._auth.add_user(self._who(context), request.name, request.role))
 
     @translated
+    def RemoveUser(self, request: pb.RemoveUserRequest, context: grpc.ServicerContext
+                   ) -> pb.User:
+        return _user_pb(self._auth.remove_user(self._who(context), request.name))
+
+    @translated
     def ListUsers(self, request: pb.ListUsersRequest, context: grpc.ServicerContext
                   ) -> pb.ListUsersResponse:
         return pb.ListUsersResponse(users=[_user_pb(u)

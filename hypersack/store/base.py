@@ -83,6 +83,10 @@ class Store(ABC):
         """Insert or replace the user of that name."""
 
     @abstractmethod
+    def remove_user(self, name: str) -> None:
+        """Removing an unknown user is not an error."""
+
+    @abstractmethod
     def list_users(self) -> list[UserRecord]:
         """By name."""
 

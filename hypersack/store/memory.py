@@ -138,6 +138,10 @@ class MemoryStore(Store):
     def put_user(self, user: UserRecord) -> None:
         self._set(self._users, user.name, user)
 
+    def remove_user(self, name: str) -> None:
+        if name in self._users:
+            self._set(self._users, name, _MISSING)
+
     def list_users(self) -> list[UserRecord]:
         return sorted(self._users.values(), key=lambda u: u.name)
 

@@ -257,6 +257,10 @@ class SqliteStore(Store):
             self._db.execute("INSERT OR REPLACE INTO users VALUES (?, ?)",
                              (user.name, user.model_dump_json()))
 
+    def remove_user(self, name: str) -> None:
+        with self.transaction():
+            self._db.execute("DELETE FROM users WHERE name=?", (name,))
+
     def list_users(self) -> list[UserRecord]:
         with self._lock:
             rows = self._db.execute("SELECT doc FROM users ORDER BY name").fetchall()

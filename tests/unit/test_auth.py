@@ -303,6 +303,15 @@ def test_user_and_token_management(secured: Secured) -> None:
     with secured.client("bob") as bob:
         with pytest.raises(PermissionDenied, match="carol"):
             bob.revoke_token(next(iter(ids)))
+        with pytest.raises(PermissionDenied, match="admin"):
+            bob.remove_user("carol")
+    with secured.client("root") as root:
+        root.remove_user("carol")
+        with pytest.raises(InvalidInput, match="themselves"):
+            root.remove_user("root")
+        assert all(t.revoked_at for t in root.tokens("carol"))
+    with secured.client(token=token) as carol, pytest.raises(Unauthenticated):
+        carol.whoami()
 
 
 # ----------------------------------------------------------------- set-up

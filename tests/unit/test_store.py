@@ -119,6 +119,28 @@ def test_nodes_and_profiles(store: Store) -> None:
     assert len(store.list_profiles()) == 2
 
 
+def test_users_and_tokens(store: Store) -> None:
+    from hypersack.core.types import Role, TokenRecord, UserRecord
+
+    alice = UserRecord(name="alice", role=Role.USER, created_at=1.0)
+    with store.transaction():
+        store.put_user(UserRecord(name="root", role=Role.ADMIN))
+        store.put_user(alice)
+        store.put_token(TokenRecord(id="0a", user="alice", sha256="f" * 64))
+    assert [u.name for u in store.list_users()] == ["alice", "root"]
+    revoked = TokenRecord(id="0a", user="alice", sha256="f" * 64, revoked_at=5.0)
+    with pytest.raises(RuntimeError), store.transaction():
+        store.put_token(revoked)
+        store.remove_user("alice")
+        raise RuntimeError("rolled back")
+    assert store.list_users()[0] == alice and store.list_tokens()[0].revoked_at == 0.0
+    store.put_token(revoked)
+    store.remove_user("alice")
+    store.remove_user("nobody")  # not an error
+    assert [u.name for u in store.list_users()] == ["root"]
+    assert store.list_tokens() == [revoked]
+
+
 def test_sqlite_survives_reopening(tmp_path: Path) -> None:
     path = tmp_path / "state.db"
     s, trials = study()

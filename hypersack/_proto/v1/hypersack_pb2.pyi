@@ -30,6 +30,12 @@ class AddUserRequest(_message.Message):
     role: str
     def __init__(self, name: _Optional[str] = ..., role: _Optional[str] = ...) -> None: ...
 
+class RemoveUserRequest(_message.Message):
+    __slots__ = ("name",)
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    def __init__(self, name: _Optional[str] = ...) -> None: ...
+
 class ListUsersRequest(_message.Message):
     __slots__ = ()
     def __init__(self) -> None: ...

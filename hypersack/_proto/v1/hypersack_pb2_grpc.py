@@ -101,6 +101,11 @@ class SchedulerStub(object):
                 request_serializer=hypersack_dot___proto_dot_v1_dot_hypersack__pb2.AddUserRequest.SerializeToString,
                 response_deserializer=hypersack_dot___proto_dot_v1_dot_hypersack__pb2.User.FromString,
                 _registered_method=True)
+        self.RemoveUser = channel.unary_unary(
+                '/hypersack.v1.Scheduler/RemoveUser',
+                request_serializer=hypersack_dot___proto_dot_v1_dot_hypersack__pb2.RemoveUserRequest.SerializeToString,
+                response_deserializer=hypersack_dot___proto_dot_v1_dot_hypersack__pb2.User.FromString,
+                _registered_method=True)
         self.ListUsers = channel.unary_unary(
                 '/hypersack.v1.Scheduler/ListUsers',
                 request_serializer=hypersack_dot___proto_dot_v1_dot_hypersack__pb2.ListUsersRequest.SerializeToString,
@@ -212,6 +217,12 @@ class SchedulerServicer(object):
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def RemoveUser(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def ListUsers(self, request, context):
         """Missing associated documentation comment in .proto file."""
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
@@ -302,6 +313,11 @@ def add_SchedulerServicer_to_server(servicer, server):
             'AddUser': grpc.unary_unary_rpc_method_handler(
                     servicer.AddUser,
                     request_deserializer=hypersack_dot___proto_dot_v1_dot_hypersack__pb2.AddUserRequest.FromString,
+                    response_serializer=hypersack_dot___proto_dot_v1_dot_hypersack__pb2.User.SerializeToString,
+            ),
+            'RemoveUser': grpc.unary_unary_rpc_method_handler(
+                    servicer.RemoveUser,
+                    request_deserializer=hypersack_dot___proto_dot_v1_dot_hypersack__pb2.RemoveUserRequest.FromString,
                     response_serializer=hypersack_dot___proto_dot_v1_dot_hypersack__pb2.User.SerializeToString,
             ),
             'ListUsers': grpc.unary_unary_rpc_method_handler(
@@ -677,6 +693,33 @@ class Scheduler(object):
             target,
             '/hypersack.v1.Scheduler/AddUser',
             hypersack_dot___proto_dot_v1_dot_hypersack__pb2.AddUserRequest.SerializeToString,
+            hypersack_dot___proto_dot_v1_dot_hypersack__pb2.User.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def RemoveUser(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/hypersack.v1.Scheduler/RemoveUser',
+            hypersack_dot___proto_dot_v1_dot_hypersack__pb2.RemoveUserRequest.SerializeToString,
             hypersack_dot___proto_dot_v1_dot_hypersack__pb2.User.FromString,
             options,
             channel_credentials,
