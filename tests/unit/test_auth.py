@@ -422,3 +422,37 @@ def test_study_owner_survives_a_restart(tmp_path: Path) -> None:
             assert json.loads(c.study(study.id).space_json)["name"] == "tiny"
     finally:
         server.stop(0)
+
+
+# ----------------------------------------------------------------- hostile bytes
+from hypothesis import HealthCheck, given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+from hypersack.server.auth import bearer  # noqa: E402
+from hypersack.store.memory import MemoryStore  # noqa: E402
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.tuples(st.sampled_from(["authorization", "Authorization", "x"]),
+                          st.one_of(st.text(max_size=120), st.binary(max_size=120))),
+                max_size=4))
+def test_no_header_authenticates_without_a_real_token(headers: list[tuple[str, object]]) -> None:
+    store = MemoryStore()
+    auth = Authenticator(store, enabled=True)
+    auth.add_user(LOCAL, "alice", "user")
+    auth.create_token(LOCAL, "alice")
+    token = bearer(headers)  # type: ignore[arg-type]
+    with pytest.raises(Unauthenticated):
+        auth.client(token, None)
+
+
+@settings(max_examples=100, deadline=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(st.binary(max_size=2048))
+def test_hostile_certificate_files_are_refused_in_one_line(tmp_path: Path, data: bytes) -> None:
+    path = tmp_path / "x.crt"
+    path.write_bytes(b"-----BEGIN CERTIFICATE-----\n" + data if data[:1] == b"\x00" else data)
+    assert tls.identity_of(path.read_bytes()) is None
+    with pytest.raises(InvalidInput) as err:
+        tls.checked((path, None, None))
+    assert "\n" not in str(err.value)
