@@ -464,9 +464,8 @@ class Agent:
             elif code != 0:
                 why = f"exit code {code}"
             else:
-                why = (f"the program ended before {m.warmup + m.iterations} iterations were "
-                       "timed (call hypersack.runner.sdk.iteration() once per training "
-                       "iteration, and keep training while sdk.profile_iterations() asks)")
+                why = ("the program ended without marking an iteration (call "
+                       "hypersack.runner.sdk.iteration() once per training iteration)")
             return pb.AgentMessage(profile=pb.ProfileResult(
                 key=m.key, arch=m.arch, ok=False,
                 error=f"{why}; log tail: {job.log_tail(1000)}"))

@@ -47,7 +47,7 @@ def argv_for(program: Program, fields: dict[str, Any]) -> list[str]:
         name = match.group(1)
         if name not in values:
             raise InvalidInput(f"command template: no value for {{{name}}}")
-        return str(values[name])
+        return as_text(values[name])
 
     return [PLACEHOLDER.sub(fill, arg) for arg in shlex.split(program.command)]
 
@@ -68,6 +68,14 @@ def open_regular(path: Path, mode: str) -> IO[bytes]:
     except BaseException:
         os.close(fd)
         raise
+
+
+def as_text(value: Any) -> str:
+    """A value as a program's argument: a whole float is written as an integer (`6`, not
+    `6.0`, which `int()` and argparse's `type=int` refuse); others as Python writes them."""
+    if isinstance(value, float) and value.is_integer() and abs(value) < 2**53:
+        return str(int(value))
+    return str(value)
 
 
 @dataclass

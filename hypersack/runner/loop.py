@@ -17,8 +17,9 @@ class Epochs:
         self.samples, self.batch, self.rng = samples, batch, rng
         self.iters_per_epoch = math.ceil(samples / batch)
         self.profiling = sdk.profiling()
-        # A profile run goes on until the SDK has timed enough iterations.
-        self.total = max(1, round(epochs * self.iters_per_epoch), sdk.profile_iterations())
+        # A profile run ends when the SDK has timed enough iterations, or with the trial:
+        # it is never longer than the trial itself.
+        self.total = max(1, round(epochs * self.iters_per_epoch))
         self._order = np.arange(samples)
         self.steps = 0
         self._data_s = self._compute_s = 0.0

@@ -8,13 +8,15 @@ needs no network and nothing is lost if the agent reconnects meanwhile:
 - `iteration()` marks one training iteration. In a profile run (the agent sets
   `$HYPERSACK_PROFILE_FILE`), it times the iterations after the warm-up ones and,
   once enough are measured, writes seconds per iteration, the share spent loading
-  data and the iterations per epoch to that file and ends the process (exit 0).
+  data and the iterations per epoch to that file and ends the process (exit 0). A
+  program that ends first is measured on what it ran.
 - `out_of_memory()` ends the process with the exit code the agent reports as an
   out-of-memory death, so the scheduler retries with a larger memory demand.
 """
 
 from __future__ import annotations
 
+import atexit
 import json
 import math
 import os
@@ -75,14 +77,16 @@ class _Profile:
         self.cpu: list[float] = []
         self.data_s: list[float] = []
         self.info: dict[str, Any] = {}
+        self.iters_per_epoch = 0
+        self.written = False
 
 
 _profile = _Profile()
 
 
 def profile_iterations() -> int:
-    """Iterations a profile run needs (warm-up plus timed); 0 outside a profile run. A
-    program that trains fewer should keep going (repeating epochs) while profiling."""
+    """Iterations a profile run wants (warm-up plus timed); 0 outside a profile run. A
+    program that trains fewer is measured on those it trains."""
     if ENV_PROFILE not in os.environ:
         return 0
     return (max(1, int(os.environ.get(ENV_PROFILE_WARMUP, "1")))
@@ -102,28 +106,50 @@ def iteration(data_s: float = 0.0, iters_per_epoch: int = 1) -> None:
     pipeline set-up) are not timed; the next `$HYPERSACK_PROFILE_ITERATIONS` (default
     10) are. The result holds the median seconds per iteration, the share of them spent
     loading data, the set-up time from process start to the first iteration, the CPU
-    cores used and the peak resident memory; then the process ends with exit code 0."""
+    cores used and the peak resident memory; then the process ends with exit code 0.
+    A program that ends sooner is measured on the iterations it ran (at least one; the
+    result says how many): a profile is never longer than the trial itself."""
     path = os.environ.get(ENV_PROFILE)
     if path is None:
         return
     p = _profile
+    if not p.marks:
+        atexit.register(_write_profile, path, iters_per_epoch)
     p.marks.append(time.perf_counter())
     p.cpu.append(time.process_time())
     p.data_s.append(data_s)
-    warmup = max(1, int(os.environ.get(ENV_PROFILE_WARMUP, "1")))
+    p.iters_per_epoch = iters_per_epoch
     if len(p.marks) < profile_iterations():
         return
-    # Iteration k (1-based) ends at marks[k-1]; the timed ones are warmup+1 .. warmup+wanted.
-    times = [b - a for a, b in zip(p.marks[warmup - 1:], p.marks[warmup:], strict=False)]
+    _write_profile(path, iters_per_epoch)
+    sys.exit(0)
+
+
+def _write_profile(path: str, iters_per_epoch: int) -> None:
+    p = _profile
+    if p.written or not p.marks:
+        return
+    p.written = True
+    iters_per_epoch = p.iters_per_epoch or iters_per_epoch
+    # Warm-up iterations are skipped while at least one timed iteration is left.
+    warmup = min(max(1, int(os.environ.get(ENV_PROFILE_WARMUP, "1"))), len(p.marks) - 1)
+    if warmup > 0:
+        # Iteration k (1-based) ends at marks[k-1]; the timed ones follow the warm-up.
+        times = [b - a for a, b in zip(p.marks[warmup - 1:], p.marks[warmup:], strict=False)]
+        cpu_s = p.cpu[-1] - p.cpu[warmup - 1]
+    else:
+        # One iteration in all: timed from the SDK's import, set-up included (an upper
+        # bound, which is the safe side for a demand).
+        times = [p.marks[0] - _IMPORTED]
+        cpu_s = p.cpu[0] - _IMPORTED_CPU
     data = p.data_s[warmup:]
     total = sum(times)
     # The median: one iteration slowed by a neighbour on a shared node (or a garbage
     # collection) would otherwise move a whole trial's inferred run time.
     iter_time = statistics.median(times)
-    cpu_s = p.cpu[-1] - p.cpu[warmup - 1]
     # Set-up: from process start to the start of the first iteration, taken as the end
     # of the first one less one timed iteration.
-    setup = max(0.0, p.marks[0] - iter_time - _process_start_perf())
+    setup = max(0.0, p.marks[0] - iter_time - _process_start_perf()) if warmup else 0.0
     result = {
         "cpu_cores": cpu_s / total if total > 0 else 0.0,
         "peak_rss_mib": _peak_rss_mib(),
@@ -139,7 +165,6 @@ def iteration(data_s: float = 0.0, iters_per_epoch: int = 1) -> None:
     with open(tmp, "w") as f:
         json.dump(result, f)
     os.replace(tmp, path)
-    sys.exit(0)
 
 
 def _process_start_perf() -> float:
@@ -154,6 +179,7 @@ def _process_start_perf() -> float:
 
 
 _IMPORTED = time.perf_counter()
+_IMPORTED_CPU = time.process_time()
 
 
 def _peak_rss_mib() -> float:

@@ -136,14 +136,42 @@ def test_zoo_model_trains_and_profiles_on_the_cpu(tmp_path: Path, model: str) ->
     assert done.returncode == 0, done.stderr
     lines = metric_lines(tmp_path)
     assert [m["epoch"] for m in lines] == [1, 2] and all(0 <= m["accuracy"] <= 1 for m in lines)
-    # A profile run of a trial shorter than warm-up + timed iterations keeps training.
+    # A profile run of a trial shorter than warm-up + timed iterations is measured on
+    # what it ran (two iterations: one warm-up, one timed), never longer than the trial.
     prof_dir = tmp_path / "p"
     prof_dir.mkdir()
     done = run_train({"model": model, "batch_size": 16}, {**options, "train_samples": 32}, 1,
                      prof_dir, profile=True)
     assert done.returncode == 0, done.stderr
     result = json.loads((prof_dir / "profile.json").read_text())
-    assert result["iterations"] == 4 and result["iters_per_epoch"] == 2
+    assert result["iterations"] == 1 and result["iters_per_epoch"] == 2
     assert result["iter_time_s"] > 0 and result["setup_s"] > 0
     assert result["eval_s_per_epoch"] > 0 and "torch=" in result["versions"]
     assert not (prof_dir / "metrics.jsonl").exists()  # no epoch report inside the timing
+
+
+@pytest.mark.parametrize("marks,timed", [(1, 1), (3, 2), (30, 10)])
+def test_a_profile_measures_what_a_short_program_runs(tmp_path: Path, marks: int,
+                                                      timed: int) -> None:
+    program = ("from hypersack.runner import sdk\nimport time\n"
+               f"for _ in range({marks}):\n    time.sleep(0.01)\n"
+               "    sdk.iteration(iters_per_epoch=5)\nprint('trained')\n")
+    env = {**os.environ, sdk.ENV_PROFILE: str(tmp_path / "profile.json"),
+           sdk.ENV_PROFILE_ITERATIONS: "10", sdk.ENV_PROFILE_WARMUP: "1"}
+    done = subprocess.run([sys.executable, "-c", program], env=env, capture_output=True,
+                          text=True, timeout=60, cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    # Ten timed iterations end the run early; fewer, and the program runs to its end.
+    assert ("trained" in done.stdout) == (marks < 11)
+    result = json.loads((tmp_path / "profile.json").read_text())
+    assert result["iterations"] == timed and result["iters_per_epoch"] == 5
+    assert 0.009 < result["iter_time_s"] < 5
+
+
+def test_whole_numbers_stay_integers_in_commands() -> None:
+    from hypersack.agent.launcher import argv_for
+    from hypersack.grid.space import Program
+
+    argv = argv_for(Program(command="./t --epochs {epochs} --lr {lr} --bs {batch_size}"),
+                    {"epochs": 6.0, "lr": 0.5, "batch_size": 64})
+    assert argv == ["./t", "--epochs", "6", "--lr", "0.5", "--bs", "64"]
