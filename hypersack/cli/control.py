@@ -24,8 +24,14 @@ from hypersack.core.errors import InvalidInput
 from hypersack.core.files import read_text_file
 
 STATE_STYLE = {"PENDING": "dim", "PROFILING": "cyan", "RUNNING": "yellow",
-               "COMPLETED": "green", "FAILED": "bold red", "CANCELLED": "magenta"}
-TERMINAL = ("COMPLETED", "FAILED", "CANCELLED")
+               "COMPLETED": "green", "FAILED": "bold red", "DIVERGED": "red",
+               "CANCELLED": "magenta"}
+TERMINAL = ("COMPLETED", "FAILED", "DIVERGED", "CANCELLED")
+
+
+def exit_code(study: pb.Study) -> int:
+    """0 for a COMPLETED study (some trials may have failed: it says so), 1 otherwise."""
+    return 0 if study.state == "COMPLETED" else 1
 
 
 def add_parsers(sub: Any) -> None:
@@ -79,8 +85,7 @@ def run_control(args: argparse.Namespace) -> int:
         if cmd == "status":
             return _status(client, args, console)
         if cmd == "watch":
-            watch(client, args.study, console)
-            return 0
+            return exit_code(watch(client, args.study, console))
         if cmd == "cancel":
             study = client.cancel(args.study)
             console.print(f"{safe(study.id)}: {safe(study.state)}")
@@ -107,7 +112,7 @@ def _submit(client: Client, args: argparse.Namespace, console: Console) -> int:
     study = client.submit(read_text_file(path, "search space file"), str(path))
     console.print(f"submitted {safe(study.id)}: {sum(study.counts.values())} trials")
     if args.watch:
-        watch(client, study.id, console)
+        return exit_code(watch(client, study.id, console))
     return 0
 
 
@@ -154,8 +159,11 @@ def watch(client: Client, study_id: str, console: Console) -> pb.Study:
     columns = (TextColumn("{task.description}"), BarColumn(),
                TextColumn("{task.completed}/{task.total}"), TextColumn("{task.fields[detail]}"),
                TimeElapsedColumn())
+    first = client.study(study_id)  # the total from the start, not "0/None"
     with Progress(*columns, console=console, transient=False) as progress:
-        task = progress.add_task(safe(study_id), total=None, detail="")
+        task = progress.add_task(safe(study_id), total=sum(first.counts.values()) or None,
+                                 completed=sum(first.counts.get(k, 0) for k in TERMINAL),
+                                 detail="")
         for update in client.watch(study_id):
             s = update.study
             last = s
@@ -171,7 +179,22 @@ def watch(client: Client, study_id: str, console: Console) -> pb.Study:
     if last is None:
         last = client.study(study_id)
     console.print(f"{safe(last.id)}: {safe(last.state)}, {_counts_line(last.counts)}")
+    print_outcome(last, console)
     return last
+
+
+def print_outcome(study: pb.Study, console: Console) -> None:
+    """What a person must not miss: trials that did not complete, and the warnings."""
+    total = sum(study.counts.values())
+    bad = sum(study.counts.get(k, 0) for k in ("FAILED", "DIVERGED"))
+    if study.state == "FAILED":
+        console.print(f"[bold red]{safe(study.id)} failed: none of its {total} trials "
+                      "completed[/] (hypersack logs TRIAL says why)")
+    elif bad:
+        console.print(f"[red]{bad} of {total} trials did not complete[/] (failed or "
+                      "diverged: hypersack logs TRIAL)")
+    for warning in study.warnings:
+        console.print(f"[yellow]warning:[/] {safe(warning)}")
 
 
 def print_nodes(nodes: list[pb.Node], console: Console) -> None:

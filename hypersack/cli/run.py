@@ -13,7 +13,7 @@ from hypersack.agent.agent import Agent
 from hypersack.agent.devices import BACKENDS, make_backend
 from hypersack.agent.guard import CommandPolicy
 from hypersack.cli.client import Client
-from hypersack.cli.control import make_console, print_results, watch
+from hypersack.cli.control import exit_code, make_console, print_results, watch
 from hypersack.core.errors import HyperSackError
 from hypersack.core.files import read_text_file
 from hypersack.grid.space import load_space
@@ -85,15 +85,15 @@ def run_embedded(args: argparse.Namespace) -> int:
                 raise HyperSackError(f"the local agent stopped: {failure[0]}")
             print_results(client, study.id, "table", args.top, console)
             jobs = server.service.stats["profile_jobs"]
-            why = "new workloads measured" if jobs else "the history knew every workload"
+            failed_jobs = server.service.stats["profiles_failed"]
+            why = ("the history knew every workload" if not jobs else
+                   f"{jobs - failed_jobs} new workload(s) measured"
+                   + (f", [red]{failed_jobs} failed[/]" if failed_jobs else ""))
             console.print(f"profile jobs: {jobs} ({why}; `hypersack profiles --db "
                           f"{state / 'run.db'}` lists the history)")
-            failed = last.counts.get("FAILED", 0)
-            if failed:
-                console.print(f"[red]{failed} trial(s) failed[/]; see `hypersack logs TRIAL` "
-                              "while a server runs, or the log under "
-                              f"{state / 'work'}")
-            return 1 if failed or last.state != "COMPLETED" else 0
+            if last.state != "COMPLETED" or last.counts.get("FAILED", 0):
+                console.print(f"trial logs are under {state / 'work'}")
+            return exit_code(last)
     except KeyboardInterrupt:
         console.print(f"interrupted; {study_id or 'the study'} is cancelled")
         if study_id:

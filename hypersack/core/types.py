@@ -115,16 +115,19 @@ class TrialState(str, Enum):
     RUNNING = "RUNNING"
     COMPLETED = "COMPLETED"
     FAILED = "FAILED"
+    DIVERGED = "DIVERGED"  # stopped early: a non-finite objective, or past a stop_if bound
     CANCELLED = "CANCELLED"
 
     @property
     def terminal(self) -> bool:
-        return self in (TrialState.COMPLETED, TrialState.FAILED, TrialState.CANCELLED)
+        return self in (TrialState.COMPLETED, TrialState.FAILED, TrialState.DIVERGED,
+                        TrialState.CANCELLED)
 
 
 class StudyState(str, Enum):
     ACTIVE = "ACTIVE"
-    COMPLETED = "COMPLETED"
+    COMPLETED = "COMPLETED"  # every trial ended, at least one of them COMPLETED
+    FAILED = "FAILED"  # every trial ended, none COMPLETED (failed or diverged)
     CANCELLED = "CANCELLED"
 
 
@@ -161,6 +164,7 @@ class StudyRecord(Frozen):
     submitted_at: float = 0.0
     seq: int = 0
     owner: str = ""  # the user who submitted it; "" before authentication existed
+    warnings: tuple[str, ...] = ()  # said once each, for people (a missing objective, ...)
 
 
 class Role(str, Enum):

@@ -15,6 +15,7 @@ from pydantic import (
     BaseModel,
     ConfigDict,
     Field,
+    StringConstraints,
     ValidationError,
     ValidationInfo,
     field_validator,
@@ -224,6 +225,23 @@ class Objective(_Spec):
     mode: Literal["min", "max"] = "min"
 
 
+class StopBound(_Spec):
+    """A trial whose metric goes past a bound is stopped as DIVERGED (its capacity freed)."""
+
+    above: float | None = None
+    below: float | None = None
+
+    @model_validator(mode="after")
+    def _one(self) -> StopBound:
+        if self.above is None and self.below is None:
+            raise ValueError("give above, below or both")
+        return self
+
+
+MetricName = Annotated[str, StringConstraints(min_length=1, max_length=64,
+                                              pattern=r"^[A-Za-z0-9_][A-Za-z0-9_.:/-]*$")]
+
+
 class Settings(_Spec):
     epochs: Epochs = 1.0
     retries: int = Field(default=2, ge=0, le=MAX_RETRIES)
@@ -231,6 +249,8 @@ class Settings(_Spec):
     oversubscription: dict[str, float] = Field(default_factory=dict)
     max_trials: int = Field(default=100_000, ge=1, le=MAX_TRIALS_CAP)
     objective: Objective = Field(default_factory=Objective)
+    # Stop a trial as DIVERGED once a metric goes past a bound: {loss: {above: 1.0e6}}.
+    stop_if: dict[MetricName, StopBound] = Field(default_factory=dict, max_length=16)
 
     @field_validator("oversubscription")
     @classmethod

@@ -10,13 +10,17 @@ S = TrialState
 TRANSITIONS: dict[TrialState, frozenset[TrialState]] = {
     # PENDING <-> PROFILING: the workload waits for (or regains) a profile.
     # PENDING -> COMPLETED: the exit of its last attempt arrived after a brief node loss.
-    S.PENDING: frozenset({S.PROFILING, S.RUNNING, S.COMPLETED, S.FAILED, S.CANCELLED}),
+    S.PENDING: frozenset({S.PROFILING, S.RUNNING, S.COMPLETED, S.FAILED, S.DIVERGED,
+                          S.CANCELLED}),
     # PROFILING -> RUNNING: a reconnecting agent reports it still runs the trial.
     S.PROFILING: frozenset({S.PENDING, S.RUNNING, S.FAILED, S.CANCELLED}),
     # RUNNING -> PENDING: retried after a failure, out of memory, or a lost node.
-    S.RUNNING: frozenset({S.PENDING, S.COMPLETED, S.FAILED, S.CANCELLED}),
+    # PENDING -> DIVERGED: likewise, with a non-finite objective.
+    # RUNNING -> DIVERGED: it reported a non-finite objective or crossed a stop_if bound.
+    S.RUNNING: frozenset({S.PENDING, S.COMPLETED, S.FAILED, S.DIVERGED, S.CANCELLED}),
     S.COMPLETED: frozenset(),
     S.FAILED: frozenset(),
+    S.DIVERGED: frozenset(),
     S.CANCELLED: frozenset(),
 }
 

@@ -68,6 +68,7 @@ class TrialProgress:
     step: int
     metrics: dict[str, float] = field(default_factory=dict)
     attempt: int = 0
+    nonfinite: tuple[str, ...] = ()  # metrics it reported as NaN or infinite
 
 
 @dataclass(frozen=True)
@@ -78,6 +79,7 @@ class TrialFinished:
     objective: float | None = None  # None: the study's objective metric, if reported
     log_tail: str = ""
     attempt: int = 0
+    nonfinite: tuple[str, ...] = ()  # metrics it reported as NaN or infinite
 
 
 @dataclass(frozen=True)

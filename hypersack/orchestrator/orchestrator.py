@@ -50,6 +50,7 @@ from hypersack.orchestrator.events import (
     TrialStarted,
 )
 from hypersack.orchestrator.journal import Journal, journaled
+from hypersack.orchestrator.outcomes import divergence, missing_objective
 from hypersack.orchestrator.retries import after_failure, after_out_of_memory
 from hypersack.policies.base import ClusterView, Item, Need, Plan, Policy, check_plan
 from hypersack.policies.registry import make_policy
@@ -317,8 +318,21 @@ class Orchestrator:
         return handler(event)
 
     def _on_progress(self, event: TrialProgress | TrialStarted) -> list[Command]:
-        self._running_on(event.trial_id, event.node, event.attempt)
-        return []
+        t = self._running_on(event.trial_id, event.node, event.attempt)
+        if not isinstance(event, TrialProgress):
+            return []
+        why = divergence(self._spaces[t.study_id].settings, event.metrics, event.nonfinite)
+        if why is None:
+            return []
+        # Stopped now: its capacity goes to a trial that may still converge.
+        node = t.node
+        self._release(t.id)
+        self._set(t, state=TrialState.DIVERGED, node=None, gpu_index=None, reason=why,
+                  metrics=dict(event.metrics), finished_at=self._clock.now())
+        self._maybe_done(t.study_id)
+        log.info("%s %s", t.id, why)
+        return [KillTrial(t.id, node or event.node, why, attempt=t.launches),
+                *self._schedule()]
 
     def _on_heartbeat(self, event: Heartbeat) -> list[Command]:
         node = self._cluster.live(event.node)
@@ -473,14 +487,31 @@ class Orchestrator:
     def _on_finished(self, event: TrialFinished) -> list[Command]:
         t = self._running_on(event.trial_id, event.node, event.attempt, exit=True)
         self._release(t.id)
+        settings = self._spaces[t.study_id].settings
         objective = event.objective
         if objective is None:
-            objective = event.metrics.get(self._spaces[t.study_id].settings.objective.metric)
-        self._set(t, state=TrialState.COMPLETED, metrics=dict(event.metrics),
-                  objective=objective, finished_at=self._clock.now(), reason="",
+            objective = event.metrics.get(settings.objective.metric)
+        why = divergence(settings, event.metrics, event.nonfinite)
+        missing = None if why or objective is not None else \
+            missing_objective(settings, event.metrics)
+        self._set(t, state=TrialState.DIVERGED if why else TrialState.COMPLETED,
+                  metrics=dict(event.metrics), objective=None if why else objective,
+                  finished_at=self._clock.now(), reason=why or missing or "",
                   log_tail=event.log_tail[-4000:])
+        if missing:
+            self._warn(t.study_id, missing)
         self._maybe_done(t.study_id)
         return self._schedule()
+
+    def _warn(self, study_id: str, text: str) -> None:
+        """A warning on the study, once: the first trial that gives cause says it."""
+        study = self._studies[study_id]
+        if len(study.warnings) >= 8 or any(w.split(" (")[0] == text.split(" (")[0]
+                                           for w in study.warnings):
+            return
+        self._studies[study_id] = study.model_copy(update={"warnings": (*study.warnings, text)})
+        self._dirty_studies.add(study_id)
+        log.warning("study %s: %s", study_id, text)
 
     def _on_failed(self, event: TrialFailed) -> list[Command]:
         t = self._running_on(event.trial_id, event.node, event.attempt, exit=True)
@@ -593,8 +624,12 @@ class Orchestrator:
     def _maybe_done(self, study_id: str) -> None:
         study = self._studies[study_id]
         if study.state == StudyState.ACTIVE and self._open[study_id] == 0:
-            self._set_study(study, StudyState.COMPLETED)
-            log.info("study %s completed", study_id)
+            states = [self._trials[i].state for i in self._by_study[study_id]]
+            # Every trial failed or diverged: the study failed, and says so.
+            done = (StudyState.COMPLETED if TrialState.COMPLETED in states
+                    else StudyState.FAILED)
+            self._set_study(self._studies[study_id], done)
+            log.info("study %s %s", study_id, done.value.lower())
 
     def _flush(self) -> None:
         # An id whose record a refused event added and the journal took back is skipped.

@@ -65,6 +65,7 @@ from hypersack.wire.convert import (
     key_from_pb,
     key_to_pb,
     node_from_register,
+    nonfinite_names,
     profile_from_pb,
     program_to_pb,
 )
@@ -124,7 +125,7 @@ class SchedulerService:
         self._stop = threading.Event()
         self._ticker: threading.Thread | None = None
         self.stats = {"events": 0, "heartbeats": 0, "stale": 0, "refused": 0, "batches": 0,
-                      "failed_batches": 0, "profile_jobs": 0}
+                      "failed_batches": 0, "profile_jobs": 0, "profiles_failed": 0}
         self._inbox: queue.Queue[tuple[AgentSession, pb.AgentMessage]] = queue.Queue()
         self.max_watches = max_watches
         self.max_watches_per_client = max(1, max_watches // 4)
@@ -192,6 +193,7 @@ class SchedulerService:
             self.stats["failed_batches"] += 1
             return
         self.stats["events"] += len(events) - len(result.stale) - len(result.refused)
+        self.stats["profiles_failed"] += sum(isinstance(e, ProfileFailed) for e in events)
         self.stats["stale"] += len(result.stale)
         self.stats["refused"] += len(result.refused)
         self.stats["batches"] += 1
@@ -465,7 +467,7 @@ class SchedulerService:
         if kind == "metrics":
             m = msg.metrics
             return TrialProgress(m.trial_id, node, int(m.step), clean_metrics(m.metrics),
-                                 m.attempt)
+                                 m.attempt, nonfinite_names(m.metrics))
         if kind == "exited":
             return self._exit_event(node, msg.exited)
         if kind == "profile":
@@ -479,7 +481,7 @@ class SchedulerService:
         tail = e.log_tail[-LOG_TAIL_CHARS:]
         if e.exit_code == 0:
             return TrialFinished(e.trial_id, node, clean_metrics(e.metrics), log_tail=tail,
-                                 attempt=e.attempt)
+                                 attempt=e.attempt, nonfinite=nonfinite_names(e.metrics))
         if e.out_of_memory or e.exit_code == OOM_EXIT_CODE:
             return TrialOutOfMemory(e.trial_id, node, clean_memory(e.peak_memory_mib),
                                     attempt=e.attempt)

@@ -96,12 +96,18 @@ def clean_metrics(values: Any) -> dict[str, float]:
     return out
 
 
+def nonfinite_names(values: Any) -> tuple[str, ...]:
+    """The (short) names of the metrics reported as NaN or infinite: a diverged trial."""
+    return tuple(str(name) for name, value in sorted(dict(values).items())[:MAX_METRICS]
+                 if len(name) <= MAX_METRIC_NAME and not math.isfinite(value))
+
+
 def study_to_pb(study: StudyRecord, counts: dict[str, int], objective: Objective) -> pb.Study:
     return pb.Study(id=study.id, name=study.name, state=study.state.value,
                     submitted_at=study.submitted_at, counts=counts,
                     space_json=json.dumps(study.space, sort_keys=True),
                     objective_metric=objective.metric, objective_mode=objective.mode,
-                    owner=study.owner)
+                    owner=study.owner, warnings=list(study.warnings))
 
 
 def trial_to_pb(t: TrialRecord) -> pb.Trial:

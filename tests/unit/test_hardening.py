@@ -107,11 +107,12 @@ def test_heartbeat_with_huge_and_non_finite_observations_is_clamped(
         trial_id=launch.trial_id, exit_code=0, metrics={"loss": math.inf, "acc": 0.5})))
     deadline = time.monotonic() + 10
     with Client(server.address) as c:
-        while c.trial(launch.trial_id).state != "COMPLETED":
+        while c.trial(launch.trial_id).state != "DIVERGED":
             assert time.monotonic() < deadline
             time.sleep(0.05)
         t = c.trial(launch.trial_id)
         assert dict(t.metrics) == {"acc": 0.5}  # the infinite loss is not stored
+        assert "loss is NaN or infinite" in t.reason and not t.has_objective
         (node,) = c.nodes()
         assert [g.index for g in node.gpus] == [0]
         assert node.gpus[0].utilization_pct == 0.0 and node.gpus[0].memory_used_mib == 0

@@ -104,7 +104,8 @@ def test_failed_trial_is_retried_then_failed_with_its_log() -> None:
     t = store.get_trial(tid)
     assert t.state == TrialState.FAILED and t.log_tail == "Traceback: boom again"
     assert "failed 2 times" in t.reason and t.launches == 2
-    assert orch.study(t.study_id).state == StudyState.COMPLETED
+    # Its only trial failed: the study failed, and says so.
+    assert orch.study(t.study_id).state == StudyState.FAILED
 
 
 def test_out_of_memory_returns_to_pending_with_more_memory_and_no_failure() -> None:

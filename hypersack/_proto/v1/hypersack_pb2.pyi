@@ -197,7 +197,7 @@ class ImportProfilesResponse(_message.Message):
     def __init__(self, imported: _Optional[int] = ..., kept: _Optional[int] = ...) -> None: ...
 
 class Study(_message.Message):
-    __slots__ = ("id", "name", "state", "submitted_at", "counts", "space_json", "objective_metric", "objective_mode", "owner")
+    __slots__ = ("id", "name", "state", "submitted_at", "counts", "space_json", "objective_metric", "objective_mode", "owner", "warnings")
     class CountsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -214,6 +214,7 @@ class Study(_message.Message):
     OBJECTIVE_METRIC_FIELD_NUMBER: _ClassVar[int]
     OBJECTIVE_MODE_FIELD_NUMBER: _ClassVar[int]
     OWNER_FIELD_NUMBER: _ClassVar[int]
+    WARNINGS_FIELD_NUMBER: _ClassVar[int]
     id: str
     name: str
     state: str
@@ -223,7 +224,8 @@ class Study(_message.Message):
     objective_metric: str
     objective_mode: str
     owner: str
-    def __init__(self, id: _Optional[str] = ..., name: _Optional[str] = ..., state: _Optional[str] = ..., submitted_at: _Optional[float] = ..., counts: _Optional[_Mapping[str, int]] = ..., space_json: _Optional[str] = ..., objective_metric: _Optional[str] = ..., objective_mode: _Optional[str] = ..., owner: _Optional[str] = ...) -> None: ...
+    warnings: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, id: _Optional[str] = ..., name: _Optional[str] = ..., state: _Optional[str] = ..., submitted_at: _Optional[float] = ..., counts: _Optional[_Mapping[str, int]] = ..., space_json: _Optional[str] = ..., objective_metric: _Optional[str] = ..., objective_mode: _Optional[str] = ..., owner: _Optional[str] = ..., warnings: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class Trial(_message.Message):
     __slots__ = ("id", "study_id", "state", "params_json", "workload", "node", "gpu_index", "failures", "launches", "metrics", "has_objective", "objective", "reason", "log_tail", "started_at", "finished_at")

@@ -1,0 +1,134 @@
+"""Honest outcomes: a diverged trial stops at once and frees its GPU, a study none of
+whose trials completed is FAILED, a missing objective metric is said once, and the CLI
+exits non-zero for a study that did not complete."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from hypersack.cli.main import main
+from hypersack.core.cluster import parse_shorthand
+from hypersack.core.errors import InvalidInput, StaleEvent
+from hypersack.core.types import StudyState, TrialState
+from hypersack.grid.space import parse_space
+from hypersack.orchestrator import (
+    KillTrial,
+    NodeJoined,
+    StudySubmitted,
+    TrialFailed,
+    TrialFinished,
+    TrialProgress,
+)
+from hypersack.wire.convert import clean_metrics, nonfinite_names
+from tests.unit.test_orchestrator import launches, make
+
+
+def study(n: int = 2, **settings: Any) -> Any:
+    return parse_space({
+        "name": "o", "models": ["resnet18"],
+        "hyperparameters": {"batch_size": [64], "lr": [0.1 * (i + 1) for i in range(n)]},
+        # One trial per GPU: the second waits until the first frees the GPU.
+        "settings": {"retries": 0, "policy": "ff", "oversubscription": {"A100": 0.6},
+                     **settings},
+    })
+
+
+def setup(n: int = 2, **settings: Any) -> tuple[Any, Any, list[Any]]:
+    orch, store, _ = make()
+    orch.handle(NodeJoined(parse_shorthand("1x1xA100-80GB").nodes[0]))
+    first = launches(orch.handle(StudySubmitted(study(n, **settings))))
+    return orch, store, first
+
+
+@pytest.mark.parametrize("metrics,nonfinite,why", [
+    ({}, ("loss",), "loss is NaN or infinite"),
+    ({"loss": 9.8e10}, (), "above stop_if 1e+06"),
+    ({"loss": 0.5, "acc": 0.01}, (), "below stop_if 0.05"),
+])
+def test_a_diverged_trial_stops_at_once_and_frees_its_gpu(
+        metrics: dict[str, float], nonfinite: tuple[str, ...], why: str) -> None:
+    orch, store, (first,) = setup(stop_if={"loss": {"above": 1e6}, "acc": {"below": 0.05}})
+    commands = orch.handle(TrialProgress(first.trial_id, "node0", 3, metrics,
+                                         nonfinite=nonfinite))
+    kills = [c for c in commands if isinstance(c, KillTrial)]
+    assert [(k.trial_id, k.attempt) for k in kills] == [(first.trial_id, 1)]
+    assert why in kills[0].reason
+    t = store.get_trial(first.trial_id)
+    assert t.state == TrialState.DIVERGED and why in t.reason and t.objective is None
+    # Its GPU went to the next trial in the same decision.
+    assert [c.trial_id for c in launches(commands)] != []
+    # The kill's exit is stale: it changes nothing more.
+    with pytest.raises(StaleEvent):
+        orch.handle(TrialFailed(first.trial_id, "node0", 137, attempt=1))
+    assert store.get_trial(first.trial_id).state == TrialState.DIVERGED
+
+
+def test_a_non_finite_objective_at_the_end_is_diverged_not_completed() -> None:
+    orch, store, (first,) = setup(n=1)
+    orch.handle(TrialFinished(first.trial_id, "node0", {"acc": 0.9}, nonfinite=("loss",)))
+    t = store.get_trial(first.trial_id)
+    assert t.state == TrialState.DIVERGED and t.objective is None
+    assert orch.study(t.study_id).state == StudyState.FAILED  # none completed
+
+
+def test_a_study_fails_only_when_no_trial_completed() -> None:
+    orch, store, (first,) = setup(n=2)
+    (second,) = launches(orch.handle(TrialFailed(first.trial_id, "node0", 1, "boom")))
+    orch.handle(TrialFinished(second.trial_id, "node0", {"loss": 0.3}))
+    sid = store.get_trial(first.trial_id).study_id
+    assert orch.study(sid).state == StudyState.COMPLETED  # partial failure: it says so
+
+
+def test_a_missing_objective_is_flagged_and_the_study_warns_once() -> None:
+    orch, store, (first,) = setup(n=2)
+    (second,) = launches(orch.handle(TrialFinished(first.trial_id, "node0",
+                                                   {"val_loss": 0.2, "epoch": 3})))
+    orch.handle(TrialFinished(second.trial_id, "node0", {"val_loss": 0.1}))
+    t = store.get_trial(first.trial_id)
+    assert t.state == TrialState.COMPLETED and t.objective is None
+    assert "'loss'" in t.reason and "epoch, val_loss" in t.reason
+    s = store.get_study(t.study_id)
+    assert len(s.warnings) == 1 and "val_loss" in s.warnings[0]
+    assert s.state == StudyState.COMPLETED
+
+
+def test_stop_if_bounds_are_validated() -> None:
+    with pytest.raises(InvalidInput, match="above, below"):
+        study(stop_if={"loss": {}})
+    with pytest.raises(InvalidInput):
+        study(stop_if={"loss": {"above": math.inf}})
+    with pytest.raises(InvalidInput):
+        study(stop_if={"bad name!": {"above": 1}})
+
+
+def test_non_finite_metrics_are_named_not_stored() -> None:
+    values = {"loss": math.nan, "acc": 0.5, "x": -math.inf}
+    assert clean_metrics(values) == {"acc": 0.5}
+    assert nonfinite_names(values) == ("loss", "x")
+
+
+FAIL = """
+name: broken
+models: [resnet18]
+hyperparameters: {{batch_size: [64], lr: [0.1, 0.2]}}
+settings: {{retries: 0, epochs: 1}}
+program: {{command: '{{python}} {script}'}}
+"""
+
+
+def test_run_exits_non_zero_when_no_trial_completed(tmp_path: Path,
+                                                    capsys: pytest.CaptureFixture[str]) -> None:
+    script = tmp_path / "crash.py"
+    script.write_text("raise SystemExit(3)\n")
+    space = tmp_path / "broken.yaml"
+    space.write_text(FAIL.format(script=script))
+    code = main(["run", str(space), "--backend", "fake", "--inventory", "1xA100-80GB",
+                 "--state-dir", str(tmp_path / "st"), "--profiles",
+                 str(Path(__file__).parents[2] / "examples" / "profiles-estimates.yaml")])
+    out = capsys.readouterr().out
+    assert code == 1, out
+    assert "broken-1: FAILED" in out and "none of its 2 trials completed" in out
