@@ -391,6 +391,13 @@ class Orchestrator:
         self._open[study_id] = len(trials)
         for t in trials:
             self._trials[t.id] = t
+        # A new study profiles again what failed before: its user may have fixed the
+        # program since (the failure is not the workload's for good).
+        keys = {t.key for t in trials}
+        for slot in [s for s in self._profile_failed if s[0] in keys]:
+            log.info("study %s: profiling %s on %s again (it failed before: %s)", study_id,
+                     slot[0].label(), slot[1], _short(self._profile_failed[slot], 200))
+            del self._profile_failed[slot]
         log.info("study %s submitted: %d trials", study_id, len(trials))
         return self._schedule()
 

@@ -195,6 +195,13 @@ def test_profiling_first_then_placement_and_failures_are_explained() -> None:
     failed = [t for t in orch.trials(sid) if t.key.model == "resnet34"]
     assert {t.state for t in failed} == {TrialState.FAILED}
     assert "CUDA out of memory" in failed[0].reason
+    # The user fixes the program and submits again: it is profiled again, not failed at
+    # once with the old reason.
+    cmds = orch.handle(StudySubmitted(space(n_lr=1, models=("resnet34",))))
+    assert [(j.key.model, j.arch) for j in cmds if isinstance(j, ProfileWorkload)] == \
+        [("resnet34", "A100")]
+    sid2 = orch.studies()[-1].id
+    assert {t.state for t in orch.trials(sid2)} == {TrialState.PROFILING}
 
 
 def test_profiling_waits_for_an_idle_gpu_by_draining_one() -> None:
