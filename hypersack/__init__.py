@@ -3,14 +3,18 @@
 from typing import Any
 
 __version__ = "0.1.0"
-__all__ = ["__version__", "report"]
+__all__ = ["Client", "Results", "Study", "Trial", "__version__", "report"]
 
 
 def __getattr__(name: str) -> Any:
-    # `hypersack.report` is the trial side's; importing the package for the server, the
-    # agent or the CLI does not load it.
+    # Loaded on first use: `hypersack.report` is the trial side's, `hypersack.Client`
+    # the Python API's; importing the package for the server or the agent loads neither.
     if name == "report":
         from hypersack.runner.sdk import report
 
         return report
+    if name in ("Client", "Results", "Study", "Trial"):
+        from hypersack.cli import api
+
+        return getattr(api, name)
     raise AttributeError(f"module 'hypersack' has no attribute {name!r}")

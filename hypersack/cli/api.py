@@ -1,0 +1,201 @@
+"""The Python API: `hypersack.Client`, for notebooks and scripts.
+
+    import hypersack
+    with hypersack.Client("head:50051", token="hsk_...", tls_ca="ca.crt") as hs:
+        study = hs.submit({"name": "mlp", "models": ["digits_mlp"],
+                           "hyperparameters": {"batch_size": [64], "lr": [0.01, 0.1]}})
+        hs.wait(study.id)
+        best = hs.results(study.id).best
+        frame = hs.results(study.id).to_dataframe()   # with pandas installed
+
+Records are plain frozen dataclasses; errors are HyperSack's own (`NotFound`,
+`PermissionDenied`, `Unauthenticated`, `InvalidInput`, ...).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import time
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from hypersack._proto.v1 import hypersack_pb2 as pb
+from hypersack.cli.client import Client as _Rpc
+from hypersack.cli.client import params_of
+from hypersack.cli.connect import DEFAULT_SERVER, read_token_file
+from hypersack.core.errors import HyperSackError, InvalidInput
+from hypersack.core.files import read_text_file
+from hypersack.wire.tls import channel_credentials
+
+TERMINAL = frozenset({"COMPLETED", "FAILED", "CANCELLED"})
+TRIAL_TERMINAL = frozenset({"COMPLETED", "FAILED", "DIVERGED", "CANCELLED"})
+
+
+@dataclass(frozen=True)
+class Study:
+    id: str
+    name: str
+    state: str  # ACTIVE, COMPLETED, FAILED (no trial completed), CANCELLED
+    owner: str
+    counts: dict[str, int]
+    objective_metric: str
+    objective_mode: str  # min or max
+    submitted_at: float
+    warnings: tuple[str, ...] = ()
+
+    @property
+    def done(self) -> bool:
+        return self.state in TERMINAL
+
+
+@dataclass(frozen=True)
+class Trial:
+    id: str
+    study_id: str
+    state: str
+    params: dict[str, Any]
+    metrics: dict[str, float]
+    objective: float | None
+    reason: str
+    node: str
+    gpu_index: int | None
+    launches: int
+    started_at: float | None
+    finished_at: float | None
+    log_tail: str = field(default="", repr=False)
+
+
+class Results(list[Trial]):
+    """A study's trials, best objective first (its mode), those without one after."""
+
+    def __init__(self, study: Study, trials: list[Trial]) -> None:
+        sign = -1.0 if study.objective_mode == "max" else 1.0
+        super().__init__(sorted(trials, key=lambda t: (
+            (0, sign * t.objective, t.id) if t.objective is not None else (1, 0.0, t.id))))
+        self.study = study
+
+    @property
+    def best(self) -> Trial | None:
+        return self[0] if self and self[0].objective is not None else None
+
+    def records(self) -> list[dict[str, Any]]:
+        """One flat dict per trial: id, state, objective, each parameter and each metric
+        (`metric.NAME`), tries, reason."""
+        out = []
+        for t in self:
+            out.append({"trial": t.id, "state": t.state, "objective": t.objective,
+                        **t.params, **{f"metric.{k}": v for k, v in sorted(t.metrics.items())},
+                        "tries": t.launches, "reason": t.reason})
+        return out
+
+    def to_dataframe(self) -> Any:
+        """A pandas DataFrame of `records()`, indexed by trial id (needs pandas)."""
+        try:
+            import pandas as pd
+        except ImportError:
+            raise HyperSackError("to_dataframe() needs pandas: pip install pandas") from None
+        return pd.DataFrame.from_records(self.records(), index="trial")
+
+
+def _study(s: pb.Study) -> Study:
+    return Study(id=s.id, name=s.name, state=s.state, owner=s.owner, counts=dict(s.counts),
+                 objective_metric=s.objective_metric, objective_mode=s.objective_mode,
+                 submitted_at=s.submitted_at, warnings=tuple(s.warnings))
+
+
+def _trial(t: pb.Trial) -> Trial:
+    objective = t.objective if t.has_objective and math.isfinite(t.objective) else None
+    return Trial(id=t.id, study_id=t.study_id, state=t.state, params=params_of(t),
+                 metrics=dict(t.metrics), objective=objective, reason=t.reason, node=t.node,
+                 gpu_index=t.gpu_index if t.gpu_index >= 0 else None, launches=t.launches,
+                 started_at=t.started_at or None, finished_at=t.finished_at or None,
+                 log_tail=t.log_tail)
+
+
+class Client:
+    """A HyperSack server, from Python. `address` defaults to `$HYPERSACK_SERVER`, the
+    token to `$HYPERSACK_TOKEN` (or the file `$HYPERSACK_TOKEN_FILE`), `tls_ca` to
+    `$HYPERSACK_TLS_CA`; without a CA the connection is plain (a loopback server)."""
+
+    def __init__(self, address: str | None = None, token: str | None = None, *,
+                 tls_ca: str | Path | None = None, tls_cert: str | Path | None = None,
+                 tls_key: str | Path | None = None, server_name: str | None = None,
+                 timeout_s: float = 30.0) -> None:
+        env = os.environ.get
+        self.address = address or env("HYPERSACK_SERVER") or DEFAULT_SERVER
+        ca = tls_ca or env("HYPERSACK_TLS_CA")
+        credentials = None
+        if ca:
+            credentials = channel_credentials(Path(ca), Path(tls_cert) if tls_cert else None,
+                                              Path(tls_key) if tls_key else None)
+        if token is None:
+            token = env("HYPERSACK_TOKEN") or None
+            if token is None and env("HYPERSACK_TOKEN_FILE"):
+                token = read_token_file(Path(env("HYPERSACK_TOKEN_FILE", "")))
+        self._rpc = _Rpc(self.address, timeout_s, token=token if credentials else None,
+                         credentials=credentials, server_name=server_name)
+
+    def close(self) -> None:
+        self._rpc.close()
+
+    def __enter__(self) -> Client:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # ------------------------------------------------------------- studies
+    def submit(self, space: Mapping[str, Any] | str | Path) -> Study:
+        """A new study from a search space: a dict (as the YAML file would be), or the
+        path of a YAML or JSON file."""
+        if isinstance(space, Mapping):
+            text, source = json.dumps(dict(space)), "search space (dict)"
+        else:
+            path = Path(space)
+            if not path.is_file():
+                raise InvalidInput(f"search space file {str(space)!r} does not exist")
+            text, source = read_text_file(path, "search space file"), str(path)
+        return _study(self._rpc.submit(text, source))
+
+    def study(self, study_id: str) -> Study:
+        return _study(self._rpc.study(study_id))
+
+    def studies(self) -> list[Study]:
+        return [_study(s) for s in self._rpc.studies()]
+
+    def trials(self, study_id: str) -> list[Trial]:
+        return [_trial(t) for t in self._rpc.trials(study_id)]
+
+    def trial(self, trial_id: str) -> Trial:
+        return _trial(self._rpc.trial(trial_id))
+
+    def logs(self, trial_id: str) -> str:
+        """The tail of a trial's log (your own trials; admins: any)."""
+        return self._rpc.trial(trial_id).log_tail
+
+    def cancel(self, study_id: str) -> Study:
+        return _study(self._rpc.cancel(study_id))
+
+    def watch(self, study_id: str, min_interval_s: float = 0.5) -> Iterator[Study]:
+        """The study each time it changes, until it ends (the last one is terminal)."""
+        for update in self._rpc.watch(study_id, min_interval_s):
+            yield _study(update.study)
+
+    def wait(self, study_id: str, timeout_s: float | None = None) -> Study:
+        """Block until the study ends; raises TimeoutError after `timeout_s`."""
+        deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        while True:
+            study = self.study(study_id)
+            if study.done:
+                return study
+            if deadline is not None and time.monotonic() >= deadline:
+                raise TimeoutError(f"study {study_id} is still {study.state} after "
+                                   f"{timeout_s} s")
+            time.sleep(0.2)
+
+    def results(self, study_id: str) -> Results:
+        return Results(self.study(study_id), self.trials(study_id))
