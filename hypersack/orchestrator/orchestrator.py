@@ -380,7 +380,13 @@ class Orchestrator:
     def _on_submitted(self, event: StudySubmitted) -> list[Command]:
         space = event.space
         seq = max((s.seq for s in self._studies.values()), default=0) + 1
-        study_id = f"{space.name}-{seq}"
+        # Numbered per name (sp1-1, sp1-2, ...). Unique: a name never ends in -<digits>
+        # of another name's number, as the number is always the last dash's part.
+        number = 1 + sum(s.name == space.name for s in self._studies.values())
+        study_id = f"{space.name}-{number}"
+        while study_id in self._studies:  # a name like "a-1" beside "a": never reused
+            number += 1
+            study_id = f"{space.name}-{number}"
         study = StudyRecord(id=study_id, name=space.name, space=space.model_dump(mode="json"),
                             submitted_at=self._clock.now(), seq=seq, owner=event.owner)
         trials = expand(space, study_id)

@@ -80,7 +80,7 @@ def test_submit_wait_and_results_best_first(plain: HyperSackServer, tmp_path: Pa
         assert hs.submit(path).name == "file"
         with pytest.raises(NotFound):
             hs.study("nope-1")
-        assert hs.cancel("file-2").state == "CANCELLED"
+        assert hs.cancel("file-1").state == "CANCELLED"
     worker.join(10)
     agent.close()
 

@@ -293,3 +293,15 @@ def test_restart_from_sqlite_resumes_without_losing_or_repeating(tmp_path: Path)
     assert all(n == 1 for n in ran.values()) and done.trial_id not in ran
     lost_b = [c.trial_id for c in first if c.node == b.name]
     assert all(orch2.trial(t).launches == 2 for t in lost_b)  # run again, once
+
+
+def test_study_ids_are_numbered_per_name() -> None:
+    orch, _, _ = make()
+
+    def named(name: str) -> Any:
+        return parse_space({"name": name, "models": ["resnet18"],
+                            "hyperparameters": {"batch_size": [64]}})
+
+    for name in ("sp1", "sp2", "sp1", "sp1-1", "sp1"):
+        orch.handle(StudySubmitted(named(name)))
+    assert [s.id for s in orch.studies()] == ["sp1-1", "sp2-1", "sp1-2", "sp1-1-1", "sp1-3"]
