@@ -100,6 +100,9 @@ class Client:
     def drain(self, node: str) -> pb.Node:
         return self._call("DrainNode", pb.DrainNodeRequest(node=node))  # type: ignore[no-any-return]
 
+    def undrain(self, node: str) -> pb.Node:
+        return self._call("UndrainNode", pb.DrainNodeRequest(node=node))  # type: ignore[no-any-return]
+
     def profiles(self, model: str = "", arch: str = "") -> list[pb.ProfileRecord]:
         return list(self._call("ListProfiles",
                                pb.ListProfilesRequest(model=model, arch=arch)).profiles)

@@ -60,6 +60,10 @@ def add_parsers(sub: Any) -> None:
     p.add_argument("node")
     add_server_flag(p)
 
+    p = sub.add_parser("undrain", help="place trials on a drained node again")
+    p.add_argument("node")
+    add_server_flag(p)
+
     p = sub.add_parser("results", help="a study's trials, best objective first")
     p.add_argument("study")
     p.add_argument("--format", choices=["table", "csv", "json"], default="table")
@@ -96,6 +100,10 @@ def run_control(args: argparse.Namespace) -> int:
         if cmd == "drain":
             node = client.drain(args.node)
             console.print(f"{safe(node.name)}: draining (no new trials; running ones finish)")
+            return 0
+        if cmd == "undrain":
+            node = client.undrain(args.node)
+            console.print(f"{safe(node.name)}: takes new trials again")
             return 0
         if cmd == "results":
             print_results(client, args.study, args.format, args.top, console)

@@ -52,6 +52,7 @@ class NodeLost:
 @dataclass(frozen=True)
 class NodeDrained:
     node: str
+    draining: bool = True  # False: undrained, it takes new trials again
 
 
 @dataclass(frozen=True)

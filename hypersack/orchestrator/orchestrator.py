@@ -347,9 +347,9 @@ class Orchestrator:
     def _on_drained(self, event: NodeDrained) -> list[Command]:
         node = self._cluster.live(event.node)
         self._cluster.touch(node)
-        node.draining = True
+        node.draining = event.draining
         self._store.put_node(node.record())
-        return []
+        return [] if event.draining else self._schedule()
 
     def _on_tick(self, event: Tick) -> list[Command]:
         timeout = self.config.heartbeat_timeout_s

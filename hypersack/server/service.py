@@ -264,11 +264,11 @@ class SchedulerService:
             self._apply(StudyCancelled(study_id))
             return self.orch.study(study_id)
 
-    def drain(self, node: str) -> NodeRecord:
+    def drain(self, node: str, draining: bool = True) -> NodeRecord:
         with self._lock:
             if node not in {n.spec.name for n in self.orch.nodes()}:
-                raise NotFound(f"no node {node!r}")
-            self._apply(NodeDrained(node))
+                raise NotFound(f"no node {node[:80]!r}")
+            self._apply(NodeDrained(node, draining))
             return next(n for n in self.orch.nodes() if n.spec.name == node)
 
     def profiles(self, model: str = "", arch: str = "") -> list[Profile]:

@@ -187,6 +187,13 @@ class SchedulerServicer(pb_grpc.SchedulerServicer):
         return next(n for n in node_messages(self._s) if n.name == request.node)
 
     @translated
+    def UndrainNode(self, request: pb.DrainNodeRequest, context: grpc.ServicerContext
+                    ) -> pb.Node:
+        self._auth.require_admin(self._who(context), f"undraining {request.node[:80]!r}")
+        self._s.drain(request.node, draining=False)
+        return next(n for n in node_messages(self._s) if n.name == request.node)
+
+    @translated
     def ListProfiles(self, request: pb.ListProfilesRequest, context: grpc.ServicerContext
                      ) -> pb.ListProfilesResponse:
         self._who(context)

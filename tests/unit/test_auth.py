@@ -226,6 +226,8 @@ def test_users_act_on_their_own_studies_only(secured: Secured) -> None:
         with pytest.raises(PermissionDenied, match="admin"):
             bob.drain("n1")
         with pytest.raises(PermissionDenied, match="admin"):
+            bob.undrain("n1")
+        with pytest.raises(PermissionDenied, match="admin"):
             bob.import_profiles([], replace=False)
         with pytest.raises(PermissionDenied, match="admin"):
             bob.add_user("mallory", "admin")

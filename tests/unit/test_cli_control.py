@@ -51,6 +51,10 @@ def test_submit_status_results_nodes_drain_cancel(server: HyperSackServer,  # no
     assert "n1" in capsys.readouterr().out
     assert main(["drain", "n1", *s]) == 0
     assert "draining" in capsys.readouterr().out
+    assert main(["undrain", "n1", *s]) == 0
+    assert "takes new trials again" in capsys.readouterr().out
+    assert main(["undrain", "nosuch", *s]) == 2
+    assert "no node 'nosuch'" in capsys.readouterr().err
     assert main(["logs", launches[3].trial_id, *s]) == 0
     assert "RUNNING" in capsys.readouterr().out
     assert main(["cancel", "tiny-1", *s]) == 0

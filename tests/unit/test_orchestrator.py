@@ -156,6 +156,10 @@ def test_drained_node_gets_no_new_trials_and_running_ones_finish() -> None:
     assert {c.node for c in launches(orch.handle(NodeJoined(b)))} == {"node1"}
     orch.handle(TrialFinished(first[1].trial_id, "node0"))
     assert orch.nodes()[0].draining
+    # Undrained, it takes trials again at once.
+    assert {c.node for c in launches(orch.handle(NodeDrained("node0", draining=False)))} \
+        == {"node0"}
+    assert not orch.nodes()[0].draining
 
 
 def test_reconnecting_agent_keeps_its_trials_and_loses_the_dead_ones() -> None:

@@ -81,6 +81,11 @@ class SchedulerStub(object):
                 request_serializer=hypersack_dot___proto_dot_v1_dot_hypersack__pb2.DrainNodeRequest.SerializeToString,
                 response_deserializer=hypersack_dot___proto_dot_v1_dot_hypersack__pb2.Node.FromString,
                 _registered_method=True)
+        self.UndrainNode = channel.unary_unary(
+                '/hypersack.v1.Scheduler/UndrainNode',
+                request_serializer=hypersack_dot___proto_dot_v1_dot_hypersack__pb2.DrainNodeRequest.SerializeToString,
+                response_deserializer=hypersack_dot___proto_dot_v1_dot_hypersack__pb2.Node.FromString,
+                _registered_method=True)
         self.ListProfiles = channel.unary_unary(
                 '/hypersack.v1.Scheduler/ListProfiles',
                 request_serializer=hypersack_dot___proto_dot_v1_dot_hypersack__pb2.ListProfilesRequest.SerializeToString,
@@ -189,6 +194,12 @@ class SchedulerServicer(object):
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def UndrainNode(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def ListProfiles(self, request, context):
         """The history of profiles (the Sampler's measurements and their corrections).
         """
@@ -292,6 +303,11 @@ def add_SchedulerServicer_to_server(servicer, server):
             ),
             'DrainNode': grpc.unary_unary_rpc_method_handler(
                     servicer.DrainNode,
+                    request_deserializer=hypersack_dot___proto_dot_v1_dot_hypersack__pb2.DrainNodeRequest.FromString,
+                    response_serializer=hypersack_dot___proto_dot_v1_dot_hypersack__pb2.Node.SerializeToString,
+            ),
+            'UndrainNode': grpc.unary_unary_rpc_method_handler(
+                    servicer.UndrainNode,
                     request_deserializer=hypersack_dot___proto_dot_v1_dot_hypersack__pb2.DrainNodeRequest.FromString,
                     response_serializer=hypersack_dot___proto_dot_v1_dot_hypersack__pb2.Node.SerializeToString,
             ),
@@ -584,6 +600,33 @@ class Scheduler(object):
             request,
             target,
             '/hypersack.v1.Scheduler/DrainNode',
+            hypersack_dot___proto_dot_v1_dot_hypersack__pb2.DrainNodeRequest.SerializeToString,
+            hypersack_dot___proto_dot_v1_dot_hypersack__pb2.Node.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def UndrainNode(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/hypersack.v1.Scheduler/UndrainNode',
             hypersack_dot___proto_dot_v1_dot_hypersack__pb2.DrainNodeRequest.SerializeToString,
             hypersack_dot___proto_dot_v1_dot_hypersack__pb2.Node.FromString,
             options,
