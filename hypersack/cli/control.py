@@ -8,10 +8,12 @@ import csv
 import io
 import json
 import math
+import os
 import sys
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
+from rich import box
 from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
@@ -27,6 +29,7 @@ STATE_STYLE = {"PENDING": "dim", "PROFILING": "cyan", "RUNNING": "yellow",
                "COMPLETED": "green", "FAILED": "bold red", "DIVERGED": "red",
                "CANCELLED": "magenta"}
 TERMINAL = ("COMPLETED", "FAILED", "DIVERGED", "CANCELLED")
+TABLE_ROWS = 20  # the results table's default length
 
 
 def exit_code(study: pb.Study) -> int:
@@ -43,6 +46,7 @@ def add_parsers(sub: Any) -> None:
     p = sub.add_parser("status", help="studies, or one study's trials (the Grid), coloured")
     p.add_argument("study", nargs="?", help="study id (default: list every study)")
     p.add_argument("--all", action="store_true", help="show every trial, not the first 40")
+    _db_flag(p)
     add_server_flag(p)
 
     p = sub.add_parser("watch", help="follow a study live: done / running / pending, occupancy")
@@ -67,21 +71,50 @@ def add_parsers(sub: Any) -> None:
     p = sub.add_parser("results", help="a study's trials, best objective first")
     p.add_argument("study")
     p.add_argument("--format", choices=["table", "csv", "json"], default="table")
-    p.add_argument("--top", type=int, help="only the best N")
+    p.add_argument("--top", type=int, help="only the best N (default: all; the table "
+                   "shows the best 20)")
+    p.add_argument("--wide", action="store_true", help="a column per parameter, and the "
+                   "rank and tries (the default fits 80 columns)")
+    _db_flag(p)
     add_server_flag(p)
 
     p = sub.add_parser("logs", help="a trial's state, failure reason and the tail of its log")
     p.add_argument("trial")
+    _db_flag(p)
     add_server_flag(p)
 
 
+def _db_flag(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--db", type=Path, help="read a database file instead of asking a "
+                   "server (after `hypersack run`: .hypersack/run.db)")
+
+
+class Reader(Protocol):
+    """What reading commands need: a server's Client, or a database file's StoreReader."""
+
+    def study(self, study_id: str) -> pb.Study: ...
+    def studies(self) -> list[pb.Study]: ...
+    def trials(self, study_id: str) -> list[pb.Trial]: ...
+    def trial(self, trial_id: str) -> pb.Trial: ...
+
+
 def make_console() -> Console:
-    """Wide tables when the output is a file or a pipe, the terminal's width otherwise."""
-    return Console(width=None if sys.stdout.isatty() else 160)
+    """The terminal's width (or $COLUMNS); 160 columns into a file or a pipe."""
+    return Console(width=None if sys.stdout.isatty() or "COLUMNS" in os.environ else 160)
 
 
 def run_control(args: argparse.Namespace) -> int:
     console = make_console()
+    if getattr(args, "db", None) is not None:
+        from hypersack.cli.offline import StoreReader
+
+        with StoreReader(args.db) as reader:
+            if args.command == "status":
+                return _status(reader, args, console)
+            if args.command == "results":
+                print_results(reader, args.study, args.format, args.top, console, args.wide)
+                return 0
+            return _logs(reader, args.trial, console)
     with connect(args) as client:
         cmd = args.command
         if cmd == "submit":
@@ -106,7 +139,7 @@ def run_control(args: argparse.Namespace) -> int:
             console.print(f"{safe(node.name)}: takes new trials again")
             return 0
         if cmd == "results":
-            print_results(client, args.study, args.format, args.top, console)
+            print_results(client, args.study, args.format, args.top, console, args.wide)
             return 0
         if cmd == "logs":
             return _logs(client, args.trial, console)
@@ -134,7 +167,7 @@ def _counts_line(counts: Any) -> str:
     return ", ".join(parts) or "no trials"
 
 
-def _status(client: Client, args: argparse.Namespace, console: Console) -> int:
+def _status(client: Reader, args: argparse.Namespace, console: Console) -> int:
     if not args.study:
         studies = client.studies()
         if not studies:
@@ -148,10 +181,16 @@ def _status(client: Client, args: argparse.Namespace, console: Console) -> int:
     study = client.study(args.study)
     trials = client.trials(args.study)
     console.print(f"{safe(study.id)} \\[{safe(study.state)}]: {_counts_line(study.counts)}")
-    table = Table("trial", "state", "params", "where", "tries", "objective")
+    table = Table(box=box.SIMPLE_HEAD, pad_edge=False)
+    table.add_column("trial", no_wrap=True)  # never cut: it is copied into `logs`
+    table.add_column("state", no_wrap=True)
+    table.add_column("params")
+    table.add_column("where", no_wrap=True)
+    table.add_column("tries", no_wrap=True)
+    table.add_column("objective", no_wrap=True)
     shown = trials if args.all else trials[:40]
     for t in shown:
-        params = safe(", ".join(f"{k}={v}" for k, v in params_of(t).items()))
+        params = safe(" ".join(f"{k}={v}" for k, v in params_of(t).items()))
         where = safe(f"{t.node}:{t.gpu_index}") if t.node else ""
         table.add_row(safe(t.id), _state(t.state), params, where,
                       str(t.launches), f"{t.objective:.6g}" if t.has_objective else "")
@@ -234,10 +273,13 @@ def ranked(study: pb.Study, trials: list[pb.Trial]) -> list[pb.Trial]:
     return sorted(trials, key=key)
 
 
-def print_results(client: Client, study_id: str, fmt: str, top: int | None,
-                  console: Console) -> None:
+def print_results(client: Reader, study_id: str, fmt: str, top: int | None,
+                  console: Console, wide: bool = False) -> None:
     study = client.study(study_id)
     trials = ranked(study, client.trials(study_id))
+    total = len(trials)
+    if top is None and fmt == "table":
+        top = TABLE_ROWS  # csv and json give every trial unless told
     if top is not None:
         trials = trials[:max(0, top)]
     names = sorted({k for t in trials for k in params_of(t)})
@@ -266,17 +308,35 @@ def print_results(client: Client, study_id: str, fmt: str, top: int | None,
     console.print(f"{safe(study.id)} \\[{safe(study.state)}]: {_counts_line(study.counts)}; "
                   f"objective {safe(study.objective_metric)} ({safe(study.objective_mode)}), "
                   "best first")
-    table = Table("#", "trial", "state", safe(study.objective_metric),
-                  *[safe(k) for k in names], "tries")
+    # The id, state and objective are never cut (an id is copied into `logs`); the
+    # parameters share one column that wraps, unless --wide gives each its own.
+    table = Table(box=box.SIMPLE_HEAD, pad_edge=False)
+    if wide:
+        table.add_column("#", no_wrap=True, justify="right")
+    table.add_column("trial", no_wrap=True)
+    table.add_column("state", no_wrap=True)
+    table.add_column(safe(study.objective_metric), no_wrap=True)
+    for k in names if wide else ["parameters"]:
+        table.add_column(safe(k), overflow="fold")
+    if wide:
+        table.add_column("tries", no_wrap=True)
     for i, t in enumerate(trials, 1):
         p = params_of(t)
-        table.add_row(str(i), safe(t.id), _state(t.state),
-                      f"{t.objective:.6g}" if t.has_objective else "",
-                      *[safe(p.get(k, "")) for k in names], str(t.launches))
+        values = ([safe(p.get(k, "")) for k in names] if wide
+                  else [safe(" ".join(f"{k}={p[k]}" for k in names if k in p))])
+        objective = f"{t.objective:.6g}" if t.has_objective else ""
+        if wide:
+            table.add_row(str(i), safe(t.id), _state(t.state), objective, *values,
+                          str(t.launches))
+        else:
+            table.add_row(safe(t.id), _state(t.state), objective, *values)
     console.print(table)
+    if len(trials) < total:
+        console.print(f"best {len(trials)} of {total} (--top N for more, --format csv for "
+                      "all)")
 
 
-def _logs(client: Client, trial_id: str, console: Console) -> int:
+def _logs(client: Reader, trial_id: str, console: Console) -> int:
     t = client.trial(trial_id)
     where = safe(f" on {t.node}:{t.gpu_index}") if t.node else ""
     console.print(f"{safe(t.id)} {_state(t.state)}{where}, launched "

@@ -69,8 +69,8 @@ def test_unreachable_server_is_a_clear_error(capsys: pytest.CaptureFixture[str])
     assert "cannot reach the HyperSack server at 127.0.0.1:1" in capsys.readouterr().err
 
 
-def test_run_fake_cluster_to_the_end(tmp_path: Path, capsys: pytest.CaptureFixture[str]
-                                     ) -> None:
+def test_run_fake_cluster_to_the_end(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                     monkeypatch: pytest.MonkeyPatch) -> None:
     space = tmp_path / "s.yaml"
     space.write_text(SLEEP_SPACE.replace("{builtin: sleep}",
                                          "{builtin: sleep, options: {seconds_per_epoch: 0.3}}"))
@@ -80,6 +80,18 @@ def test_run_fake_cluster_to_the_end(tmp_path: Path, capsys: pytest.CaptureFixtu
     out = capsys.readouterr().out
     assert code == 0, out
     assert "tiny-1: COMPLETED, completed 4" in out and "best first" in out
+    # Read again later from the state directory, at 80 columns: ids are never cut.
+    db = str(tmp_path / "st" / "run.db")
+    monkeypatch.setenv("COLUMNS", "80")
+    assert main(["results", "tiny-1", "--db", db, "--top", "2"]) == 0
+    out = capsys.readouterr().out
+    assert "tiny-1-t00000" in out or "tiny-1-t00001" in out
+    assert "best 2 of 4" in out and max(len(line) for line in out.splitlines()) <= 80
+    assert main(["status", "--db", db]) == 0
+    assert "tiny-1" in capsys.readouterr().out
+    assert main(["logs", "tiny-1-t00000", "--db", db]) == 0
+    assert "COMPLETED" in capsys.readouterr().out
+    assert main(["results", "tiny-9", "--db", db]) == 2
 
 
 def test_run_on_cpu_profiles_once_then_remembers(tmp_path: Path,
