@@ -220,7 +220,7 @@ def watch(client: Client, study_id: str, console: Console) -> pb.Study:
             occupancy = sum(shares) / len(shares) if shares else 0.0
             detail = (f"running {s.counts.get('RUNNING', 0)}, pending "
                       f"{s.counts.get('PENDING', 0) + s.counts.get('PROFILING', 0)}, failed "
-                      f"{s.counts.get('FAILED', 0)}; occupancy {occupancy:.0%} of "
+                      f"{s.counts.get('FAILED', 0)}; occupancy now {occupancy:.0%} of "
                       f"{len(shares)} devices")
             progress.update(task, completed=done, total=total, detail=detail)
     if last is None:

@@ -28,8 +28,9 @@ def add_parser(sub: Any) -> None:
         description="Start an embedded HyperSack server and a local agent in this process, "
                     "submit the search space, show progress until every trial ends and "
                     "print the results, best first. Without a GPU the CPU is the device. "
-                    "The profile history is kept in --db, so a second run of the same "
-                    "workloads is not profiled again.")
+                    "The database (<state-dir>/run.db) keeps the profile history, so a "
+                    "second run of the same workloads is not profiled again, and the "
+                    "results: `hypersack results STUDY --db <state-dir>/run.db`.")
     p.add_argument("space", help="search-space file, e.g. examples/quickstart.yaml")
     p.add_argument("--backend", choices=BACKENDS, default="auto",
                    help="auto (NVIDIA GPUs through NVML if present, else the CPU), nvml, "
