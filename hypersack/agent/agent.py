@@ -12,6 +12,7 @@ import logging
 import os
 import queue
 import random
+import resource
 import threading
 import time
 from collections.abc import Iterable
@@ -391,9 +392,9 @@ class Agent:
 
     def _profile(self, m: pb.ProfileWorkload, outbox: queue.Queue[pb.AgentMessage | None]
                  ) -> None:
-        key = key_from_pb(m.key)
-        job_id = f"profile-{key.label()}-{m.arch}"
         try:
+            key = key_from_pb(m.key)
+            job_id = f"profile-{key.label()}-{m.arch}"
             job, device = self._job(
                 job_id, "profile", "profiles", m.gpu_index, m.program, m.params_json, m.epochs,
                 {sdk.ENV_PROFILE_ITERATIONS: str(m.iterations),
@@ -458,14 +459,22 @@ class Agent:
         m = self._profile_keys.pop(job.id)
         result = job.profile_result()
         device = next(d for d in self.backend.devices() if d.index == job.gpu_index)
+        if code == 0 and result is None:
+            # A program that marks no iterations (no SDK) ran to its end: the whole run
+            # is its profile, one iteration per epoch (coarse, and never longer than
+            # the trial).
+            wall = max(0.001, time.monotonic() - job.started_at)
+            # The largest resident size of any child this agent waited for: at least
+            # this program's (an overestimate, the safe side for a demand).
+            children_mib = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024
+            result = {"iter_time_s": wall / max(1.0, m.epochs), "iters_per_epoch": 1,
+                      "iterations": 0, "cpu_cores": 1.0,
+                      "peak_rss_mib": max(float(job.peak_memory_mib), children_mib)}
         if code != 0 or result is None:
             if code == sdk.OOM_EXIT_CODE:
                 why = f"out of memory on {m.arch} (device {job.gpu_index}, {device.memory_mib} MiB)"
-            elif code != 0:
-                why = f"exit code {code}"
             else:
-                why = ("the program ended without marking an iteration (call "
-                       "hypersack.runner.sdk.iteration() once per training iteration)")
+                why = f"exit code {code}"
             return pb.AgentMessage(profile=pb.ProfileResult(
                 key=m.key, arch=m.arch, ok=False,
                 error=f"{why}; log tail: {job.log_tail(1000)}"))
@@ -484,7 +493,9 @@ class Agent:
                 eval_s_per_epoch=float(result.get("eval_s_per_epoch", 0.0)),
                 versions=versions, measured_at=time.time(),
                 source=f"measured on {self.node} ({self.backend.name}, "
-                       f"{int(result.get('iterations', m.iterations))} iterations)")
+                       + (f"{int(result.get('iterations', m.iterations))} iterations)"
+                          if result.get("iterations", 1) else
+                          "the whole run: the program marks no iterations)"))
             return pb.AgentMessage(profile=pb.ProfileResult(key=m.key, arch=m.arch, ok=True,
                                                             profile=record))
         except (KeyError, ValueError, TypeError) as exc:

@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import math
+import re
 from enum import Enum
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from hypersack.core.bounds import (
     INT32_MAX,
@@ -27,6 +28,10 @@ from hypersack.core.bounds import (
     Timestamp,
 )
 
+MAX_KEY_PARAMS = 16
+_KEY_PARAM_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,63}")
+_KEY_PARAM_VALUE = re.compile(r"[A-Za-z0-9_.:@+-]{1,64}")
+
 
 class Frozen(BaseModel):
     # No float field of a domain type is ever NaN or infinite.
@@ -36,17 +41,47 @@ class Frozen(BaseModel):
 class WorkloadKey(Frozen):
     """What decides a trial's demand on a GPU: trials with equal keys share one profile."""
 
-    model: Name
-    batch_size: int = Field(gt=0, le=MAX_BATCH_SIZE)
+    model: Name  # the workload: a zoo model, or a user's program (its name or hash)
+    batch_size: int = Field(ge=0, le=MAX_BATCH_SIZE)  # 0: the program has none
     optimizer: Name = "sgd"
     precision: Name = "fp32"
     fusion_width: int = Field(default=1, gt=0, le=MAX_FUSION_WIDTH)
+    # The values of the program's other demand keys (settings.demand_keys), sorted.
+    params: tuple[tuple[str, str], ...] = Field(default=(), max_length=MAX_KEY_PARAMS)
+
+    @field_validator("params")
+    @classmethod
+    def _params(cls, params: tuple[tuple[str, str], ...]) -> tuple[tuple[str, str], ...]:
+        for name, value in params:
+            if not _KEY_PARAM_NAME.fullmatch(name) or not _KEY_PARAM_VALUE.fullmatch(value):
+                raise ValueError(f"demand key {name[:64]!r}={value[:64]!r}: names are "
+                                 "identifiers, values up to 64 of A-Za-z0-9_.:@+-")
+        if list(params) != sorted(set(params)) or len({n for n, _ in params}) != len(params):
+            raise ValueError("demand keys must be sorted and unique")
+        return params
 
     def label(self) -> str:
+        extra = "".join(f"/{n}={v}" for n, v in self.params)
         return (
             f"{self.model}/b{self.batch_size}/{self.optimizer}/{self.precision}"
-            f"/k{self.fusion_width}"
+            f"/k{self.fusion_width}{extra}"
         )
+
+    def params_text(self) -> str:
+        """The demand keys as a profile file writes them: `width=512,depth=4`."""
+        return ",".join(f"{n}={v}" for n, v in self.params)
+
+
+def parse_key_params(text: str) -> tuple[tuple[str, str], ...]:
+    """`width=512,depth=4` (a profile file's `params` column) -> sorted pairs."""
+    pairs = []
+    for item in (text or "").split(","):
+        if item.strip():
+            name, sep, value = item.strip().partition("=")
+            if not sep:
+                raise ValueError(f"params {item[:64]!r}: expected NAME=VALUE")
+            pairs.append((name.strip(), value.strip()))
+    return tuple(sorted(pairs))
 
 
 class Demand(Frozen):

@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
+import hashlib
 import itertools
 import math
 import random
+import re
 from typing import Any
 
 from hypersack.core.types import TrialRecord, WorkloadKey
-from hypersack.grid.space import Choice, IntRange, LogUniform, SearchSpace, Uniform
+from hypersack.grid.space import KEY_PARAMS, Choice, IntRange, LogUniform, SearchSpace, Uniform
+
+_UNSAFE = re.compile(r"[^A-Za-z0-9_.:@+-]")
 
 
 def trial_id(study_id: str, ordinal: int) -> str:
@@ -16,14 +20,42 @@ def trial_id(study_id: str, ordinal: int) -> str:
     return f"{study_id}-t{ordinal:05d}"
 
 
-def workload_key(params: dict[str, Any], fusion_width: int = 1) -> WorkloadKey:
+def workload_key(space: SearchSpace, params: dict[str, Any], fusion_width: int = 1
+                 ) -> WorkloadKey:
+    """What decides a trial's demand. A built-in program's workload is its zoo model; a
+    command program's is the study's `workload` (default: a hash of the command), so one
+    program's profiles never mix with another's or with a zoo model's. The demand keys
+    (`settings.demand_keys`; default batch size, optimizer, precision, and the model of
+    a command program) complete it."""
+    command = space.program.command is not None
+    keys = space.settings.demand_keys
+    if keys is None:
+        keys = [k for k in KEY_PARAMS if k in params] + (["model"] if command and
+                                                         "model" in params else [])
+    extra = tuple(sorted((k, as_key_text(params[k])) for k in keys
+                         if k not in KEY_PARAMS and not (k == "model" and not command)
+                         and k in params))
     return WorkloadKey(
-        model=str(params["model"]),
-        batch_size=int(params["batch_size"]),
-        optimizer=str(params.get("optimizer", "sgd")),
-        precision=str(params.get("precision", "fp32")),
+        model=(space.workload or space.program.identity()) if command else str(params["model"]),
+        batch_size=int(params["batch_size"]) if "batch_size" in keys and "batch_size" in params
+        else 0,
+        optimizer=str(params.get("optimizer", "sgd")) if "optimizer" in keys else "sgd",
+        precision=str(params.get("precision", "fp32")) if "precision" in keys else "fp32",
         fusion_width=fusion_width,
+        params=extra,
     )
+
+
+def as_key_text(value: Any) -> str:
+    """A demand key's value in a workload key: whole floats as integers, like commands."""
+    if isinstance(value, float) and value.is_integer() and abs(value) < 2**53:
+        value = int(value)
+    text = str(value)
+    safe = _UNSAFE.sub("_", text)
+    if safe == text and 0 < len(text) <= 64:
+        return text
+    # Other characters, or a long value: readable, and still told apart by a digest.
+    return safe[:48] + "@" + hashlib.sha256(text.encode()).hexdigest()[:12]
 
 
 def _sample(hp: Choice | Uniform | LogUniform | IntRange, rng: random.Random) -> Any:
@@ -51,26 +83,28 @@ def expand(space: SearchSpace, study_id: str) -> list[TrialRecord]:
         ranges = [range(len(values)) for _, values in axes]
         for ordinal, coords in enumerate(itertools.product(*ranges)):
             params = {names[a]: axes[a][1][i] for a, i in enumerate(coords)}
-            trials.append(_trial(study_id, ordinal, tuple(coords), params, epochs))
+            trials.append(_trial(space, study_id, ordinal, tuple(coords), params, epochs))
     else:
         rng = random.Random(space.search.seed)
         assert space.search.samples is not None
         for ordinal in range(space.search.samples):
-            drawn: dict[str, Any] = {"model": space.models[rng.randrange(len(space.models))]}
+            drawn: dict[str, Any] = (
+                {"model": space.models[rng.randrange(len(space.models))]} if space.models
+                else {})
             for name, hp in space.hyperparameters.items():
                 drawn[name] = _sample(hp, rng)
-            trials.append(_trial(study_id, ordinal, (ordinal,), drawn, epochs))
+            trials.append(_trial(space, study_id, ordinal, (ordinal,), drawn, epochs))
     return trials
 
 
-def _trial(study_id: str, ordinal: int, coords: tuple[int, ...], params: dict[str, Any],
-           epochs: float) -> TrialRecord:
+def _trial(space: SearchSpace, study_id: str, ordinal: int, coords: tuple[int, ...],
+           params: dict[str, Any], epochs: float) -> TrialRecord:
     trial_epochs = float(params.get("epochs", epochs))
     return TrialRecord(
         id=trial_id(study_id, ordinal),
         study_id=study_id,
         coords=coords,
         params=params,
-        key=workload_key(params),
+        key=workload_key(space, params),
         epochs=trial_epochs,
     )

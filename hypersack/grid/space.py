@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import re
@@ -25,8 +26,12 @@ from pydantic import (
 from hypersack.core.bounds import (
     INT64_MAX,
     MAX_BATCH_SIZE,
+    MAX_COMPUTE_PCT,
+    MAX_CORES,
     MAX_EPOCHS,
+    MAX_MEMORY_MIB,
     MAX_RATIO,
+    MAX_SECONDS,
     MIN_EPOCHS,
     Epochs,
     is_name,
@@ -225,6 +230,19 @@ class Objective(_Spec):
     mode: Literal["min", "max"] = "min"
 
 
+class StatedDemand(_Spec):
+    """A trial's demand as the study states it: compute (percent of one GPU), memory and
+    cores; `epoch_s`, the seconds one epoch takes, orders trials longest first."""
+
+    compute_pct: float = Field(ge=0, le=MAX_COMPUTE_PCT)
+    memory_mib: int = Field(gt=0, le=MAX_MEMORY_MIB)
+    cores: float = Field(default=1.0, ge=0, le=MAX_CORES)
+    epoch_s: float = Field(default=60.0, gt=0, le=MAX_SECONDS)
+
+
+ARCH_NAME = r"^[A-Za-z0-9][A-Za-z0-9_.:@+-]{0,63}$"
+
+
 class StopBound(_Spec):
     """A trial whose metric goes past a bound is stopped as DIVERGED (its capacity freed)."""
 
@@ -251,6 +269,14 @@ class Settings(_Spec):
     objective: Objective = Field(default_factory=Objective)
     # Stop a trial as DIVERGED once a metric goes past a bound: {loss: {above: 1.0e6}}.
     stop_if: dict[MetricName, StopBound] = Field(default_factory=dict, max_length=16)
+    # The hyperparameters that change a trial's demand (default: batch_size, optimizer
+    # and precision where the space has them, and the model of a command program).
+    demand_keys: list[Annotated[str, Field(pattern=HP_NAME)]] | None = Field(
+        default=None, max_length=16)
+    # A demand stated instead of measured (no profiling): one for every architecture,
+    # or one per architecture ({A100: {...}, H100: {...}}).
+    demand: StatedDemand | dict[Annotated[str, Field(pattern=ARCH_NAME)], StatedDemand] | None \
+        = Field(default=None)
 
     @field_validator("oversubscription")
     @classmethod
@@ -305,6 +331,11 @@ class Program(_Spec):
                 raise ValueError("command: empty")
         return self
 
+    def identity(self) -> str:
+        """A command program's default workload name: a hash of what it runs."""
+        text = json.dumps({"command": self.command, "options": self.options}, sort_keys=True)
+        return "cmd-" + hashlib.sha256(text.encode()).hexdigest()[:12]
+
     def placeholders(self) -> set[str]:
         if self.command is None:
             return set()
@@ -323,7 +354,12 @@ ModelName = Annotated[str, AfterValidator(_known_model)]
 class SearchSpace(_Spec):
     name: str = Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
     description: str = Field(default="", max_length=4096)
-    models: list[ModelName] = Field(min_length=1, max_length=len(MODELS))
+    # The zoo models; a command program may have none (then it is its own workload).
+    models: list[ModelName] = Field(default_factory=list, max_length=len(MODELS))
+    # A command program's workload name (its profiles' history); default: a hash of the
+    # command and its options. The built-in programs' workloads are their models.
+    workload: Annotated[str, Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.:@+=-]{0,63}$")] | None \
+        = None
     hyperparameters: dict[Annotated[str, Field(pattern=HP_NAME)], Hyperparameter] = Field(
         max_length=MAX_HYPERPARAMETERS)
     search: Search = Field(default_factory=Search)
@@ -373,14 +409,29 @@ class SearchSpace(_Spec):
         if size > self.settings.max_trials:
             raise ValueError(f"the search space has {size} trials, more than "
                              f"settings.max_trials={self.settings.max_trials}")
+        builtin = self.program.builtin is not None
+        if builtin and not self.models:
+            raise ValueError(f"models: the built-in program {self.program.builtin!r} trains "
+                             "zoo models; name at least one (a command program needs none)")
+        if builtin and self.workload is not None:
+            raise ValueError("workload: only for command programs (a built-in program's "
+                             "workload is its model)")
+        if not self.models and "model" in self.program.placeholders():
+            raise ValueError("program.command: {model} needs models")
         bs = self.hyperparameters.get("batch_size")
-        if bs is None:
+        if bs is None and builtin:
             raise ValueError("hyperparameters.batch_size: required (it decides a trial's demand)")
-        values = bs.grid() if not isinstance(bs, (Uniform, LogUniform)) else None
-        if values is None or not all(type(v) is int and 0 < v <= MAX_BATCH_SIZE
-                                     for v in values):
-            raise ValueError("hyperparameters.batch_size: must be positive integers up to "
-                             f"{MAX_BATCH_SIZE} (a list or an int range)")
+        if bs is not None:
+            values = bs.grid() if not isinstance(bs, (Uniform, LogUniform)) else None
+            if values is None or not all(type(v) is int and 0 < v <= MAX_BATCH_SIZE
+                                         for v in values):
+                raise ValueError("hyperparameters.batch_size: must be positive integers up "
+                                 f"to {MAX_BATCH_SIZE} (a list or an int range)")
+        for name in self.settings.demand_keys or ():
+            if name != "model" and name not in self.hyperparameters:
+                raise ValueError(f"settings.demand_keys: {name!r} is not a hyperparameter")
+            if name == "model" and not self.models:
+                raise ValueError("settings.demand_keys: 'model' needs models")
         epochs = self.hyperparameters.get("epochs")
         if epochs is not None:
             _check_epochs(epochs)
@@ -398,8 +449,10 @@ class SearchSpace(_Spec):
         return self
 
     def axes(self) -> list[tuple[str, list[Any]]]:
-        """The grid's axes in order: models first, then hyperparameters as declared."""
-        axes: list[tuple[str, list[Any]]] = [("model", list(self.models))]
+        """The grid's axes in order: models first (if any), then hyperparameters as
+        declared."""
+        axes: list[tuple[str, list[Any]]] = [("model", list(self.models))] if self.models \
+            else []
         for name, hp in self.hyperparameters.items():
             values = hp.grid()
             axes.append((name, list(values) if values is not None else []))
@@ -410,7 +463,7 @@ class SearchSpace(_Spec):
         if self.search.type == "random":
             assert self.search.samples is not None
             return self.search.samples
-        size = len(self.models)
+        size = max(1, len(self.models))
         for hp in self.hyperparameters.values():
             size *= hp.count() or 0
             if size > MAX_TRIALS_CAP:  # stop multiplying: already too many

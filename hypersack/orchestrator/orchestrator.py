@@ -17,6 +17,7 @@ from typing import Any, TypeVar
 from hypersack.core.clock import Clock
 from hypersack.core.errors import HyperSackError, InvalidInput, NotFound, StaleEvent
 from hypersack.core.types import (
+    Demand,
     NodeRecord,
     Profile,
     StudyRecord,
@@ -756,6 +757,33 @@ class Orchestrator:
                            gpu_index=gpu_index, params=dict(t.params), key=t.key,
                            demand=demand, epochs=t.epochs, attempt=t.launches)
 
+    def _state_demands(self, active: list[StudyRecord], archs: frozenset[str]) -> None:
+        """A study that states its demand (`settings.demand`) needs no profile run: its
+        workloads get profiles from it, on every architecture it names (or all). Written
+        to the history like a measurement, with its source; a measured profile gives way,
+        another study's stated one does not."""
+        for study in active:
+            stated = self._spaces[study.id].settings.demand
+            if stated is None:
+                continue
+            keys = {self._trials[tid].key for tid in self._by_study[study.id]}
+            for arch in sorted(archs):
+                d = stated.get(arch) if isinstance(stated, dict) else stated
+                if d is None:
+                    continue
+                for key in keys:
+                    old = self._profiles.get((key, arch))
+                    if old is not None and old.source.startswith("stated"):
+                        continue
+                    p = Profile(key=key, arch=arch,
+                                demand=Demand(compute_pct=d.compute_pct,
+                                              memory_mib=d.memory_mib, cores=d.cores),
+                                iter_time_s=d.epoch_s, iters_per_epoch=1,
+                                source=f"stated by study {study.id}")
+                    self._profiles[key, arch] = p
+                    self._profile_failed.pop((key, arch), None)
+                    self._store.put_profile(p)
+
     def _profile_missing(self, active: list[StudyRecord], open_nodes: list[Node],
                          archs: frozenset[str]) -> list[Command]:
         """Profile each (workload, architecture) the history lacks, on a GPU of that
@@ -763,6 +791,7 @@ class Orchestrator:
         fail those no architecture can run."""
         if not archs:
             return []
+        self._state_demands(active, archs)
         in_flight = self._cluster.in_flight()
         wanted: list[Slot] = []
         for study in active:

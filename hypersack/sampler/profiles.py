@@ -13,14 +13,14 @@ from pydantic import ValidationError
 
 from hypersack.core.errors import InvalidInput
 from hypersack.core.files import load_yaml, read_text_file
-from hypersack.core.types import Demand, Profile, WorkloadKey
+from hypersack.core.types import Demand, Profile, WorkloadKey, parse_key_params
 from hypersack.core.validation import format_validation_error
 
-COLUMNS = ("model", "batch_size", "optimizer", "precision", "fusion_width", "arch",
+COLUMNS = ("model", "batch_size", "optimizer", "precision", "fusion_width", "params", "arch",
            "compute_pct", "memory_mib", "cores", "iter_time_s", "iters_per_epoch",
            "data_fraction", "source", "setup_s", "eval_s_per_epoch", "versions", "measured_at",
            "observed_memory_mib", "observed_compute_pct", "observed_trials", "corrected")
-KEY_COLUMNS = ("model", "batch_size", "optimizer", "precision", "fusion_width")
+KEY_COLUMNS = ("model", "batch_size", "optimizer", "precision", "fusion_width", "params")
 _DEMAND = ("compute_pct", "memory_mib", "cores")
 MAX_PROFILE_ROWS = 100_000
 
@@ -31,6 +31,8 @@ def profile_from_row(row: dict[str, Any], *, where: str) -> Profile:
         raise InvalidInput(f"{where}: unknown columns {sorted(unknown)}; valid: {list(COLUMNS)}")
     data = {k: v for k, v in row.items() if v not in (None, "")}
     try:
+        if "params" in data:
+            data["params"] = parse_key_params(str(data["params"]))
         return Profile.model_validate({
             "key": {k: data[k] for k in KEY_COLUMNS if k in data},
             "demand": {k: data[k] for k in _DEMAND if k in data},
@@ -38,11 +40,14 @@ def profile_from_row(row: dict[str, Any], *, where: str) -> Profile:
         })
     except ValidationError as exc:
         raise InvalidInput(format_validation_error(exc, where)) from None
+    except ValueError as exc:
+        raise InvalidInput(f"{where}: {exc}") from None
 
 
 def profile_to_row(p: Profile) -> dict[str, Any]:
     return {
-        **p.key.model_dump(), "arch": p.arch, **p.demand.model_dump(),
+        **p.key.model_dump(exclude={"params"}), "params": p.key.params_text(), "arch": p.arch,
+        **p.demand.model_dump(),
         "iter_time_s": p.iter_time_s, "iters_per_epoch": p.iters_per_epoch,
         **p.model_dump(exclude={"key", "arch", "demand", "iter_time_s", "iters_per_epoch"}),
     }

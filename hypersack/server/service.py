@@ -493,6 +493,8 @@ class SchedulerService:
             key = key_from_pb(p.key)
         except ValidationError as exc:
             raise InvalidInput(format_validation_error(exc, "profile.key")) from None
+        except ValueError as exc:
+            raise InvalidInput(f"profile.key: {exc}") from None
         if not p.ok:
             return ProfileFailed(key, p.arch, node, p.error[-LOG_TAIL_CHARS:] or "failed")
         try:

@@ -45,6 +45,13 @@ CREATE TABLE IF NOT EXISTS tokens (id TEXT PRIMARY KEY, doc TEXT NOT NULL);
 """
 
 
+def _key_text(key: WorkloadKey) -> str:
+    """A workload key as the profiles table's primary key. Demand keys beyond the
+    built-in ones appear only when there are some: rows written before they existed
+    keep their key."""
+    return key.model_dump_json(exclude=None if key.params else {"params"})
+
+
 class StoreError(HyperSackError):
     """The database file is not one this HyperSack can use."""
 
@@ -237,13 +244,13 @@ class SqliteStore(Store):
     def put_profile(self, profile: Profile) -> None:
         with self.transaction():
             self._db.execute("INSERT OR REPLACE INTO profiles VALUES (?, ?, ?)",
-                             (profile.key.model_dump_json(), profile.arch,
+                             (_key_text(profile.key), profile.arch,
                               profile.model_dump_json()))
 
     def get_profile(self, key: WorkloadKey, arch: str) -> Profile | None:
         with self._lock:
             row = self._db.execute("SELECT doc FROM profiles WHERE key=? AND arch=?",
-                                   (key.model_dump_json(), arch)).fetchone()
+                                   (_key_text(key), arch)).fetchone()
         return None if row is None else Profile.model_validate_json(row[0])
 
     def list_profiles(self) -> list[Profile]:

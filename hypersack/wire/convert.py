@@ -16,6 +16,7 @@ from hypersack.core.types import (
     StudyRecord,
     TrialRecord,
     WorkloadKey,
+    parse_key_params,
 )
 from hypersack.grid.space import Objective, Program
 from hypersack.sampler.profiles import COLUMNS, KEY_COLUMNS, profile_from_row, profile_to_row
@@ -27,12 +28,17 @@ LOG_TAIL_CHARS = 4000
 
 def key_to_pb(key: WorkloadKey) -> pb.WorkloadKey:
     return pb.WorkloadKey(model=key.model, batch_size=key.batch_size, optimizer=key.optimizer,
-                          precision=key.precision, fusion_width=key.fusion_width)
+                          precision=key.precision, fusion_width=key.fusion_width,
+                          params=key.params_text())
 
 
 def key_from_pb(msg: pb.WorkloadKey) -> WorkloadKey:
+    """Raises ValueError (pydantic's included) for a malformed key."""
+    if len(msg.params) > 2048:
+        raise ValueError("workload key params: too long")
     return WorkloadKey(model=msg.model, batch_size=msg.batch_size, optimizer=msg.optimizer or "sgd",
-                       precision=msg.precision or "fp32", fusion_width=msg.fusion_width or 1)
+                       precision=msg.precision or "fp32", fusion_width=msg.fusion_width or 1,
+                       params=parse_key_params(msg.params))
 
 
 _RECORD_COLUMNS = tuple(c for c in COLUMNS if c not in KEY_COLUMNS)
@@ -48,6 +54,7 @@ def profile_from_pb(msg: pb.ProfileRecord, *, where: str, default_source: str = 
     k = msg.key
     row = {"model": k.model, "batch_size": k.batch_size, "optimizer": k.optimizer,
            "precision": k.precision, "fusion_width": k.fusion_width or None,
+           "params": k.params[:2048] or None,
            **{c: getattr(msg, c) for c in _RECORD_COLUMNS}}
     row["source"] = msg.source or default_source
     return profile_from_row(row, where=where)

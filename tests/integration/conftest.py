@@ -199,6 +199,9 @@ def space_yaml(name: str, *, seconds_per_epoch: float = 1.0, epochs: float = 2,
                lrs: str = "[0.001, 0.01]", models: str = "[resnet18, mobilenet_v2]",
                batch_sizes: str = "[64, 128]", retries: int = 2,
                program: str | None = None, ratio: float = 3.0) -> str:
+    # A command program is its own workload: these tests state its demand rather than
+    # profile it (the built-in sleep uses the example profiles' estimates).
+    demand = ", demand: {compute_pct: 40, memory_mib: 2000, cores: 2}" if program else ""
     program = program or ("{builtin: sleep, options: {seconds_per_epoch: "
                           f"{seconds_per_epoch}, iters_per_epoch: 4}}}}")
     return f"""
@@ -207,6 +210,6 @@ models: {models}
 hyperparameters:
   batch_size: {batch_sizes}
   lr: {lrs}
-settings: {{epochs: {epochs}, retries: {retries}, oversubscription: {{A100: {ratio}}}}}
+settings: {{epochs: {epochs}, retries: {retries}, oversubscription: {{A100: {ratio}}}{demand}}}
 program: {program}
 """

@@ -329,18 +329,20 @@ class Node(_message.Message):
     def __init__(self, name: _Optional[str] = ..., cores: _Optional[float] = ..., draining: bool = ..., connected: bool = ..., last_seen_s: _Optional[float] = ..., gpus: _Optional[_Iterable[_Union[Gpu, _Mapping]]] = ..., backend: _Optional[str] = ...) -> None: ...
 
 class WorkloadKey(_message.Message):
-    __slots__ = ("model", "batch_size", "optimizer", "precision", "fusion_width")
+    __slots__ = ("model", "batch_size", "optimizer", "precision", "fusion_width", "params")
     MODEL_FIELD_NUMBER: _ClassVar[int]
     BATCH_SIZE_FIELD_NUMBER: _ClassVar[int]
     OPTIMIZER_FIELD_NUMBER: _ClassVar[int]
     PRECISION_FIELD_NUMBER: _ClassVar[int]
     FUSION_WIDTH_FIELD_NUMBER: _ClassVar[int]
+    PARAMS_FIELD_NUMBER: _ClassVar[int]
     model: str
     batch_size: int
     optimizer: str
     precision: str
     fusion_width: int
-    def __init__(self, model: _Optional[str] = ..., batch_size: _Optional[int] = ..., optimizer: _Optional[str] = ..., precision: _Optional[str] = ..., fusion_width: _Optional[int] = ...) -> None: ...
+    params: str
+    def __init__(self, model: _Optional[str] = ..., batch_size: _Optional[int] = ..., optimizer: _Optional[str] = ..., precision: _Optional[str] = ..., fusion_width: _Optional[int] = ..., params: _Optional[str] = ...) -> None: ...
 
 class GpuInfo(_message.Message):
     __slots__ = ("index", "arch", "memory_mib", "uuid")
