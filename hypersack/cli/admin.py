@@ -219,7 +219,13 @@ def _give(secret: str, token_id: str, user: str, out: Path | None) -> None:
               file=sys.stderr)
         print(secret)
         return
-    tls.write_private(out.expanduser(), (secret + "\n").encode())
+    out = out.expanduser()
+    try:
+        out.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+        tls.write_private(out, (secret + "\n").encode())
+    except OSError as exc:
+        raise InvalidInput(f"cannot write the token to {out}: {exc.strerror or exc}; it "
+                           f"is {secret} (shown once)") from None
     print(f"token {token_id} for {user} written to {out} (0600); use it with --token-file "
           f"{out} or HYPERSACK_TOKEN_FILE={out}", file=sys.stderr)
 
