@@ -28,7 +28,7 @@ from hypersack.cli.client import Client as _Rpc
 from hypersack.cli.client import params_of
 from hypersack.cli.connect import DEFAULT_SERVER, read_token_file
 from hypersack.core.errors import HyperSackError, InvalidInput
-from hypersack.core.files import read_text_file
+from hypersack.grid.space import read_space_file
 from hypersack.wire.tls import channel_credentials
 
 TERMINAL = frozenset({"COMPLETED", "FAILED", "CANCELLED"})
@@ -158,7 +158,7 @@ class Client:
             path = Path(space)
             if not path.is_file():
                 raise InvalidInput(f"search space file {str(space)!r} does not exist")
-            text, source = read_text_file(path, "search space file"), str(path)
+            text, source = read_space_file(path), str(path)
         return _study(self._rpc.submit(text, source))
 
     def study(self, study_id: str) -> Study:

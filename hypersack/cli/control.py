@@ -23,7 +23,7 @@ from hypersack.cli.client import Client, params_of
 from hypersack.cli.connect import add_server_flag, connect
 from hypersack.cli.text import safe, safe_log
 from hypersack.core.errors import InvalidInput
-from hypersack.core.files import read_text_file
+from hypersack.grid.space import read_space_file
 
 STATE_STYLE = {"PENDING": "dim", "PROFILING": "cyan", "RUNNING": "yellow",
                "COMPLETED": "green", "FAILED": "bold red", "DIVERGED": "red",
@@ -150,7 +150,7 @@ def _submit(client: Client, args: argparse.Namespace, console: Console) -> int:
     path = Path(args.space)
     if not path.exists():
         raise InvalidInput(f"search space file {args.space!r} does not exist")
-    study = client.submit(read_text_file(path, "search space file"), str(path))
+    study = client.submit(read_space_file(path), str(path))
     console.print(f"submitted {safe(study.id)}: {sum(study.counts.values())} trials")
     if args.watch:
         return exit_code(watch(client, study.id, console))

@@ -15,8 +15,7 @@ from hypersack.agent.guard import CommandPolicy
 from hypersack.cli.client import Client
 from hypersack.cli.control import exit_code, make_console, print_results, watch
 from hypersack.core.errors import HyperSackError
-from hypersack.core.files import read_text_file
-from hypersack.grid.space import load_space
+from hypersack.grid.space import load_space, read_space_file
 from hypersack.policies.registry import policy_names
 from hypersack.server.app import HyperSackServer
 from hypersack.wire.settings import ServerSettings
@@ -77,7 +76,7 @@ def run_embedded(args: argparse.Namespace) -> int:
                 if old.state == "ACTIVE":
                     client.cancel(old.id)
                     console.print(f"cancelled {old.id}, left unfinished by an earlier run")
-            study = client.submit(read_text_file(path, "search space file"), str(path))
+            study = client.submit(read_space_file(path), str(path))
             study_id = study.id
             console.print(f"{study.id}: {space.size()} trials on {backend.name} devices "
                           f"[{devices}], policy {args.policy or space.settings.policy}")

@@ -38,7 +38,7 @@ from hypersack.core.bounds import (
 )
 from hypersack.core.catalog import MODELS
 from hypersack.core.errors import InvalidInput
-from hypersack.core.files import load_yaml_file
+from hypersack.core.files import load_yaml, load_yaml_file, read_text_file
 from hypersack.core.validation import format_validation_error
 
 MAX_TRIALS_CAP = 1_000_000
@@ -495,6 +495,32 @@ def parse_space(data: Any, *, source: str = "search space",
         raise InvalidInput(format_validation_error(exc, source)) from None
 
 
+SPACE_DIR = "{space_dir}"
+
+
+def fill_space_dir(data: Any, path: str | Path) -> Any:
+    """`{space_dir}` in a command template: the folder of the search-space file, filled
+    in where the file is read (so `{python} {space_dir}/train.py` finds the script beside
+    it, whatever the trial's working directory)."""
+    program = data.get("program") if isinstance(data, dict) else None
+    if not isinstance(program, dict):
+        return data
+    command = program.get("command")
+    if not isinstance(command, str) or SPACE_DIR not in command:
+        return data
+    folder = shlex.quote(str(Path(path).resolve().parent))
+    return {**data, "program": {**program, "command": command.replace(SPACE_DIR, folder)}}
+
+
+def read_space_file(path: str | Path) -> str:
+    """A search-space file as the text to submit: `{space_dir}` filled in (as JSON then;
+    otherwise the file's own text, comments and all)."""
+    text = read_text_file(path, "search space file")
+    if SPACE_DIR not in text:
+        return text
+    return json.dumps(fill_space_dir(load_yaml(text, str(path)), path))
+
+
 def load_space(path: str | Path, policies: Collection[str] | None = None) -> SearchSpace:
-    return parse_space(load_yaml_file(path, "search space file"), source=str(path),
-                       policies=policies)
+    data = fill_space_dir(load_yaml_file(path, "search space file"), path)
+    return parse_space(data, source=str(path), policies=policies)
