@@ -81,7 +81,8 @@ def run_simulate(args: argparse.Namespace) -> int:
         path = out_path(args.gantt)
         path.write_text(gantt_svg(result.timeline, result.gpus, result.makespan_s,
                                   title=f"{space.name} on {cluster.gpu_count()} GPUs, "
-                                        f"{config.policy}: {speedup:.2f}x"))
+                                        f"{config.policy}: {speedup:.2f}x",
+                                  occupancy=result.occupancy, baseline_s=baseline.makespan_s))
     if args.json:
         emit({"policy": config.policy, "makespan_s": round(result.makespan_s, 3),
               "baseline_makespan_s": round(baseline.makespan_s, 3),

@@ -65,6 +65,8 @@ class SimResult:
     gpus: list[tuple[str, int, str]]
     timeline: list[Segment] = field(default_factory=list)
     stuck: bool = False
+    # Occupancy over time, a step function: (from time s, mean share over live GPUs).
+    occupancy: list[tuple[float, float]] = field(default_factory=list)
 
     def summary(self) -> dict[str, float | int | bool]:
         return {
@@ -140,6 +142,7 @@ class Simulation:
         timeline: list[Segment] = []
         study_id: str | None = None
         occupancy_area = busy_area = 0.0
+        series: list[tuple[float, float]] = []  # (from time, occupancy), a step function
         profile_jobs = 0
         live_gpus: set[tuple[str, int]] = set()
         gpu_area = 0.0  # GPU-seconds that existed (for means under elasticity)
@@ -213,7 +216,11 @@ class Simulation:
                 break
             dt = nxt - now
             if dt > 0:
-                occupancy_area += dt * self._occupancy(running, live_gpus)
+                occupancy = self._occupancy(running, live_gpus)
+                occupancy_area += dt * occupancy
+                mean = occupancy / len(live_gpus) if live_gpus else 0.0
+                if not series or series[-1][1] != mean:
+                    series.append((now, mean))
                 busy = {(r.node, r.gpu_index) for r in running.values()}
                 busy_area += dt * len(busy)
                 gpu_area += dt * len(live_gpus)
@@ -227,8 +234,9 @@ class Simulation:
                     r = running.pop(tid)
                     timeline.append(Segment(r.trial_id, r.model, r.node, r.gpu_index,
                                             r.start_s, now, "COMPLETED"))
+                    # The simulated run time is the objective: no metric is missing.
                     handle(TrialFinished(tid, r.node, {"sim_time_s": now - r.start_s},
-                                         objective=None))
+                                         objective=now - r.start_s))
             else:
                 _, _, ev = heapq.heappop(queue)
                 handle(ev)
@@ -248,6 +256,7 @@ class Simulation:
             decision_time_s=self.orchestrator.decision_time_s,
             profile_jobs=profile_jobs,
             gpus=gpus,
+            occupancy=series,
             timeline=timeline,
             stuck=stuck,
         )

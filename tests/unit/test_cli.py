@@ -8,6 +8,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from hypersack.cli.main import main
 from tests.conftest import EXAMPLES
 
@@ -51,6 +53,27 @@ def test_simulate_json_and_gantt(capsys: Any, tmp_path: Path) -> None:
     assert len(out["gpus"]) == 4 and sum(g["trials"] for g in out["gpus"]) == 96
     text = svg.read_text()
     assert text.startswith("<svg") and text.count("<rect") > 96
+    # The picture says what it shows: ticks on the time axis, trial labels where they
+    # fit, the occupancy over time, the makespan and the one-trial-per-GPU baseline.
+    assert text.count('class="tick"') >= 5 and text.count('class="label"') >= 48
+    assert text.count('class="occupancy"') == 1
+    assert f"one trial per GPU {out['baseline_makespan_s']:.0f} s" in text
+    assert f"makespan {out['makespan_s']:.0f} s" in text
+    # Rendered as a person sees it: the baseline's red and the occupancy's blue are there.
+    try:
+        import cairosvg
+        from PIL import Image
+    except (ImportError, OSError) as exc:  # cairosvg needs the system's libcairo
+        pytest.skip(f"no SVG renderer here: {exc}")
+    png = tmp_path / "g.png"
+    cairosvg.svg2png(bytestring=text.encode(), write_to=str(png))
+    image = Image.open(png).convert("RGB")
+    assert image.size[0] == 1100 and image.size[1] > 400
+    colors = {c for _, c in image.getcolors(maxcolors=1 << 20) or []}
+    def near(rgb: tuple[int, int, int]) -> bool:
+        return any(sum(abs(a - b) for a, b in zip(c, rgb, strict=True)) < 40 for c in colors)
+
+    assert near((0xD6, 0x27, 0x28)) and near((0x1F, 0x77, 0xB4)) and near((0x2C, 0xA0, 0x2C))
 
 
 def test_simulate_sweep(capsys: Any) -> None:
