@@ -112,6 +112,10 @@ class Client:
                            pb.ImportProfilesRequest(profiles=profiles, replace=replace))
         return int(reply.imported), int(reply.kept)
 
+    def forget_profiles(self, model: str, arch: str = "") -> int:
+        reply = self._call("ForgetProfiles", pb.ForgetProfilesRequest(model=model, arch=arch))
+        return int(reply.forgotten)
+
     def watch(self, study_id: str, min_interval_s: float = 0.2) -> Iterator[pb.StudyUpdate]:
         try:
             yield from self._stub.WatchStudy(

@@ -34,10 +34,12 @@ def add_parser(sub: Any) -> None:
                     "optimizer, precision, fusion width) and GPU architecture. A listing "
                     "shows the demand the policy uses next to the largest peaks that trials "
                     "showed while running (observed), and why a demand was corrected.")
-    p.add_argument("action", nargs="?", choices=["list", "export", "import"], default="list")
+    p.add_argument("action", nargs="?", choices=["list", "export", "import", "forget"],
+                   default="list")
     p.add_argument("file", nargs="?",
                    help="export: where to write (.yaml or .csv, '-' for stdout); import: the "
-                        "file to read (as `hypersack-server --profiles` reads)")
+                        "file to read (as `hypersack-server --profiles` reads); forget: the "
+                        "workload whose profiles and failures to forget (with --arch: there)")
     p.add_argument("--model", default="", help="only this model")
     p.add_argument("--arch", default="", help="only this GPU architecture")
     p.add_argument("--format", choices=["table", "csv", "yaml", "json"], default="table",
@@ -51,10 +53,15 @@ def add_parser(sub: Any) -> None:
 
 
 def run_profiles(args: argparse.Namespace) -> int:
-    if args.action in ("export", "import") and not args.file:
+    if args.action in ("export", "import", "forget") and not args.file:
         raise InvalidInput(f"profiles {args.action}: give a file")
     if args.db is not None and not args.db.exists():
         raise InvalidInput(f"database {str(args.db)!r} does not exist")
+    if args.action == "forget":
+        n = _forget(args, args.file, args.arch)
+        print(f"forgot {n} profile(s) or failure(s) of {args.file}: its next study profiles "
+              "it again")
+        return 0
     if args.action == "import":
         imported = load_profiles(args.file)
         done, kept = _import(args, imported)
@@ -90,6 +97,25 @@ def _list(args: argparse.Namespace) -> list[Profile]:
     with connect(args) as client:
         return [profile_from_pb(msg, where=f"server profile {i}")
                 for i, msg in enumerate(client.profiles(args.model, args.arch))]
+
+
+def _forget(args: argparse.Namespace, model: str, arch: str) -> int:
+    if args.db is None:
+        with connect(args) as client:
+            return client.forget_profiles(model, arch)
+    store = SqliteStore(args.db)
+    try:
+        gone = [p for p in store.list_profiles()
+                if p.key.model == model and (not arch or p.arch == arch)]
+        if not gone:
+            raise InvalidInput(f"{args.db}: no profile of workload {model!r}"
+                               + (f" on {arch}" if arch else ""))
+        with store.transaction():
+            for p in gone:
+                store.remove_profile(p.key, p.arch)
+        return len(gone)
+    finally:
+        store.close()
 
 
 def _import(args: argparse.Namespace, profiles: list[Profile]) -> tuple[int, int]:

@@ -115,6 +115,15 @@ class ProfileFailed:
 
 
 @dataclass(frozen=True)
+class ProfilesForgotten:
+    """The history forgets a workload's profiles and failures (on one architecture, or
+    all): its next study profiles it again."""
+
+    model: str
+    arch: str = ""
+
+
+@dataclass(frozen=True)
 class ProfilesImported:
     """Profiles from a file or another cluster's history; `replace`: over what is known."""
 
@@ -130,7 +139,7 @@ class Tick:
 Event = Union[
     StudySubmitted, StudyCancelled, NodeJoined, Heartbeat, NodeLost, NodeDrained,
     TrialStarted, TrialProgress, TrialFinished, TrialFailed, TrialOutOfMemory,
-    ProfileMeasured, ProfileFailed, ProfilesImported, Tick,
+    ProfileMeasured, ProfileFailed, ProfilesImported, ProfilesForgotten, Tick,
 ]
 
 

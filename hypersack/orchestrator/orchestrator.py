@@ -39,6 +39,7 @@ from hypersack.orchestrator.events import (
     NodeLost,
     ProfileFailed,
     ProfileMeasured,
+    ProfilesForgotten,
     ProfilesImported,
     RunningTrial,
     StudyCancelled,
@@ -163,6 +164,7 @@ class Orchestrator:
             _handler(ProfileMeasured, self._on_profile),
             _handler(ProfileFailed, self._on_profile_failed),
             _handler(ProfilesImported, self._on_imported),
+            _handler(ProfilesForgotten, self._on_forgotten),
             _handler(Tick, self._on_tick),
         ])
         self._restore()
@@ -572,6 +574,25 @@ class Orchestrator:
             self._profile_failed.pop((p.key, p.arch), None)
             self._store.put_profile(p)
         self._needs_cache.clear()
+        return self._schedule()
+
+    def known_slots(self, model: str, arch: str = "") -> list[Slot]:
+        """What the history holds of a workload (profiles and failures), for forgetting."""
+        return sorted((s for s in {*self._profiles, *self._profile_failed}
+                       if s[0].model == model and (not arch or s[1] == arch)),
+                      key=lambda s: (s[0].label(), s[1]))
+
+    def _on_forgotten(self, event: ProfilesForgotten) -> list[Command]:
+        """Forget what the history knows of a workload: its next study profiles it."""
+        slots = self.known_slots(event.model, event.arch)
+        if not slots:
+            raise NotFound(f"the history has nothing of workload {_short(event.model, 80)!r}"
+                           + (f" on {_short(event.arch, 40)}" if event.arch else ""))
+        for slot in slots:
+            if self._profiles.pop(slot, None) is not None:
+                self._store.remove_profile(*slot)
+            self._profile_failed.pop(slot, None)
+        log.info("forgot %d profile(s) of %s", len(slots), event.model)
         return self._schedule()
 
     def _on_profile_failed(self, event: ProfileFailed) -> list[Command]:

@@ -43,6 +43,7 @@ from hypersack.orchestrator.events import (
     NodeJoined,
     ProfileFailed,
     ProfileMeasured,
+    ProfilesForgotten,
     ProfilesImported,
     RunningTrial,
     StudyCancelled,
@@ -270,6 +271,16 @@ class SchedulerService:
                 raise NotFound(f"no node {node[:80]!r}")
             self._apply(NodeDrained(node, draining))
             return next(n for n in self.orch.nodes() if n.spec.name == node)
+
+    def forget(self, model: str, arch: str = "") -> int:
+        """Forget a workload's profiles and profile failures; how many were forgotten."""
+        with self._lock:
+            n = len(self.orch.known_slots(model, arch))
+            if not n:
+                raise NotFound(f"the history has nothing of workload {model[:80]!r}"
+                               + (f" on {arch[:40]}" if arch else ""))
+            self._apply(ProfilesForgotten(model, arch))
+            return n
 
     def profiles(self, model: str = "", arch: str = "") -> list[Profile]:
         with self._lock:

@@ -211,6 +211,12 @@ class SchedulerServicer(pb_grpc.SchedulerServicer):
         return pb.ImportProfilesResponse(imported=imported, kept=kept)
 
     @translated
+    def ForgetProfiles(self, request: pb.ForgetProfilesRequest, context: grpc.ServicerContext
+                       ) -> pb.ForgetProfilesResponse:
+        self._auth.require_admin(self._who(context), "forgetting profiles")
+        return pb.ForgetProfilesResponse(forgotten=self._s.forget(request.model, request.arch))
+
+    @translated
     def WhoAmI(self, request: pb.WhoAmIRequest, context: grpc.ServicerContext) -> pb.User:
         who = self._who(context)
         return pb.User(name=who.name, role=who.role.value, via=who.via)

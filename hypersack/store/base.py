@@ -79,6 +79,10 @@ class Store(ABC):
     def list_profiles(self) -> list[Profile]: ...
 
     @abstractmethod
+    def remove_profile(self, key: WorkloadKey, arch: str) -> None:
+        """Removing an unknown profile is not an error."""
+
+    @abstractmethod
     def put_user(self, user: UserRecord) -> None:
         """Insert or replace the user of that name."""
 

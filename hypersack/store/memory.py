@@ -132,6 +132,10 @@ class MemoryStore(Store):
     def get_profile(self, key: WorkloadKey, arch: str) -> Profile | None:
         return self._profiles.get((key, arch))
 
+    def remove_profile(self, key: WorkloadKey, arch: str) -> None:
+        if (key, arch) in self._profiles:
+            self._set(self._profiles, (key, arch), _MISSING)
+
     def list_profiles(self) -> list[Profile]:
         return sorted(self._profiles.values(), key=lambda p: (p.key.label(), p.arch))
 

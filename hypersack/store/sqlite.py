@@ -253,6 +253,11 @@ class SqliteStore(Store):
                                    (_key_text(key), arch)).fetchone()
         return None if row is None else Profile.model_validate_json(row[0])
 
+    def remove_profile(self, key: WorkloadKey, arch: str) -> None:
+        with self.transaction():
+            self._db.execute("DELETE FROM profiles WHERE key=? AND arch=?",
+                             (_key_text(key), arch))
+
     def list_profiles(self) -> list[Profile]:
         with self._lock:
             rows = self._db.execute("SELECT doc FROM profiles").fetchall()

@@ -119,6 +119,19 @@ def test_nodes_and_profiles(store: Store) -> None:
     assert len(store.list_profiles()) == 2
 
 
+def test_profiles_can_be_removed(store: Store) -> None:
+    from hypersack.core.types import Demand, Profile, WorkloadKey
+
+    key = WorkloadKey(model="mlp", batch_size=0, params=(("width", "64"),))
+    p = Profile(key=key, arch="A100", demand=Demand(compute_pct=1, memory_mib=1, cores=1),
+                iter_time_s=1, iters_per_epoch=1)
+    store.put_profile(p)
+    assert store.get_profile(key, "A100") == p
+    store.remove_profile(key, "H100")  # not an error
+    store.remove_profile(key, "A100")
+    assert store.get_profile(key, "A100") is None and store.list_profiles() == []
+
+
 def test_users_and_tokens(store: Store) -> None:
     from hypersack.core.types import Role, TokenRecord, UserRecord
 

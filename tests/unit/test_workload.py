@@ -136,3 +136,43 @@ def test_a_program_without_the_sdk_is_profiled_on_its_whole_run(
     (row,) = json.loads(capsys.readouterr().out)
     assert row["key"]["model"].startswith("cmd-") and "the whole run" in row["source"]
     assert row["demand"]["memory_mib"] >= 5  # at least an interpreter's resident size
+
+
+def test_forgetting_a_workload_profiles_it_again() -> None:
+    from hypersack.core.errors import NotFound
+    from hypersack.orchestrator import ProfileFailed, ProfilesForgotten
+
+    orch, store, _ = make(profiles=[])
+    orch.handle(NodeJoined(parse_shorthand("1x1xA100-80GB").nodes[0]))
+    space = parse_space(own(workload="mlp"))
+    (job,) = [c for c in orch.handle(StudySubmitted(space)) if isinstance(c, ProfileWorkload)]
+    orch.handle(ProfileFailed(job.key, "A100", job.node, "Traceback: bug"))
+    assert {t.state for t in orch.trials()} == {TrialState.FAILED}
+    assert orch.known_slots("mlp") == [(job.key, "A100")]
+    cmds = orch.handle(ProfilesForgotten("mlp"))
+    assert orch.known_slots("mlp") == [] and store.list_profiles() == []
+    assert not [c for c in cmds if isinstance(c, ProfileWorkload)]  # nothing waits for it
+    with pytest.raises(NotFound):
+        orch.handle(ProfilesForgotten("mlp"))
+
+
+def test_profiles_forget_on_a_server_is_for_admins(tmp_path: Path) -> None:
+    from hypersack.core.errors import NotFound, PermissionDenied
+    from tests.unit.test_auth import start
+
+    s = start(tmp_path)
+    try:
+        with s.client("root") as root:
+            root.import_profiles([profile_to_pb(Profile.model_validate({
+                "key": {"model": "mlp", "batch_size": 0}, "arch": "A100",
+                "demand": {"compute_pct": 20, "memory_mib": 100, "cores": 1},
+                "iter_time_s": 0.1, "iters_per_epoch": 10}))], replace=False)
+        with s.client("alice") as alice, pytest.raises(PermissionDenied):
+            alice.forget_profiles("mlp")
+        with s.client("root") as root:
+            assert root.forget_profiles("mlp", "A100") == 1
+            assert [p for p in root.profiles() if p.key.model == "mlp"] == []
+            with pytest.raises(NotFound):
+                root.forget_profiles("mlp")
+    finally:
+        s.server.stop(0)

@@ -188,6 +188,20 @@ class ImportProfilesRequest(_message.Message):
     replace: bool
     def __init__(self, profiles: _Optional[_Iterable[_Union[ProfileRecord, _Mapping]]] = ..., replace: bool = ...) -> None: ...
 
+class ForgetProfilesRequest(_message.Message):
+    __slots__ = ("model", "arch")
+    MODEL_FIELD_NUMBER: _ClassVar[int]
+    ARCH_FIELD_NUMBER: _ClassVar[int]
+    model: str
+    arch: str
+    def __init__(self, model: _Optional[str] = ..., arch: _Optional[str] = ...) -> None: ...
+
+class ForgetProfilesResponse(_message.Message):
+    __slots__ = ("forgotten",)
+    FORGOTTEN_FIELD_NUMBER: _ClassVar[int]
+    forgotten: int
+    def __init__(self, forgotten: _Optional[int] = ...) -> None: ...
+
 class ImportProfilesResponse(_message.Message):
     __slots__ = ("imported", "kept")
     IMPORTED_FIELD_NUMBER: _ClassVar[int]

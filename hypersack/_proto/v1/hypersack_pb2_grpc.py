@@ -96,6 +96,11 @@ class SchedulerStub(object):
                 request_serializer=hypersack_dot___proto_dot_v1_dot_hypersack__pb2.ImportProfilesRequest.SerializeToString,
                 response_deserializer=hypersack_dot___proto_dot_v1_dot_hypersack__pb2.ImportProfilesResponse.FromString,
                 _registered_method=True)
+        self.ForgetProfiles = channel.unary_unary(
+                '/hypersack.v1.Scheduler/ForgetProfiles',
+                request_serializer=hypersack_dot___proto_dot_v1_dot_hypersack__pb2.ForgetProfilesRequest.SerializeToString,
+                response_deserializer=hypersack_dot___proto_dot_v1_dot_hypersack__pb2.ForgetProfilesResponse.FromString,
+                _registered_method=True)
         self.WhoAmI = channel.unary_unary(
                 '/hypersack.v1.Scheduler/WhoAmI',
                 request_serializer=hypersack_dot___proto_dot_v1_dot_hypersack__pb2.WhoAmIRequest.SerializeToString,
@@ -213,6 +218,13 @@ class SchedulerServicer(object):
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ForgetProfiles(self, request, context):
+        """Forget a workload's profiles and profile failures (admins): it is profiled again.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def WhoAmI(self, request, context):
         """Who the server takes the caller for (the token's or certificate's user).
         """
@@ -320,6 +332,11 @@ def add_SchedulerServicer_to_server(servicer, server):
                     servicer.ImportProfiles,
                     request_deserializer=hypersack_dot___proto_dot_v1_dot_hypersack__pb2.ImportProfilesRequest.FromString,
                     response_serializer=hypersack_dot___proto_dot_v1_dot_hypersack__pb2.ImportProfilesResponse.SerializeToString,
+            ),
+            'ForgetProfiles': grpc.unary_unary_rpc_method_handler(
+                    servicer.ForgetProfiles,
+                    request_deserializer=hypersack_dot___proto_dot_v1_dot_hypersack__pb2.ForgetProfilesRequest.FromString,
+                    response_serializer=hypersack_dot___proto_dot_v1_dot_hypersack__pb2.ForgetProfilesResponse.SerializeToString,
             ),
             'WhoAmI': grpc.unary_unary_rpc_method_handler(
                     servicer.WhoAmI,
@@ -683,6 +700,33 @@ class Scheduler(object):
             '/hypersack.v1.Scheduler/ImportProfiles',
             hypersack_dot___proto_dot_v1_dot_hypersack__pb2.ImportProfilesRequest.SerializeToString,
             hypersack_dot___proto_dot_v1_dot_hypersack__pb2.ImportProfilesResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ForgetProfiles(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/hypersack.v1.Scheduler/ForgetProfiles',
+            hypersack_dot___proto_dot_v1_dot_hypersack__pb2.ForgetProfilesRequest.SerializeToString,
+            hypersack_dot___proto_dot_v1_dot_hypersack__pb2.ForgetProfilesResponse.FromString,
             options,
             channel_credentials,
             insecure,
