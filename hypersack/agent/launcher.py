@@ -24,6 +24,7 @@ from hypersack.agent.accounts import Account
 from hypersack.agent.procs import ENV_AGENT_DIR, ENV_JOB, die_with_parent, signal_all, tree
 from hypersack.core import trial_env as sdk
 from hypersack.core.errors import InvalidInput
+from hypersack.core.trial_env import as_text
 from hypersack.grid.space import PLACEHOLDER, Program
 
 log = logging.getLogger(__name__)
@@ -68,14 +69,6 @@ def open_regular(path: Path, mode: str) -> IO[bytes]:
     except BaseException:
         os.close(fd)
         raise
-
-
-def as_text(value: Any) -> str:
-    """A value as a program's argument: a whole float is written as an integer (`6`, not
-    `6.0`, which `int()` and argparse's `type=int` refuse); others as Python writes them."""
-    if isinstance(value, float) and value.is_integer() and abs(value) < 2**53:
-        return str(int(value))
-    return str(value)
 
 
 @dataclass

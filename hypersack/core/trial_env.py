@@ -14,3 +14,12 @@ ENV_PROFILE = "HYPERSACK_PROFILE_FILE"
 ENV_PROFILE_ITERATIONS = "HYPERSACK_PROFILE_ITERATIONS"
 ENV_PROFILE_WARMUP = "HYPERSACK_PROFILE_WARMUP"
 OOM_EXIT_CODE = 86
+
+
+def as_text(value: object) -> str:
+    """A value as a program's argument (and in a workload key): a whole float is written
+    as an integer (`6`, not `6.0`, which `int()` and argparse's `type=int` refuse);
+    others as Python writes them."""
+    if isinstance(value, float) and value.is_integer() and abs(value) < 2**53:
+        return str(int(value))
+    return str(value)

@@ -9,6 +9,7 @@ import random
 import re
 from typing import Any
 
+from hypersack.core.trial_env import as_text
 from hypersack.core.types import TrialRecord, WorkloadKey
 from hypersack.grid.space import KEY_PARAMS, Choice, IntRange, LogUniform, SearchSpace, Uniform
 
@@ -48,9 +49,7 @@ def workload_key(space: SearchSpace, params: dict[str, Any], fusion_width: int =
 
 def as_key_text(value: Any) -> str:
     """A demand key's value in a workload key: whole floats as integers, like commands."""
-    if isinstance(value, float) and value.is_integer() and abs(value) < 2**53:
-        value = int(value)
-    text = str(value)
+    text = as_text(value)
     safe = _UNSAFE.sub("_", text)
     if safe == text and 0 < len(text) <= 64:
         return text
