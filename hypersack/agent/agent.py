@@ -34,6 +34,7 @@ from hypersack.agent.launcher import (
     job_key,
     safe_part,
 )
+from hypersack.agent.mps import TIME_SLICING, MpsControl
 from hypersack.agent.procs import Records, kill_strays
 from hypersack.core import trial_env as sdk
 from hypersack.core.bounds import clamp
@@ -46,6 +47,7 @@ log = logging.getLogger(__name__)
 RESEND_WINDOW_S = 30.0
 OBSERVE_INTERVAL_S = 1.0  # how often running trials' device use is sampled
 LOG_CHECK_INTERVAL_S = 1.0  # how often trial logs are checked against their cap
+MPS_CHECK_INTERVAL_S = 5.0  # how often the MPS daemons are asked whether they live
 SWEEP_INTERVAL_S = 1.0  # at most this often, after a trial ended: kill what it left
 # Keepalive pings find a dead link (a silent peer, a dropped NAT entry) in seconds.
 CHANNEL_OPTIONS = [("grpc.keepalive_time_ms", 10_000), ("grpc.keepalive_timeout_ms", 5_000),
@@ -71,7 +73,8 @@ class Agent:
                  log_max_bytes: int = LOG_MAX_BYTES, commands: CommandPolicy | None = None,
                  pass_env: Iterable[str] = (), inherit_env: bool = False,
                  credentials: grpc.ChannelCredentials | None = None,
-                 server_name: str | None = None, users: TrialUsers | None = None) -> None:
+                 server_name: str | None = None, users: TrialUsers | None = None,
+                 mps: MpsControl | None = None) -> None:
         self.server = server
         # TLS to the server, with this node's certificate (None: plain, loopback only).
         self.credentials = credentials
@@ -88,6 +91,8 @@ class Agent:
         self.log_max_bytes = log_max_bytes
         self.commands = commands or CommandPolicy()
         self.users = users or TrialUsers()  # default: trials run as the agent's user
+        self.mps = mps  # None: co-located trials time-slice
+        self._mps_checked_at = 0.0
         # What trials see of this process's environment (`inherit_env`: all of it, for
         # `hypersack run` on one's own machine).
         self.base_env = None if inherit_env else clean_env(os.environ, pass_env)
@@ -134,6 +139,8 @@ class Agent:
         failures = 0
         refused_since: float | None = None
         self.reap_leftovers()
+        if self.mps is not None:
+            self.mps.start()
         try:
             while not self._stop.is_set():
                 error, was_connected = self._session()
@@ -163,6 +170,8 @@ class Agent:
         finally:
             if self.kill_on_stop:
                 self._kill_all()
+            if self.mps is not None:
+                self.mps.stop()  # after its clients ended
 
     def stop(self) -> None:
         self._stop.set()
@@ -307,7 +316,12 @@ class Agent:
         return pb.AgentMessage(heartbeat=pb.Heartbeat(
             running=running,
             gpus=[pb.GpuState(index=s.index, utilization_pct=s.utilization_pct,
-                              memory_used_mib=s.memory_used_mib) for s in states]))
+                              memory_used_mib=s.memory_used_mib,
+                              sharing=self._sharing(s.index)[0],
+                              mps_restarts=self._sharing(s.index)[1]) for s in states]))
+
+    def _sharing(self, index: int) -> tuple[str, int]:
+        return self.mps.mode(index) if self.mps is not None else (TIME_SLICING, 0)
 
     # ----------------------------------------------------------------- commands
     def _command(self, msg: pb.ServerMessage, outbox: queue.Queue[pb.AgentMessage | None]
@@ -373,8 +387,11 @@ class Agent:
                 log.info("%s: attempt %d supersedes attempt %d", old.id, m.attempt, old.attempt)
                 old.kill()
         try:
+            mps_env = self.mps.client_env(m.gpu_index, m.compute_pct, m.memory_mib) \
+                if self.mps is not None else {}
             job, _ = self._job(m.trial_id, m.study_id, m.study_id, m.gpu_index, m.program,
-                               m.params_json, m.epochs, attempt=m.attempt, owner=m.owner)
+                               m.params_json, m.epochs, mps_env, attempt=m.attempt,
+                               owner=m.owner)
             job.start()
         except (HyperSackError, ValueError, OSError) as exc:
             self._send(outbox, pb.AgentMessage(exited=pb.TrialExited(
@@ -395,10 +412,14 @@ class Agent:
         try:
             key = key_from_pb(m.key)
             job_id = f"profile-{key.label()}-{m.arch}"
+            # A profile run has its GPU to itself: an MPS client with all of it.
+            mps_env = self.mps.client_env(m.gpu_index, 100.0, None) \
+                if self.mps is not None else {}
             job, device = self._job(
                 job_id, "profile", "profiles", m.gpu_index, m.program, m.params_json, m.epochs,
                 {sdk.ENV_PROFILE_ITERATIONS: str(m.iterations),
-                 sdk.ENV_PROFILE_WARMUP: str(m.warmup)}, profile=True, owner=m.owner)
+                 sdk.ENV_PROFILE_WARMUP: str(m.warmup), **mps_env}, profile=True,
+                owner=m.owner)
             job.start()
         except (HyperSackError, ValueError, OSError) as exc:
             self._send(outbox, pb.AgentMessage(profile=pb.ProfileResult(
@@ -414,6 +435,10 @@ class Agent:
 
     # ----------------------------------------------------------------- processes
     def _poll(self, outbox: queue.Queue[pb.AgentMessage | None]) -> None:
+        if self.mps is not None and \
+                time.monotonic() - self._mps_checked_at >= MPS_CHECK_INTERVAL_S:
+            self._mps_checked_at = time.monotonic()
+            self.mps.check()
         if time.monotonic() - self._observed_at >= OBSERVE_INTERVAL_S:
             self._observed_at = time.monotonic()
             self._observe()

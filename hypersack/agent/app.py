@@ -16,6 +16,8 @@ from hypersack.agent.accounts import TrialUsers
 from hypersack.agent.agent import Agent
 from hypersack.agent.devices import BACKENDS, make_backend
 from hypersack.agent.guard import CommandPolicy
+from hypersack.agent.launcher import safe_part
+from hypersack.agent.mps import MpsControl
 from hypersack.agent.procs import become_subreaper
 from hypersack.core.bounds import is_name
 from hypersack.core.errors import HyperSackError, InvalidInput
@@ -59,6 +61,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--allow-root-trials", action="store_true", default=None,
                    help="an agent started as root may run trials as root: a single-user "
                    "machine only (logged as a warning at every start)")
+    p.add_argument("--no-mps", dest="mps", action="store_false", default=None,
+                   help="no MPS daemons: co-located trials time-slice (default: one MPS "
+                   "daemon per GPU where nvidia-cuda-mps-control is found)")
     p.add_argument("--tls-dir", type=Path, help="a `hypersack certs` directory: ca.crt and "
                    "nodes/NODE.crt, nodes/NODE.key (then --server is the agent port)")
     p.add_argument("--tls-ca", type=Path, help="the cluster CA certificate")
@@ -85,7 +90,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             "tls_dir": args.tls_dir, "tls_ca": args.tls_ca, "tls_cert": args.tls_cert,
             "tls_key": args.tls_key, "tls_server_name": args.tls_server_name,
             "run_as": args.run_as, "user_map": args.user_map,
-            "allow_root_trials": args.allow_root_trials}, args.config)
+            "allow_root_trials": args.allow_root_trials, "mps": args.mps}, args.config)
         users = TrialUsers.parse(settings.run_as, settings.user_map,
                                  allow_root=settings.allow_root_trials)
         cert_node = (certificate_identity(settings.tls_cert)
@@ -110,7 +115,10 @@ def main(argv: Sequence[str] | None = None) -> int:
                       log_max_bytes=settings.log_max_mib << 20,
                       commands=CommandPolicy.parse(settings.allow_commands, settings.allow_shell),
                       pass_env=settings.pass_env, credentials=credentials,
-                      server_name=settings.tls_server_name, users=users)
+                      server_name=settings.tls_server_name, users=users,
+                      # MPS for GPUs: not for the CPU backend, which has none.
+                      mps=MpsControl(settings.workdir / safe_part(node), backend.devices(),
+                                     enabled=settings.mps and backend.name != "cpu"))
     except HyperSackError as exc:
         print(f"hypersack-agent: error: {exc}", file=sys.stderr)
         return 2

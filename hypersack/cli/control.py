@@ -249,15 +249,17 @@ def print_nodes(nodes: list[pb.Node], console: Console) -> None:
         console.print("no nodes registered")
         return
     table = Table("node", "backend", "state", "last seen", "GPU", "arch", "memory", "trials",
-                  "occupancy", "util")
+                  "occupancy", "util", "sharing")
     for n in nodes:
         state = ("connected" if n.connected else "[red]disconnected[/]") + (
             ", [yellow]draining[/]" if n.draining else "")
         for i, g in enumerate(n.gpus):
             head = (safe(n.name), safe(n.backend), state, f"{n.last_seen_s:.1f} s ago") \
                 if i == 0 else ("", "", "", "")
+            sharing = safe(g.sharing or "-") + (f" ({g.mps_restarts} restarts)"
+                                                 if g.mps_restarts else "")
             table.add_row(*head, str(g.index), safe(g.arch), f"{g.memory_mib} MiB", str(g.trials),
-                          f"{g.compute_share:.0%}", f"{g.utilization_pct:.0f}%")
+                          f"{g.compute_share:.0%}", f"{g.utilization_pct:.0f}%", sharing)
     console.print(table)
 
 

@@ -73,6 +73,8 @@ from hypersack.wire.convert import (
 
 log = logging.getLogger(__name__)
 
+SHARING_MODES = ("mps", "time-slicing")
+
 MAX_SPACE_BYTES = 1 << 20
 MAX_RUNNING_PER_NODE = 100_000
 MAX_WATCH_INTERVAL_S = 60.0
@@ -462,7 +464,9 @@ class SchedulerService:
                 if g.index in known:  # only the GPUs it registered: no unbounded growth
                     session.gpu_state[g.index] = pb.GpuState(
                         index=g.index, utilization_pct=clean_percent(g.utilization_pct),
-                        memory_used_mib=clean_memory(g.memory_used_mib))
+                        memory_used_mib=clean_memory(g.memory_used_mib),
+                        sharing=g.sharing if g.sharing in SHARING_MODES else "",
+                        mps_restarts=max(0, min(g.mps_restarts, 1_000_000)))
             running = tuple(RunningTrial(r.trial_id, r.gpu_index, clean_memory(r.peak_memory_mib),
                                          clean_percent(r.peak_utilization_pct), r.attempt)
                             for r in hb.running)

@@ -273,7 +273,9 @@ def node_messages(service: SchedulerService) -> list[pb.Node]:
             gpus.append(pb.Gpu(index=g.index, arch=g.arch, memory_mib=g.memory_mib, uuid=g.uuid,
                                trials=trials, compute_share=share,
                                utilization_pct=state.utilization_pct if state else 0.0,
-                               memory_used_mib=state.memory_used_mib if state else 0))
+                               memory_used_mib=state.memory_used_mib if state else 0,
+                               sharing=state.sharing if state else "",
+                               mps_restarts=state.mps_restarts if state else 0))
         out.append(pb.Node(name=rec.spec.name, cores=rec.spec.cores, draining=rec.draining,
                            connected=bool(s and s.connected),
                            last_seen_s=service.since(s.last_seen) if s else -1.0,

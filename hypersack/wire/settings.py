@@ -118,6 +118,8 @@ class AgentSettings(BaseSettings):
                                 "UNIXUSER: trials of that study owner run as that user")
     allow_root_trials: bool = Field(default=False, description="an agent running as root "
                                     "may run trials as root (a single-user machine only)")
+    mps: bool = Field(default=True, description="run an MPS daemon per GPU where "
+                      "nvidia-cuda-mps-control is found (false: co-located trials time-slice)")
 
     def tls(self, node: str) -> CertPaths | None:
         return _tls_paths(self.tls_ca, self.tls_cert, self.tls_key, self.tls_dir,

@@ -305,7 +305,7 @@ class StudyUpdate(_message.Message):
     def __init__(self, study: _Optional[_Union[Study, _Mapping]] = ..., gpus: _Optional[_Iterable[_Union[GpuLoad, _Mapping]]] = ...) -> None: ...
 
 class Gpu(_message.Message):
-    __slots__ = ("index", "arch", "memory_mib", "uuid", "trials", "compute_share", "utilization_pct", "memory_used_mib")
+    __slots__ = ("index", "arch", "memory_mib", "uuid", "trials", "compute_share", "utilization_pct", "memory_used_mib", "sharing", "mps_restarts")
     INDEX_FIELD_NUMBER: _ClassVar[int]
     ARCH_FIELD_NUMBER: _ClassVar[int]
     MEMORY_MIB_FIELD_NUMBER: _ClassVar[int]
@@ -314,6 +314,8 @@ class Gpu(_message.Message):
     COMPUTE_SHARE_FIELD_NUMBER: _ClassVar[int]
     UTILIZATION_PCT_FIELD_NUMBER: _ClassVar[int]
     MEMORY_USED_MIB_FIELD_NUMBER: _ClassVar[int]
+    SHARING_FIELD_NUMBER: _ClassVar[int]
+    MPS_RESTARTS_FIELD_NUMBER: _ClassVar[int]
     index: int
     arch: str
     memory_mib: int
@@ -322,7 +324,9 @@ class Gpu(_message.Message):
     compute_share: float
     utilization_pct: float
     memory_used_mib: int
-    def __init__(self, index: _Optional[int] = ..., arch: _Optional[str] = ..., memory_mib: _Optional[int] = ..., uuid: _Optional[str] = ..., trials: _Optional[int] = ..., compute_share: _Optional[float] = ..., utilization_pct: _Optional[float] = ..., memory_used_mib: _Optional[int] = ...) -> None: ...
+    sharing: str
+    mps_restarts: int
+    def __init__(self, index: _Optional[int] = ..., arch: _Optional[str] = ..., memory_mib: _Optional[int] = ..., uuid: _Optional[str] = ..., trials: _Optional[int] = ..., compute_share: _Optional[float] = ..., utilization_pct: _Optional[float] = ..., memory_used_mib: _Optional[int] = ..., sharing: _Optional[str] = ..., mps_restarts: _Optional[int] = ...) -> None: ...
 
 class Node(_message.Message):
     __slots__ = ("name", "cores", "draining", "connected", "last_seen_s", "gpus", "backend")
@@ -371,14 +375,18 @@ class GpuInfo(_message.Message):
     def __init__(self, index: _Optional[int] = ..., arch: _Optional[str] = ..., memory_mib: _Optional[int] = ..., uuid: _Optional[str] = ...) -> None: ...
 
 class GpuState(_message.Message):
-    __slots__ = ("index", "utilization_pct", "memory_used_mib")
+    __slots__ = ("index", "utilization_pct", "memory_used_mib", "sharing", "mps_restarts")
     INDEX_FIELD_NUMBER: _ClassVar[int]
     UTILIZATION_PCT_FIELD_NUMBER: _ClassVar[int]
     MEMORY_USED_MIB_FIELD_NUMBER: _ClassVar[int]
+    SHARING_FIELD_NUMBER: _ClassVar[int]
+    MPS_RESTARTS_FIELD_NUMBER: _ClassVar[int]
     index: int
     utilization_pct: float
     memory_used_mib: int
-    def __init__(self, index: _Optional[int] = ..., utilization_pct: _Optional[float] = ..., memory_used_mib: _Optional[int] = ...) -> None: ...
+    sharing: str
+    mps_restarts: int
+    def __init__(self, index: _Optional[int] = ..., utilization_pct: _Optional[float] = ..., memory_used_mib: _Optional[int] = ..., sharing: _Optional[str] = ..., mps_restarts: _Optional[int] = ...) -> None: ...
 
 class RunningTrial(_message.Message):
     __slots__ = ("trial_id", "gpu_index", "peak_memory_mib", "peak_utilization_pct", "attempt")
