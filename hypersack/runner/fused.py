@@ -1,0 +1,140 @@
+"""Horizontally fused training: K trials of one model trained in one process.
+
+The K members' parameters and buffers are stacked (`torch.func.stack_module_state`) and
+one forward-backward pass runs all of them (`vmap` over `functional_call`), fed by one
+data pipeline. Each member keeps its own hyperparameters (learning rate, weight decay,
+momentum, initialization seed), its own unreduced loss and metrics, and its own
+gradient clipping; the update is SGD with momentum applied to all members at once with
+`foreach` operations over the stacked tensors, each member's factors broadcast along
+its slice (optimizer fusion).
+
+Members are isolated: one whose loss or gradients turn NaN or infinite is masked (its
+updates stop, its parameters keep their last finite values) while the others go on,
+and `diverged` says which. BatchNorm keeps running statistics per member.
+
+Not bit-identical to K separate runs: reductions inside a vmapped convolution or matmul
+may sum in another order (float rounding; in float64 fused and separate runs agree to
+1e-9, in float32 BatchNorm over small batches magnifies the rounding to about 1e-4 of a
+parameter after a few steps), and
+dropout draws one mask over the fused tensor (each member's part is independent, but the
+random stream is not the one a separate run would use).
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor, nn
+from torch.func import functional_call, grad_and_value, stack_module_state, vmap
+
+Loss = Callable[[Tensor, Tensor], Tensor]
+
+
+@dataclass(frozen=True)
+class Member:
+    """One trial of a fused group: the hyperparameters fusion lets differ."""
+
+    trial_id: str
+    lr: float
+    momentum: float = 0.0
+    weight_decay: float = 0.0
+    seed: int = 0
+    clip_norm: float | None = None  # per member, never global
+
+
+class FusedGroup:
+    def __init__(self, build: Callable[[], nn.Module], members: Sequence[Member],
+                 loss: Loss = nn.functional.cross_entropy) -> None:
+        if not members:
+            raise ValueError("a fused group needs at least one member")
+        self.members = list(members)
+        models = []
+        for m in self.members:
+            torch.manual_seed(m.seed)
+            models.append(build().train())
+        self.params, self.buffers = stack_module_state(models)
+        for p in self.params.values():
+            p.requires_grad_(False)  # torch.func computes the gradients
+        self.base = copy.deepcopy(models[0]).to("meta")
+        self.loss = loss
+        k = len(self.members)
+        self.alive = torch.ones(k, dtype=torch.bool)
+        self._lr = torch.tensor([m.lr for m in self.members])
+        self._momentum = torch.tensor([m.momentum for m in self.members])
+        self._decay = torch.tensor([m.weight_decay for m in self.members])
+        self._clip = torch.tensor([m.clip_norm if m.clip_norm else math.inf
+                                   for m in self.members])
+        self._velocity = [torch.zeros_like(p) for p in self.params.values()]
+        self.steps = 0
+
+    @property
+    def width(self) -> int:
+        return len(self.members)
+
+    @property
+    def diverged(self) -> list[str]:
+        return [m.trial_id for m, ok in zip(self.members, self.alive.tolist(), strict=True)
+                if not ok]
+
+    def _member_loss(self, params: dict[str, Tensor], buffers: dict[str, Tensor],
+                     x: Tensor, y: Tensor) -> Tensor:
+        loss: Tensor = self.loss(functional_call(self.base, (params, buffers), (x,)), y)
+        return loss
+
+    def forward(self, x: Tensor) -> Tensor:
+        """Every member's output for one batch (K, batch, ...), without training."""
+        def one(p: dict[str, Tensor], b: dict[str, Tensor]) -> Tensor:
+            out: Tensor = functional_call(self.base, (p, b), (x,))
+            return out
+
+        with torch.no_grad():
+            out: Tensor = vmap(one, randomness="different")(self.params, self.buffers)
+        return out
+
+    def step(self, x: Tensor, y: Tensor) -> Tensor:
+        """One training step of every live member on the batch (x, y); each member's
+        loss (K,), NaN for one that diverged now or before."""
+        grads, losses = vmap(grad_and_value(self._member_loss), in_dims=(0, 0, None, None),
+                             randomness="different")(self.params, self.buffers, x, y)
+        names = list(self.params)
+        g = [grads[n] for n in names]
+        k = self.width
+        # Each member's gradient norm over all its parameters: clipping and the NaN check
+        # are per member.
+        sq = torch.stack([t.reshape(k, -1).double().pow(2).sum(dim=1) for t in g]).sum(dim=0)
+        norm = sq.sqrt()
+        finite = torch.isfinite(losses.detach()) & torch.isfinite(norm)
+        self.alive &= finite
+        live = self.alive.to(g[0].dtype)
+        # As torch.nn.utils.clip_grad_norm_ computes it (1e-6 against a zero norm).
+        scale = torch.clamp(self._clip / (norm + 1e-6), max=1.0).to(g[0].dtype)
+        scale = torch.where(self.alive, scale, torch.zeros_like(scale))
+        with torch.no_grad():
+            p = [self.params[n] for n in names]
+            shape = [(k,) + (1,) * (t.dim() - 1) for t in p]
+            g = [torch.nan_to_num(t, nan=0.0, posinf=0.0, neginf=0.0) for t in g]
+            torch._foreach_mul_(g, [scale.view(s) for s in shape])
+            # SGD with momentum and weight decay, as torch.optim.SGD does it, with each
+            # member's factors broadcast along its slice: d = g + wd p; v = m v + d;
+            # p -= lr v. A masked member has lr 0 and no velocity.
+            torch._foreach_add_(g, torch._foreach_mul(p, [(self._decay * live).view(s)
+                                                          for s in shape]))
+            torch._foreach_mul_(self._velocity, [(self._momentum * live).view(s)
+                                                 for s in shape])
+            torch._foreach_add_(self._velocity, g)
+            torch._foreach_sub_(p, torch._foreach_mul(self._velocity,
+                                                      [(self._lr * live).view(s)
+                                                       for s in shape]))
+        self.steps += 1
+        out: Tensor = losses.detach().clone()
+        out[~self.alive] = math.nan
+        return out
+
+    def member_state(self, index: int) -> dict[str, Tensor]:
+        """One member's parameters and buffers, as a separate model's state_dict."""
+        return {**{n: t[index].clone() for n, t in self.params.items()},
+                **{n: t[index].clone() for n, t in self.buffers.items()}}
