@@ -1,0 +1,126 @@
+"""Fused training against separate processes, on this machine's CPU, in one run.
+
+For each model and width K: throughput (training samples per second, all members
+together) of one fused process training K members, against K separate processes
+training one member each at the same time; their ratio; and the peak resident memory
+per member. Each configuration runs in fresh processes (warm-up steps first).
+
+    python scripts/bench_fused.py                       # resnet18 and bert_tiny, K=1,2,4,8
+    python scripts/bench_fused.py --models resnet18 --widths 1,4 --steps 3 --json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def batch(model: str, size: int, seed: int):  # type: ignore[no-untyped-def]
+    import torch
+
+    g = torch.Generator().manual_seed(seed)
+    if model in ("bert_tiny", "pythia_14m", "pythia_31m"):
+        return torch.randint(1, 1000, (size, 64), generator=g), torch.randint(0, 2, (size,),
+                                                                             generator=g)
+    return torch.randn(size, 3, 32, 32, generator=g), torch.randint(0, 10, (size,), generator=g)
+
+
+def worker(model: str, width: int, steps: int, warmup: int, size: int, threads: int
+           ) -> dict[str, float]:
+    """Train `width` fused members (width 1: one plain model, as a separate run does)."""
+    import torch
+
+    sys.path.insert(0, str(ROOT))
+    from hypersack.runner.fused import FusedGroup, Member
+    from hypersack.runner.zoo import build
+
+    torch.set_num_threads(threads)
+    x, y = batch(model, size, 0)
+    if width == 1:
+        torch.manual_seed(0)
+        net = build(model).train()
+        opt = torch.optim.SGD(net.parameters(), lr=0.01, momentum=0.9)
+
+        def step() -> None:
+            opt.zero_grad()
+            torch.nn.functional.cross_entropy(net(x), y).backward()
+            opt.step()
+    else:
+        group = FusedGroup(lambda: build(model), [Member(f"t{k}", lr=0.01 * (k + 1),
+                                                         momentum=0.9, seed=k)
+                                                  for k in range(width)])
+
+        def step() -> None:
+            group.step(x, y)
+    for _ in range(warmup):
+        step()
+    t0 = time.perf_counter()
+    for _ in range(steps):
+        step()
+    elapsed = time.perf_counter() - t0
+    return {"samples_per_s": width * size * steps / elapsed,
+            "peak_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}
+
+
+def run(model: str, width: int, processes: int, args: argparse.Namespace) -> dict[str, float]:
+    """`processes` workers of `width` members each, started together; their sum."""
+    # The machine's cores are shared fairly: all for one fused process, an equal part
+    # for each of K separate ones.
+    threads = max(1, (os.cpu_count() or 1) // processes)
+    cmd = [sys.executable, __file__, "--worker", model, str(width), str(args.steps),
+           str(args.warmup), str(args.batch), str(threads)]
+    procs = [subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True) for _ in range(processes)]
+    results = [json.loads(p.communicate()[0]) for p in procs]
+    return {"samples_per_s": sum(r["samples_per_s"] for r in results),
+            "rss_per_member_mib": sum(r["peak_rss_mib"] for r in results) / (width * processes)}
+
+
+def main() -> int:
+    if len(sys.argv) > 1 and sys.argv[1] == "--worker":
+        model, width, steps, warmup, size, threads = sys.argv[2], *map(int, sys.argv[3:8])
+        print(json.dumps(worker(model, width, steps, warmup, size, threads)))
+        return 0
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--models", default="resnet18,bert_tiny")
+    ap.add_argument("--widths", default="1,2,4,8")
+    ap.add_argument("--steps", type=int, default=4)
+    ap.add_argument("--warmup", type=int, default=1)
+    ap.add_argument("--batch", type=int, default=16)
+    ap.add_argument("--json", action="store_true")
+    args = ap.parse_args()
+    rows = []
+    for model in args.models.split(","):
+        for k in map(int, args.widths.split(",")):
+            fused = run(model, k, 1, args)
+            separate = run(model, 1, k, args)
+            rows.append({"model": model, "K": k,
+                         "fused_samples_per_s": round(fused["samples_per_s"], 1),
+                         "separate_samples_per_s": round(separate["samples_per_s"], 1),
+                         "fused_over_separate": round(fused["samples_per_s"]
+                                                      / separate["samples_per_s"], 3),
+                         "fused_rss_per_member_mib": round(fused["rss_per_member_mib"], 1),
+                         "separate_rss_per_member_mib":
+                             round(separate["rss_per_member_mib"], 1)})
+            print(json.dumps(rows[-1]), file=sys.stderr)
+    if args.json:
+        print(json.dumps(rows, indent=2))
+    else:
+        print(f"{'model':<10}{'K':>3}{'fused/s':>10}{'separate/s':>12}{'ratio':>8}"
+              f"{'MiB/member fused':>18}{'separate':>10}")
+        for r in rows:
+            print(f"{r['model']:<10}{r['K']:>3}{r['fused_samples_per_s']:>10}"
+                  f"{r['separate_samples_per_s']:>12}{r['fused_over_separate']:>8}"
+                  f"{r['fused_rss_per_member_mib']:>18}{r['separate_rss_per_member_mib']:>10}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
