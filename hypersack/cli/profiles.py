@@ -7,6 +7,8 @@ import argparse
 import json
 import sys
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -23,7 +25,7 @@ from hypersack.sampler.profiles import (
     select_profiles,
     to_import,
 )
-from hypersack.store.sqlite import SqliteStore
+from hypersack.store.sqlite import DatabaseLock, SqliteStore
 from hypersack.wire.convert import profile_from_pb, profile_to_pb
 
 
@@ -103,8 +105,7 @@ def _forget(args: argparse.Namespace, model: str, arch: str) -> int:
     if args.db is None:
         with connect(args) as client:
             return client.forget_profiles(model, arch)
-    store = SqliteStore(args.db)
-    try:
+    with _writing(args.db) as store:
         gone = [p for p in store.list_profiles()
                 if p.key.model == model and (not arch or p.arch == arch)]
         if not gone:
@@ -114,24 +115,33 @@ def _forget(args: argparse.Namespace, model: str, arch: str) -> int:
             for p in gone:
                 store.remove_profile(p.key, p.arch)
         return len(gone)
-    finally:
-        store.close()
 
 
 def _import(args: argparse.Namespace, profiles: list[Profile]) -> tuple[int, int]:
     if args.db is None:
         with connect(args) as client:
             return client.import_profiles([profile_to_pb(p) for p in profiles], args.replace)
-    store = SqliteStore(args.db)
-    try:
+    with _writing(args.db) as store:
         known = {(p.key, p.arch) for p in store.list_profiles()}
         new = to_import(profiles, known, args.replace)
         with store.transaction():
             for p in new:
                 store.put_profile(p)
-    finally:
-        store.close()
     return len(new), len(profiles) - len(new)
+
+
+@contextmanager
+def _writing(db: Path) -> Iterator[SqliteStore]:
+    """The database for writing: refused while a server holds it (one writer)."""
+    lock = DatabaseLock(db)
+    try:
+        store = SqliteStore(db)
+        try:
+            yield store
+        finally:
+            store.close()
+    finally:
+        lock.release()
 
 
 def print_profiles(profiles: list[Profile]) -> None:

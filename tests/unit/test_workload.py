@@ -176,3 +176,22 @@ def test_profiles_forget_on_a_server_is_for_admins(tmp_path: Path) -> None:
                 root.forget_profiles("mlp")
     finally:
         s.server.stop(0)
+
+
+def test_profile_files_are_written_to_a_database_only_without_its_server(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from tests.unit.test_server import make_server
+
+    est = str(Path(__file__).parents[2] / "examples" / "profiles-estimates.yaml")
+    server = make_server(tmp_path)
+    db = str(server.settings.db)
+    try:
+        assert main(["profiles", "import", est, "--db", db, "--replace"]) == 2
+        assert "in use by hypersack-server" in capsys.readouterr().err
+        assert main(["profiles", "forget", "resnet18", "--db", db]) == 2
+    finally:
+        server.stop(0)
+    capsys.readouterr()
+    assert main(["profiles", "forget", "resnet18", "--db", db, "--arch", "A100"]) == 0
+    assert "forgot 4 profile(s)" in capsys.readouterr().out
+    assert main(["profiles", "forget", "resnet18", "--db", db, "--arch", "A100"]) == 2
