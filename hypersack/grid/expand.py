@@ -33,7 +33,7 @@ def workload_key(space: SearchSpace, params: dict[str, Any], fusion_width: int =
     if keys is None:
         keys = [k for k in KEY_PARAMS if k in params] + (["model"] if command and
                                                          "model" in params else [])
-    extra = tuple(sorted((k, as_key_text(params[k])) for k in keys
+    extra = tuple(sorted((k, as_key_text(params[k])) for k in dict.fromkeys(keys)
                          if k not in KEY_PARAMS and not (k == "model" and not command)
                          and k in params))
     return WorkloadKey(

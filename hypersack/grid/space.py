@@ -275,8 +275,8 @@ class Settings(_Spec):
         default=None, max_length=16)
     # A demand stated instead of measured (no profiling): one for every architecture,
     # or one per architecture ({A100: {...}, H100: {...}}).
-    demand: StatedDemand | dict[Annotated[str, Field(pattern=ARCH_NAME)], StatedDemand] | None \
-        = Field(default=None)
+    demand: StatedDemand | Annotated[dict[Annotated[str, Field(pattern=ARCH_NAME)],
+                                          StatedDemand], Field(max_length=64)] | None = None
 
     @field_validator("oversubscription")
     @classmethod
@@ -427,7 +427,10 @@ class SearchSpace(_Spec):
                                          for v in values):
                 raise ValueError("hyperparameters.batch_size: must be positive integers up "
                                  f"to {MAX_BATCH_SIZE} (a list or an int range)")
-        for name in self.settings.demand_keys or ():
+        keys = self.settings.demand_keys or []
+        if len(set(keys)) != len(keys):
+            raise ValueError("settings.demand_keys: a name is given twice")
+        for name in keys:
             if name != "model" and name not in self.hyperparameters:
                 raise ValueError(f"settings.demand_keys: {name!r} is not a hyperparameter")
             if name == "model" and not self.models:

@@ -258,7 +258,12 @@ class SchedulerService:
             settings = space.settings.model_copy(update={"retries": self.default_retries})
             space = space.model_copy(update={"settings": settings})
         with self._lock:
+            before = len(self.orch.studies())
             self._apply(StudySubmitted(space, owner))
+            if len(self.orch.studies()) == before:
+                # Refused by the orchestrator (and undone): never answer with another study.
+                raise InvalidInput(f"{source}: the study could not be created (see the "
+                                   "server's log)")
             return self.orch.studies()[-1]
 
     def cancel(self, study_id: str) -> StudyRecord:

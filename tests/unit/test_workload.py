@@ -66,6 +66,9 @@ def test_named_workloads_and_demand_keys() -> None:
       "hyperparameters": {"batch_size": [64]}}, "only for command programs"),
     (own(program={"command": "./t {model}"}), "{model} needs models"),
     (own(settings={"demand_keys": ["depth"]}), "'depth' is not a hyperparameter"),
+    (own(settings={"demand_keys": ["width", "width"]}), "given twice"),
+    (own(settings={"demand": {f"A{i}": {"compute_pct": 1, "memory_mib": 1}
+                              for i in range(65)}}), "demand"),
     (own(settings={"demand": {"compute_pct": 10}}), "memory_mib"),
     (own(settings={"demand": {"A100": {"compute_pct": -1, "memory_mib": 10}}}), "compute_pct"),
 ])
