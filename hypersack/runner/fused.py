@@ -63,6 +63,7 @@ class FusedGroup:
         self.loss = loss
         k = len(self.members)
         self.alive = torch.ones(k, dtype=torch.bool)
+        self.stopped: set[str] = set()  # stopped or cancelled, not diverged
         self._lr = torch.tensor([m.lr for m in self.members])
         self._momentum = torch.tensor([m.momentum for m in self.members])
         self._decay = torch.tensor([m.weight_decay for m in self.members])
@@ -78,7 +79,34 @@ class FusedGroup:
     @property
     def diverged(self) -> list[str]:
         return [m.trial_id for m, ok in zip(self.members, self.alive.tolist(), strict=True)
-                if not ok]
+                if not ok and m.trial_id not in self.stopped]
+
+    @property
+    def running(self) -> list[str]:
+        return [m.trial_id for m, ok in zip(self.members, self.alive.tolist(), strict=True)
+                if ok]
+
+    def stop(self, trial_id: str) -> None:
+        """Stop one member (early stopping, a cancelled trial): its updates end here and
+        the others go on."""
+        index = next(i for i, m in enumerate(self.members) if m.trial_id == trial_id)
+        self.alive[index] = False
+        self.stopped.add(trial_id)
+
+    def evaluate(self, x: Tensor, y: Tensor) -> list[dict[str, float]]:
+        """Each member's loss and accuracy on a batch, in evaluation mode (BatchNorm on
+        its own running statistics, no dropout)."""
+        self.base.eval()
+        try:
+            out = self.forward(x)
+        finally:
+            self.base.train()
+        metrics = []
+        for k in range(self.width):
+            logits = out[k]
+            metrics.append({"loss": float(self.loss(logits, y)),
+                            "accuracy": float((logits.argmax(dim=-1) == y).double().mean())})
+        return metrics
 
     def _member_loss(self, params: dict[str, Tensor], buffers: dict[str, Tensor],
                      x: Tensor, y: Tensor) -> Tensor:
@@ -98,6 +126,10 @@ class FusedGroup:
     def step(self, x: Tensor, y: Tensor) -> Tensor:
         """One training step of every live member on the batch (x, y); each member's
         loss (K,), NaN for one that diverged now or before."""
+        # A stopped or diverged member still rides along in the vmapped pass: its buffers
+        # (BatchNorm's running statistics, small) are put back afterwards, like its
+        # parameters, also for one that diverges in this very step.
+        before = {n: t.clone() for n, t in self.buffers.items()}
         grads, losses = vmap(grad_and_value(self._member_loss), in_dims=(0, 0, None, None),
                              randomness="different")(self.params, self.buffers, x, y)
         names = list(self.params)
@@ -109,6 +141,9 @@ class FusedGroup:
         norm = sq.sqrt()
         finite = torch.isfinite(losses.detach()) & torch.isfinite(norm)
         self.alive &= finite
+        with torch.no_grad():
+            for n, saved in before.items():
+                self.buffers[n][~self.alive] = saved[~self.alive]
         live = self.alive.to(g[0].dtype)
         # As torch.nn.utils.clip_grad_norm_ computes it (1e-6 against a zero norm).
         scale = torch.clamp(self._clip / (norm + 1e-6), max=1.0).to(g[0].dtype)

@@ -123,3 +123,31 @@ def test_a_nan_member_is_masked_and_the_others_go_on(float64: None) -> None:
     # Its other parameters kept their last finite values: it stopped, it did not spread.
     other = list(group.params)[1]
     assert torch.isfinite(group.params[other][1]).all()
+
+
+def test_members_stop_alone_and_evaluate_like_separate_models(float64: None) -> None:
+    make, batches = no_dropout("resnet18"), data("resnet18")
+    group = FusedGroup(make, MEMBERS[:3])
+    group.step(*batches[0])
+    group.stop("t1")  # an early-stopped or cancelled member: the group goes on
+    for x, y in batches[1:]:
+        losses = group.step(x, y)
+        assert math.isnan(float(losses[1])) and torch.isfinite(losses[[0, 2]]).all()
+    assert group.running == ["t0", "t2"] and group.diverged == [] and group.stopped == {"t1"}
+    x, y = batches[0]
+    fused = group.evaluate(x, y)
+    for k in (0, 2):
+        _, state = separate(make, MEMBERS[k], batches)
+        torch.manual_seed(0)
+        model = make()
+        model.load_state_dict(state)
+        model.eval()
+        with torch.no_grad():
+            logits = model(x)
+        assert fused[k]["loss"] == pytest.approx(
+            float(nn.functional.cross_entropy(logits, y)), rel=1e-9)
+        assert fused[k]["accuracy"] == float((logits.argmax(-1) == y).double().mean())
+    # The stopped member kept what it had learned by its one step.
+    _, one_step = separate(make, MEMBERS[1], batches[:1])
+    assert all(close(group.member_state(1)[n], v) for n, v in one_step.items()
+               if v.is_floating_point())
