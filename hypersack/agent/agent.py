@@ -24,7 +24,7 @@ from hypersack import __version__
 from hypersack._proto.v1 import hypersack_pb2 as pb
 from hypersack._proto.v1 import hypersack_pb2_grpc as pb_grpc
 from hypersack.agent.accounts import TrialUsers
-from hypersack.agent.devices import DeviceBackend, Measured
+from hypersack.agent.devices import DeviceBackend, DeviceState, Measured
 from hypersack.agent.guard import CommandPolicy, clean_env
 from hypersack.agent.launcher import (
     LOG_MAX_BYTES,
@@ -32,7 +32,7 @@ from hypersack.agent.launcher import (
     argv_for,
     job_dir,
     job_key,
-    safe_part,
+    node_dir,
 )
 from hypersack.agent.mps import TIME_SLICING, MpsControl
 from hypersack.agent.procs import Records, kill_strays
@@ -99,7 +99,7 @@ class Agent:
         self.jobs: dict[str, Job] = {}  # by Job.key: trial#attempt, or a profile's id
         self._jobs_lock = threading.Lock()  # the heartbeat thread reads jobs
         # Trial directories are private to the agent's user.
-        self.node_dir = workdir / safe_part(node)  # never outside the work directory
+        self.node_dir = node_dir(workdir, node)
         self.node_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
         self.agent_dir = str(self.node_dir.resolve())
         self.records = Records(self.node_dir / "jobs")
@@ -315,13 +315,14 @@ class Agent:
             states = []
         return pb.AgentMessage(heartbeat=pb.Heartbeat(
             running=running,
-            gpus=[pb.GpuState(index=s.index, utilization_pct=s.utilization_pct,
-                              memory_used_mib=s.memory_used_mib,
-                              sharing=self._sharing(s.index)[0],
-                              mps_restarts=self._sharing(s.index)[1]) for s in states]))
+            gpus=[self._gpu_state(s) for s in states]))
 
-    def _sharing(self, index: int) -> tuple[str, int]:
-        return self.mps.mode(index) if self.mps is not None else (TIME_SLICING, 0)
+    def _gpu_state(self, s: DeviceState) -> pb.GpuState:
+        sharing, restarts = self.mps.mode(s.index) if self.mps is not None \
+            else (TIME_SLICING, 0)
+        return pb.GpuState(index=s.index, utilization_pct=s.utilization_pct,
+                           memory_used_mib=s.memory_used_mib, sharing=sharing,
+                           mps_restarts=restarts)
 
     # ----------------------------------------------------------------- commands
     def _command(self, msg: pb.ServerMessage, outbox: queue.Queue[pb.AgentMessage | None]

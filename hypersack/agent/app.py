@@ -16,7 +16,7 @@ from hypersack.agent.accounts import TrialUsers
 from hypersack.agent.agent import Agent
 from hypersack.agent.devices import BACKENDS, make_backend
 from hypersack.agent.guard import CommandPolicy
-from hypersack.agent.launcher import safe_part
+from hypersack.agent.launcher import node_dir
 from hypersack.agent.mps import MpsControl
 from hypersack.agent.procs import become_subreaper
 from hypersack.core.bounds import is_name
@@ -117,7 +117,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                       pass_env=settings.pass_env, credentials=credentials,
                       server_name=settings.tls_server_name, users=users,
                       # MPS for GPUs: not for the CPU backend, which has none.
-                      mps=MpsControl(settings.workdir / safe_part(node), backend.devices(),
+                      mps=MpsControl(node_dir(settings.workdir, node), backend.devices(),
                                      enabled=settings.mps and backend.name != "cpu"))
     except HyperSackError as exc:
         print(f"hypersack-agent: error: {exc}", file=sys.stderr)

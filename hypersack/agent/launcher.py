@@ -288,6 +288,11 @@ def job_key(job_id: str, attempt: int) -> str:
     return f"{job_id}#{attempt}" if attempt else job_id
 
 
+def node_dir(workdir: Path, node: str) -> Path:
+    """A node's directory under the agent's work directory, never outside it."""
+    return workdir / safe_part(node)
+
+
 def job_dir(root: Path, group: str, job_id: str) -> Path:
     """A job's directory, always inside `root`: names are reduced to safe characters and
     never `.`, `..` or hidden."""

@@ -105,7 +105,7 @@ class MpsControl:
                                  text=True, timeout=COMMAND_TIMEOUT_S, check=False)
                 out.seek(0)
                 text = out.read(4096).decode(errors="replace")
-            return subprocess.CompletedProcess(done.args, done.returncode, text, text)
+            return subprocess.CompletedProcess(done.args, done.returncode, text)
         except (OSError, subprocess.SubprocessError) as exc:
             log.warning("GPU %d: %s %s: %s", g.index, BINARY, " ".join(args) or stdin, exc)
             return None
@@ -124,7 +124,7 @@ class MpsControl:
         if done is not None and done.returncode == 0 and self.alive(g):
             g.mode, g.reason = MPS, ""
             return
-        detail = "" if done is None else (done.stderr or done.stdout).strip()[:200]
+        detail = "" if done is None else done.stdout.strip()[:200]  # with stderr
         g.mode = TIME_SLICING
         g.reason = f"{BINARY} -d failed" + (f": {detail}" if detail else "")
         log.warning("GPU %d: MPS is not available, trials time-slice (%s)", g.index,

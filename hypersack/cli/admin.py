@@ -166,21 +166,14 @@ def _database(path: Path, *, create: bool = False) -> Iterator[Any]:
     a server holds the database (one writer). Only `users add` creates a new file: the
     first admin comes before the server's first start."""
     from hypersack.server.auth import Authenticator
-    from hypersack.store.sqlite import DatabaseLock, SqliteStore
+    from hypersack.store.sqlite import locked_store
 
     if not path.exists():
         if not create:
             raise InvalidInput(f"{path}: no such database (give the server's --db path)")
         print(f"new database {path} (start the server with --db {path})", file=sys.stderr)
-    lock = DatabaseLock(path)
-    try:
-        store = SqliteStore(path)
-        try:
-            yield Authenticator(store, enabled=True)
-        finally:
-            store.close()
-    finally:
-        lock.release()
+    with locked_store(path) as store:
+        yield Authenticator(store, enabled=True)
 
 
 def _offline(args: argparse.Namespace) -> int:

@@ -26,7 +26,8 @@ from typing import Any
 from hypersack._proto.v1 import hypersack_pb2 as pb
 from hypersack.cli.client import Client as _Rpc
 from hypersack.cli.client import params_of
-from hypersack.cli.connect import DEFAULT_SERVER, read_token_file
+from hypersack.cli.connect import DEFAULT_SERVER, env_token
+from hypersack.cli.control import ranked
 from hypersack.core.errors import HyperSackError, InvalidInput
 from hypersack.grid.space import read_space_file
 from hypersack.wire.tls import channel_credentials
@@ -72,10 +73,8 @@ class Trial:
 class Results(list[Trial]):
     """A study's trials, best objective first (its mode), those without one after."""
 
-    def __init__(self, study: Study, trials: list[Trial]) -> None:
-        sign = -1.0 if study.objective_mode == "max" else 1.0
-        super().__init__(sorted(trials, key=lambda t: (
-            (0, sign * t.objective, t.id) if t.objective is not None else (1, 0.0, t.id))))
+    def __init__(self, study: Study, ranked_trials: list[Trial]) -> None:
+        super().__init__(ranked_trials)
         self.study = study
 
     @property
@@ -133,9 +132,7 @@ class Client:
             credentials = channel_credentials(Path(ca), Path(tls_cert) if tls_cert else None,
                                               Path(tls_key) if tls_key else None)
         if token is None:
-            token = env("HYPERSACK_TOKEN") or None
-            if token is None and env("HYPERSACK_TOKEN_FILE"):
-                token = read_token_file(Path(env("HYPERSACK_TOKEN_FILE", "")))
+            token = env_token()
         self._rpc = _Rpc(self.address, timeout_s, token=token if credentials else None,
                          credentials=credentials, server_name=server_name)
 
@@ -198,4 +195,7 @@ class Client:
             time.sleep(0.2)
 
     def results(self, study_id: str) -> Results:
-        return Results(self.study(study_id), self.trials(study_id))
+        study = self._rpc.study(study_id)
+        # The order `hypersack results` prints.
+        return Results(_study(study), [_trial(t) for t in
+                                       ranked(study, self._rpc.trials(study_id))])

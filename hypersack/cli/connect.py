@@ -48,15 +48,22 @@ def read_token_file(path: Path) -> str:
     return text
 
 
-def token_from(args: argparse.Namespace) -> str | None:
-    if getattr(args, "token_file", None) is not None:
-        return read_token_file(args.token_file)
+def env_token() -> str | None:
+    """The token the environment gives: $HYPERSACK_TOKEN, else the file
+    $HYPERSACK_TOKEN_FILE names."""
     env = os.environ.get("HYPERSACK_TOKEN", "").strip()
     if env:
         return env
     path = os.environ.get("HYPERSACK_TOKEN_FILE")
-    if path:
-        return read_token_file(Path(path))
+    return read_token_file(Path(path)) if path else None
+
+
+def token_from(args: argparse.Namespace) -> str | None:
+    if getattr(args, "token_file", None) is not None:
+        return read_token_file(args.token_file)
+    token = env_token()
+    if token is not None:
+        return token
     default = DEFAULT_TOKEN_FILE.expanduser()
     return read_token_file(default) if default.is_file() else None
 

@@ -7,8 +7,6 @@ import argparse
 import json
 import sys
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -25,7 +23,7 @@ from hypersack.sampler.profiles import (
     select_profiles,
     to_import,
 )
-from hypersack.store.sqlite import DatabaseLock, SqliteStore
+from hypersack.store.sqlite import SqliteStore, locked_store
 from hypersack.wire.convert import profile_from_pb, profile_to_pb
 
 
@@ -105,7 +103,7 @@ def _forget(args: argparse.Namespace, model: str, arch: str) -> int:
     if args.db is None:
         with connect(args) as client:
             return client.forget_profiles(model, arch)
-    with _writing(args.db) as store:
+    with locked_store(args.db) as store:
         gone = [p for p in store.list_profiles()
                 if p.key.model == model and (not arch or p.arch == arch)]
         if not gone:
@@ -121,27 +119,13 @@ def _import(args: argparse.Namespace, profiles: list[Profile]) -> tuple[int, int
     if args.db is None:
         with connect(args) as client:
             return client.import_profiles([profile_to_pb(p) for p in profiles], args.replace)
-    with _writing(args.db) as store:
+    with locked_store(args.db) as store:
         known = {(p.key, p.arch) for p in store.list_profiles()}
         new = to_import(profiles, known, args.replace)
         with store.transaction():
             for p in new:
                 store.put_profile(p)
     return len(new), len(profiles) - len(new)
-
-
-@contextmanager
-def _writing(db: Path) -> Iterator[SqliteStore]:
-    """The database for writing: refused while a server holds it (one writer)."""
-    lock = DatabaseLock(db)
-    try:
-        store = SqliteStore(db)
-        try:
-            yield store
-        finally:
-            store.close()
-    finally:
-        lock.release()
 
 
 def print_profiles(profiles: list[Profile]) -> None:

@@ -30,7 +30,8 @@ from hypersack.core.bounds import (
 
 MAX_KEY_PARAMS = 16
 _KEY_PARAM_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,63}")
-_KEY_PARAM_VALUE = re.compile(r"[A-Za-z0-9_.:@+-]{1,64}")
+KEY_VALUE_CHARS = "A-Za-z0-9_.:@+-"  # what a demand key's value in a workload key may hold
+_KEY_PARAM_VALUE = re.compile(f"[{KEY_VALUE_CHARS}]{{1,64}}")
 
 
 class Frozen(BaseModel):

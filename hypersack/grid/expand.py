@@ -10,10 +10,10 @@ import re
 from typing import Any
 
 from hypersack.core.trial_env import as_text
-from hypersack.core.types import TrialRecord, WorkloadKey
+from hypersack.core.types import KEY_VALUE_CHARS, TrialRecord, WorkloadKey
 from hypersack.grid.space import KEY_PARAMS, Choice, IntRange, LogUniform, SearchSpace, Uniform
 
-_UNSAFE = re.compile(r"[^A-Za-z0-9_.:@+-]")
+_UNSAFE = re.compile(f"[^{KEY_VALUE_CHARS}]")
 
 
 def trial_id(study_id: str, ordinal: int) -> str:

@@ -84,6 +84,21 @@ class DatabaseLock:
             self._fd = None
 
 
+@contextmanager
+def locked_store(db: str | Path) -> Iterator[SqliteStore]:
+    """A database opened for writing outside a server (CLI commands with --db): refused
+    while a server holds it (one writer), released when done."""
+    lock = DatabaseLock(db)
+    try:
+        store = SqliteStore(db)
+        try:
+            yield store
+        finally:
+            store.close()
+    finally:
+        lock.release()
+
+
 _COLUMNS = {"meta": ("key", "value"), "studies": ("id", "seq", "doc"),
             "trials": ("id", "study_id", "doc"), "nodes": ("name", "doc"),
             "profiles": ("key", "arch", "doc"), "users": ("name", "doc"),
