@@ -18,6 +18,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from hypersack.core.catalog import MODELS
 from hypersack.core.types import Demand, Profile, WorkloadKey
 from hypersack.sampler.profiles import dump_profiles
+from hypersack.sim.fused import with_fused
 
 # model: (util % at the reference batch on A100, memory MiB at it, MiB per extra sample,
 #         seconds per iteration at it, data-loading share, cores)
@@ -65,7 +66,10 @@ def main() -> None:
         "# HyperSack paper's figure 1 (22 % ShuffleNet .. 50 % Pythia-31M NVML utilization on\n"
         "# A100) and rules of thumb. The Sampler's real profiles replace them in the history.\n"
     )
-    target.write_text(header + dump_profiles(profiles()))
+    header += ("# Fused widths 2, 4 and 8 (fusion_width) are estimated from each workload\n"
+               "# alone by hypersack/sim/fused.py (HFTA's shape: shared idle gaps, memory\n"
+               "# a + b*K).\n")
+    target.write_text(header + dump_profiles(with_fused(profiles())))
     print(f"wrote {target}")
 
 

@@ -20,7 +20,11 @@ def estimates() -> list[Profile]:
 
 @pytest.fixture(scope="session")
 def sp1() -> SearchSpace:
-    return load_space(EXAMPLES / "sp1.yaml")
+    """SP1 packed with trials alone: what the paper measures and the interference model
+    is calibrated on (fused groups: tests/unit/test_fusion.py)."""
+    space = load_space(EXAMPLES / "sp1.yaml")
+    settings = space.settings.model_copy(update={"fusion": "off"})
+    return space.model_copy(update={"settings": settings})
 
 
 @pytest.fixture()

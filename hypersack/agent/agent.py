@@ -13,9 +13,11 @@ import os
 import queue
 import random
 import resource
+import sys
 import threading
 import time
 from collections.abc import Iterable
+from dataclasses import fields
 from pathlib import Path
 
 import grpc
@@ -29,15 +31,18 @@ from hypersack.agent.guard import CommandPolicy, clean_env
 from hypersack.agent.launcher import (
     LOG_MAX_BYTES,
     Job,
+    MemberJob,
     argv_for,
+    fused_spec,
     job_dir,
     job_key,
     node_dir,
+    safe_part,
 )
 from hypersack.agent.mps import TIME_SLICING, MpsControl
 from hypersack.agent.procs import Records, kill_strays
 from hypersack.core import trial_env as sdk
-from hypersack.core.bounds import clamp
+from hypersack.core.bounds import MAX_FUSED_MEMBERS, clamp
 from hypersack.core.errors import HyperSackError
 from hypersack.core.types import GpuSpec
 from hypersack.wire.convert import LOG_TAIL_CHARS, key_from_pb, program_from_pb
@@ -97,6 +102,7 @@ class Agent:
         # `hypersack run` on one's own machine).
         self.base_env = None if inherit_env else clean_env(os.environ, pass_env)
         self.jobs: dict[str, Job] = {}  # by Job.key: trial#attempt, or a profile's id
+        self.groups: dict[str, Job] = {}  # fused groups' processes; members are in jobs
         self._jobs_lock = threading.Lock()  # the heartbeat thread reads jobs
         # Trial directories are private to the agent's user.
         self.node_dir = node_dir(workdir, node)
@@ -177,12 +183,13 @@ class Agent:
         self._stop.set()
 
     def _kill_all(self) -> None:
-        for job in self.jobs.values():
+        every = [*self.groups.values(), *self.jobs.values()]
+        for job in every:
             job.kill()
         deadline = time.monotonic() + 10
-        while any(j.poll() is None for j in self.jobs.values()) and time.monotonic() < deadline:
+        while any(j.poll() is None for j in every) and time.monotonic() < deadline:
             time.sleep(0.05)
-        for job in self.jobs.values():
+        for job in every:
             self.records.remove(job.key)
         kill_strays(self.agent_dir, set())
 
@@ -338,6 +345,8 @@ class Agent:
                      len(self.backend.devices()))
         elif kind == "launch":
             self._launch(msg.launch, outbox)
+        elif kind == "launch_group":
+            self._launch_group(msg.launch_group, outbox)
         elif kind == "kill":
             k = msg.kill
             for job in self._attempts(k.trial_id, [k.attempt] if k.attempt else None):
@@ -408,6 +417,70 @@ class Agent:
         outbox.put(pb.AgentMessage(started=pb.TrialStarted(trial_id=m.trial_id,
                                                            attempt=m.attempt)))
 
+    def _launch_group(self, g: pb.LaunchGroup, outbox: queue.Queue[pb.AgentMessage | None]
+                      ) -> None:
+        """A fused group: one process (`hypersack.runner.fused_train`) for its members,
+        each tracked, reported and killed as its own trial."""
+        members = list(g.members)
+        if all((j := self.jobs.get(job_key(m.trial_id, m.attempt))) is not None
+               and j.exit_code is None for m in members):
+            return  # already running (a repeated command)
+        for m in members:
+            for old in self._attempts(m.trial_id, range(1, m.attempt)):
+                if old.exit_code is None:
+                    old.kill()
+        try:
+            if not 1 <= len(members) <= MAX_FUSED_MEMBERS:
+                raise HyperSackError(f"a fused group of {len(members)} members: 1 to "
+                                     f"{MAX_FUSED_MEMBERS} expected")
+            first = members[0]
+            if first.program.builtin != "train" or any(
+                    m.study_id != first.study_id or m.owner != first.owner
+                    or m.params_json == "" for m in members):
+                raise HyperSackError("a fused group trains the built-in trainer's models, "
+                                     "one study's trials of one owner")
+            key = key_from_pb(g.key)
+            mps_env = self.mps.client_env(g.gpu_index, g.compute_pct, g.memory_mib) \
+                if self.mps is not None else {}
+            process, _ = self._job(safe_part(g.group_id), first.study_id, first.study_id,
+                                   g.gpu_index, first.program, first.params_json,
+                                   first.epochs, mps_env, owner=first.owner)
+            process.argv = [sys.executable, "-m", "hypersack.runner.fused_train"]
+            jobs: list[MemberJob] = []
+            for m in members:
+                base, _ = self._job(m.trial_id, m.study_id, m.study_id, g.gpu_index,
+                                    m.program, m.params_json, m.epochs, attempt=m.attempt,
+                                    owner=m.owner)
+                jobs.append(MemberJob(**{f.name: getattr(base, f.name)
+                                         for f in fields(Job) if f.init}, group=process))
+            for j in jobs:
+                j.siblings = jobs
+            options = json.loads(first.program.options_json or "{}")
+            process.env[sdk.ENV_FUSED] = json.dumps(fused_spec(
+                key, first.epochs, options, [(j.id, json.loads(m.params_json or "{}"),
+                                              j.metrics_path, j.stop_path)
+                                             for j, m in zip(jobs, members, strict=True)]))
+            for j in jobs:
+                j.start()
+            process.start()
+        except (HyperSackError, ValueError, OSError) as exc:
+            for m in members:
+                self._send(outbox, pb.AgentMessage(exited=pb.TrialExited(
+                    trial_id=m.trial_id, exit_code=127, log_tail=f"cannot launch: {exc}",
+                    attempt=m.attempt)), g.gpu_index)
+            return
+        if process.proc is not None:
+            self.records.add(process.key, process.proc.pid, 0)
+        with self._jobs_lock:
+            self.groups[process.key] = process
+            for j in jobs:
+                self.jobs[j.key] = j
+        log.info("launched fused group %s (%d members) on device %d", g.group_id, len(jobs),
+                 g.gpu_index)
+        for j in jobs:
+            outbox.put(pb.AgentMessage(started=pb.TrialStarted(trial_id=j.id,
+                                                               attempt=j.attempt)))
+
     def _profile(self, m: pb.ProfileWorkload, outbox: queue.Queue[pb.AgentMessage | None]
                  ) -> None:
         try:
@@ -421,6 +494,21 @@ class Agent:
                 {sdk.ENV_PROFILE_ITERATIONS: str(m.iterations),
                  sdk.ENV_PROFILE_WARMUP: str(m.warmup), **mps_env}, profile=True,
                 owner=m.owner)
+            if key.fusion_width > 1:
+                # A fused width: the workload's trial K times over in one fused process,
+                # the members' seeds apart; the SDK times the group's iterations.
+                if m.program.builtin != "train" or key.fusion_width > MAX_FUSED_MEMBERS:
+                    raise HyperSackError(f"fused width {key.fusion_width} of a workload that "
+                                         f"is not the built-in trainer's, or too wide")
+                params = json.loads(m.params_json or "{}")
+                options = json.loads(m.program.options_json or "{}")
+                seed = int(params.get("seed", options.get("seed", 0)))
+                job.argv = [sys.executable, "-m", "hypersack.runner.fused_train"]
+                job.env[sdk.ENV_FUSED] = json.dumps(fused_spec(
+                    key, m.epochs, options,
+                    [(f"member-{k}", {**params, "seed": seed + k},
+                      job.workdir / f"member-{k}.jsonl", None)
+                     for k in range(key.fusion_width)]))
             job.start()
         except (HyperSackError, ValueError, OSError) as exc:
             self._send(outbox, pb.AgentMessage(profile=pb.ProfileResult(
@@ -447,6 +535,14 @@ class Agent:
             self._logs_checked_at = time.monotonic()
             for job in list(self.jobs.values()):
                 job.cap_log()
+        for key in list(self.groups):
+            group = self.groups[key]
+            if group.poll() is not None and not any(
+                    isinstance(j, MemberJob) and j.group is group for j in self.jobs.values()):
+                with self._jobs_lock:
+                    del self.groups[key]
+                self.records.remove(group.key)
+                self._ended_since_sweep = True
         for job_id in list(self.jobs):
             job = self.jobs[job_id]
             if not job.profile and job.new_metrics() and job.killed_at is None:
@@ -457,7 +553,8 @@ class Agent:
                 continue
             with self._jobs_lock:
                 del self.jobs[job_id]
-            self.records.remove(job.key)
+            if not isinstance(job, MemberJob):
+                self.records.remove(job.key)
             self._ended_since_sweep = True
             if job.killed_at is not None:
                 continue  # the server asked for it; nothing to report
@@ -477,7 +574,7 @@ class Agent:
             self._swept_at = time.monotonic()
             self._ended_since_sweep = False
             try:
-                kill_strays(self.agent_dir, set(self.jobs))
+                kill_strays(self.agent_dir, set(self.jobs) | set(self.groups))
             except Exception as exc:  # a scan that fails must not stop the agent
                 log.warning("looking for processes left by trials failed: %s", exc)
 

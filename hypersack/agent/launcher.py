@@ -25,6 +25,7 @@ from hypersack.agent.procs import ENV_AGENT_DIR, ENV_JOB, die_with_parent, signa
 from hypersack.core import trial_env as sdk
 from hypersack.core.errors import InvalidInput
 from hypersack.core.trial_env import as_text
+from hypersack.core.types import WorkloadKey
 from hypersack.grid.space import PLACEHOLDER, Program
 
 log = logging.getLogger(__name__)
@@ -94,6 +95,7 @@ class Job:
     step: int = 0
     peak_memory_mib: int = 0  # observed by the device backend while it ran; 0: not measured
     peak_util_pct: float = 0.0
+    ended: str = ""  # a fused member's own end (completed, diverged, stopped), from its file
     _metrics_pos: int = 0
     _log: IO[bytes] | None = None
     _tree: list[psutil.Process] = field(default_factory=list)
@@ -140,14 +142,7 @@ class Job:
         if self.account is not None:
             # The directory becomes the trial user's own; the log stays the agent's (the
             # trial writes it through its stdout only).
-            self.account.own(self.workdir)
-            if self.agent_dir:
-                # The agent's directories above it: passable (0711), not listable.
-                top = Path(self.agent_dir)
-                for part in self.workdir.resolve().relative_to(top).parts[:-1]:
-                    os.chmod(top, PASSABLE)
-                    top = top / part
-                os.chmod(top, PASSABLE)
+            self.give_workdir()
             who = {"user": self.account.uid, "group": self.account.gid,
                    "extra_groups": list(self.account.groups)}
         try:
@@ -160,6 +155,18 @@ class Job:
             self._log.close()
             self.exit_code = 127
         self.started_at = time.monotonic()
+
+    def give_workdir(self) -> None:
+        """The work directory becomes the trial user's; the agent's directories above it
+        become passable (0711), not listable."""
+        assert self.account is not None
+        self.account.own(self.workdir)
+        if self.agent_dir:
+            top = Path(self.agent_dir)
+            for part in self.workdir.resolve().relative_to(top).parts[:-1]:
+                os.chmod(top, PASSABLE)
+                top = top / part
+            os.chmod(top, PASSABLE)
 
     def poll(self) -> int | None:
         if self.exit_code is not None:
@@ -222,6 +229,8 @@ class Job:
         for line in data[:end].splitlines():
             try:
                 rec = json.loads(line)
+                if rec.get("end"):
+                    self.ended = str(rec["end"])[:32]
                 values = rec.get("metrics", {})
                 for k, v in values.items():
                     self.metrics[str(k)] = float(v)
@@ -281,6 +290,93 @@ class Job:
         except (OSError, ValueError):
             return None
         return data if isinstance(data, dict) else None
+
+
+@dataclass
+class MemberJob(Job):
+    """A member of a fused group: its own trial (its attempt, work directory, metrics
+    file, exit) inside the group's process. It ends when its file says so or when the
+    process ends; killing it asks the process to stop it (a stop file) and the others
+    go on; the process itself is killed when no member is left to run."""
+
+    group: Job | None = None
+    siblings: list[MemberJob] = field(default_factory=list)
+
+    @property
+    def stop_path(self) -> Path:
+        return self.workdir / "stop"
+
+    def start(self) -> None:
+        self.workdir.mkdir(mode=0o700, parents=True, exist_ok=True)
+        for p in (self.metrics_path, self.stop_path):
+            p.unlink(missing_ok=True)
+        if self.account is not None:
+            self.give_workdir()  # the group's process writes its metrics here
+        self.started_at = time.monotonic()
+
+    def poll(self) -> int | None:
+        if self.exit_code is not None:
+            return self.exit_code
+        assert self.group is not None
+        if self.ended:
+            self.exit_code = 0
+        else:
+            code = self.group.poll()
+            if code is not None:
+                self.new_metrics()  # its last lines, written before the process ended
+                self.exit_code = 0 if self.ended or code == 0 else code
+        return self.exit_code
+
+    def kill(self) -> None:
+        if self.killed_at is not None or self.exit_code is not None:
+            return
+        self.killed_at = time.monotonic()
+        try:
+            with open_regular(self.stop_path, "wb"):
+                pass
+        except OSError as exc:
+            log.warning("%s: could not ask its group to stop it: %s", self.id, exc)
+        if self.group is not None and all(m.killed_at is not None or m.exit_code is not None
+                                          for m in self.siblings):
+            self.group.kill()
+        if self.group is not None and self.group.exit_code is not None:
+            self.exit_code = self.group.exit_code
+
+    def pids(self) -> list[int]:
+        return []  # the group's process is observed as a whole, never as one member
+
+    def cap_log(self) -> bool:
+        return False  # the group's log, capped with the group
+
+    @property
+    def log_path(self) -> Path:
+        return self.group.log_path if self.group is not None else self.workdir / "log.txt"
+
+    @property
+    def kept_log_path(self) -> Path:
+        return (self.group.kept_log_path if self.group is not None
+                else self.workdir / "log.1.txt")
+
+
+def fused_spec(key: WorkloadKey, epochs: float, options: dict[str, Any],
+               members: list[tuple[str, dict[str, Any], Path, Path | None]]
+               ) -> dict[str, Any]:
+    """What `hypersack.runner.fused_train` reads from HYPERSACK_FUSED: the workload and,
+    per member, its fusable hyperparameters (as the plain trainer defaults them), its
+    metrics file and its stop file."""
+    out = []
+    for trial_id, params, metrics, stop in members:
+        member: dict[str, Any] = {"trial_id": trial_id, "metrics_file": str(metrics)}
+        if stop is not None:
+            member["stop_file"] = str(stop)
+        for name, default in (("lr", 0.01), ("momentum", 0.9), ("weight_decay", 0.0)):
+            member[name] = float(params.get(name, default))
+        # The plain trainer seeds its model with the program's seed.
+        member["seed"] = int(params.get("seed", options.get("seed", 0)))
+        out.append(member)
+    batch = int(members[0][1].get("batch_size", 64)) if members else 64
+    return {"model": key.model, "batch_size": batch, "epochs": epochs,
+            "options": options, "members": out}
 
 
 def job_key(job_id: str, attempt: int) -> str:

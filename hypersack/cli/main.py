@@ -44,6 +44,9 @@ def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--ratio", action="append", default=[], metavar="ARCH=R",
                    help="oversubscription ratio for an architecture (repeatable); "
                         "default A100=3, H100=2.5, others 1")
+    p.add_argument("--no-fusion", action="store_true",
+                   help="never form fused groups: pack trials alone (the study's "
+                        "settings.fusion: off does the same)")
     p.add_argument("--json", action="store_true", help="print machine-readable JSON")
 
 
@@ -175,7 +178,8 @@ def load_inputs(args: argparse.Namespace) -> tuple[Any, Any, Any, Any]:
     policy = args.policy or space.settings.policy
     make_policy(policy, **options)  # fail on a bad name or option before any work
     config = OrchestratorConfig(oversubscription=ratios, policy=policy,
-                                policy_options={policy: options})
+                                policy_options={policy: options},
+                                fusion=not getattr(args, "no_fusion", False))
     if given:
         # Ratios given on the command line win over the study's own.
         settings = space.settings.model_copy(update={"oversubscription": {

@@ -8,7 +8,7 @@ from typing import Any
 from hypersack.cli.main import emit, load_inputs
 from hypersack.core.clock import ManualClock
 from hypersack.core.types import TrialState
-from hypersack.orchestrator.commands import LaunchTrial, ProfileWorkload
+from hypersack.orchestrator.commands import LaunchGroup, ProfileWorkload, launched
 from hypersack.orchestrator.events import NodeJoined, StudySubmitted
 from hypersack.orchestrator.orchestrator import Orchestrator
 from hypersack.policies.base import COMPUTE_SCALE, CORE_SCALE, Need, why_unplaced
@@ -31,18 +31,25 @@ def decide(args: argparse.Namespace) -> dict[str, Any]:
         orch.handle(NodeJoined(node))
     commands = orch.handle(StudySubmitted(space))
     study = orch.studies()[-1]
-    decision = orch.decisions[-1] if orch.decisions else None
-    launches = {c.trial_id: c for c in commands if isinstance(c, LaunchTrial)}
+    # One decision, in rounds where fused groups that did not fit were cut narrower.
+    rounds = [d for d in orch.decisions if d.study_id == study.id]
+    decision = rounds[0] if rounds else None
+    launches = {c.trial_id: c for c in launched(commands)}
+    group_of = {m.trial_id: (c.group_id, len(c.members)) for c in commands
+                if isinstance(c, LaunchGroup) for m in c.members}
     trials = orch.trials(study.id)
     arch_of = {(n.name, g.index): g.arch for n in cluster.nodes for g in n.gpus}
-    items = {it.id: it for it in decision.batch} if decision else {}
+    items = {it.id: it for d in rounds for it in d.batch}
+    round_of = {it.id: d for d in rounds for it in d.batch}
     placements = []
     for t in trials:
         c = launches.get(t.id)
         if c is not None:
+            group_id, width = group_of.get(t.id, ("", 1))
             placements.append({"trial": t.id, "node": c.node, "gpu": c.gpu_index,
                                "arch": arch_of[c.node, c.gpu_index], "params": t.params,
-                               "demand": c.demand.model_dump()})
+                               "demand": c.demand.model_dump(), "fused_group": group_id,
+                               "fusion_width": width})
     # The orchestrator passes the policy only as many trials of a workload as could fit;
     # the others share the reason of the first of their workload that did not, or, when
     # all it passed were placed, have no room left.
@@ -70,8 +77,9 @@ def decide(args: argparse.Namespace) -> dict[str, Any]:
                 continue
         if t.state == TrialState.PROFILING:
             reason = f"waiting for a profile of {t.key.label()}"
-        elif item is not None and decision is not None:
-            reason = why_unplaced(item, decision.view, decision.plan, decision.batch)
+        elif item is not None and item.id in round_of:
+            d = round_of[item.id]
+            reason = why_unplaced(item, d.view, d.plan, d.batch)
         else:
             reason = t.reason or "no profile on any architecture in the cluster"
         pending.append({"trial": t.id, "state": t.state.value, "params": t.params,
@@ -81,13 +89,15 @@ def decide(args: argparse.Namespace) -> dict[str, Any]:
     total_cap = total_used = 0
     if decision is not None:
         used: dict[tuple[str, int], list[int]] = {}
-        for p in decision.plan.placements:
-            arch = arch_of[p.node, p.gpu_index]
-            need = items[p.item_id].needs[arch]
-            u = used.setdefault((p.node, p.gpu_index), [0, 0, 0])
-            u[0] += 1
-            u[1] += need.compute
-            u[2] += need.memory
+        for d in rounds:
+            for p in d.plan.placements:
+                arch = arch_of[p.node, p.gpu_index]
+                need = items[p.item_id].needs[arch]
+                u = used.setdefault((p.node, p.gpu_index), [0, 0, 0])
+                u[1] += need.compute
+                u[2] += need.memory
+        for c in launches.values():
+            used.setdefault((c.node, c.gpu_index), [0, 0, 0])[0] += 1
         for node in decision.view.nodes:
             for g in node.gpus:
                 count, compute, memory = used.get((node.name, g.index), [0, 0, 0])
@@ -104,7 +114,8 @@ def decide(args: argparse.Namespace) -> dict[str, Any]:
         "policy": decision.policy if decision else config.policy,
         "placed": len(placements), "pending": len(pending),
         "occupancy": round(total_used / total_cap, 4) if total_cap else 0.0,
-        "solve_time_ms": round(decision.solve_time_s * 1000, 4) if decision else 0.0,
+        "solve_time_ms": round(sum(d.solve_time_s for d in rounds) * 1000, 4),
+        "fused_groups": len({g for g, _ in group_of.values()}),
         "profiles_needed": sorted({t.key.label() for t in trials
                                    if t.state == TrialState.PROFILING}),
         "profile_jobs_started": [{"workload": c.key.label(), "arch": c.arch, "node": c.node,
@@ -146,12 +157,17 @@ def run_plan(args: argparse.Namespace) -> int:
         print(f"{g['node'] + ':' + str(g['gpu']):<14}{g['arch']:<7}{g['trials']:>7}"
               f"{g['compute_pct']:>11.1f}{g['capacity_pct']:>7.0f}{g['memory_mib']:>12}"
               f"{100 * g['occupancy']:>10.1f}%")
-    print(f"\n{'trial':<18}{'GPU':<14}{'compute %':>10}{'memory MiB':>12}{'cores':>7}  params")
+    if result["fused_groups"]:
+        print(f"\n{result['fused_groups']} fused groups (a member's demand is its share of "
+              f"its group's)")
+    print(f"\n{'trial':<18}{'GPU':<14}{'compute %':>10}{'memory MiB':>12}{'cores':>7}"
+          f"{'fused':>7}  params")
     for p in result["placements"]:
         d = p["demand"]
         params = " ".join(f"{k}={v}" for k, v in p["params"].items())
+        fused = f"x{p['fusion_width']}" if p["fused_group"] else "-"
         print(f"{p['trial']:<18}{p['node'] + ':' + str(p['gpu']):<14}{d['compute_pct']:>10.1f}"
-              f"{d['memory_mib']:>12}{d['cores']:>7.1f}  {params}")
+              f"{d['memory_mib']:>12}{d['cores']:>7.1f}{fused:>7}  {params}")
     if result["pending_trials"]:
         print(f"\npending ({len(result['pending_trials'])}):")
         for p in result["pending_trials"]:

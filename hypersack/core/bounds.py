@@ -31,6 +31,7 @@ MAX_RATIO = 1_000.0  # oversubscription
 MAX_GPUS_PER_NODE = 256
 MAX_NODES = 10_000  # per cluster description and per server
 MAX_FUSION_WIDTH = 1024
+MAX_FUSED_MEMBERS = 64  # trials one fused process trains
 MAX_NAME_CHARS = 128
 MAX_TEXT_CHARS = 4096  # short free text in records (reasons, sources, versions)
 MAX_FILE_BYTES = 16 << 20  # an input file (search space, cluster, profiles, settings)

@@ -180,6 +180,9 @@ class TrialRecord(Frozen):
     failures: int = 0
     launches: int = 0
     memory_override_mib: int | None = None
+    # The fused group its latest attempt runs in ("" alone), and that group's width.
+    group: str = Field(default="", max_length=256)
+    group_width: int = Field(default=0, ge=0, le=MAX_FUSION_WIDTH)
     node: str | None = None
     gpu_index: int | None = None
     launched_on: str | None = None  # the node of the latest attempt, kept when it is lost

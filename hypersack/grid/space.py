@@ -29,6 +29,7 @@ from hypersack.core.bounds import (
     MAX_COMPUTE_PCT,
     MAX_CORES,
     MAX_EPOCHS,
+    MAX_FUSED_MEMBERS,
     MAX_MEMORY_MIB,
     MAX_RATIO,
     MAX_SECONDS,
@@ -277,6 +278,11 @@ class Settings(_Spec):
     # or one per architecture ({A100: {...}, H100: {...}}).
     demand: StatedDemand | Annotated[dict[Annotated[str, Field(pattern=ARCH_NAME)],
                                           StatedDemand], Field(max_length=64)] | None = None
+    # Fused groups: trials that differ only in fusable hyperparameters (learning rate,
+    # weight decay, momentum, betas, seed) may train together in one process; `off`:
+    # never. `max_fusion_width`: the most trials in one group.
+    fusion: Literal["auto", "off"] = "auto"
+    max_fusion_width: int = Field(default=8, ge=1, le=MAX_FUSED_MEMBERS)
 
     @field_validator("oversubscription")
     @classmethod

@@ -1,6 +1,13 @@
 """The pure core: events in, commands out. No I/O beyond the injected store and clock."""
 
-from hypersack.orchestrator.commands import Command, KillTrial, LaunchTrial, ProfileWorkload
+from hypersack.orchestrator.commands import (
+    Command,
+    KillTrial,
+    LaunchGroup,
+    LaunchTrial,
+    ProfileWorkload,
+    launched,
+)
 from hypersack.orchestrator.events import (
     Event,
     Heartbeat,
@@ -28,6 +35,7 @@ __all__ = [
     "Event",
     "Heartbeat",
     "KillTrial",
+    "LaunchGroup",
     "LaunchTrial",
     "NodeDrained",
     "NodeJoined",
@@ -48,4 +56,5 @@ __all__ = [
     "TrialOutOfMemory",
     "TrialProgress",
     "TrialStarted",
+    "launched",
 ]

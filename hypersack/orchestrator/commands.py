@@ -22,6 +22,19 @@ class LaunchTrial:
 
 
 @dataclass(frozen=True)
+class LaunchGroup:
+    """A fused group: its members train in one process on one GPU, each reported as its
+    own trial. `key` is the fused workload key (its width), `demand` the group's."""
+
+    group_id: str
+    node: str
+    gpu_index: int
+    key: WorkloadKey
+    demand: Demand
+    members: tuple[LaunchTrial, ...]
+
+
+@dataclass(frozen=True)
 class KillTrial:
     trial_id: str
     node: str
@@ -39,4 +52,15 @@ class ProfileWorkload:
     warmup: int
 
 
-Command = Union[LaunchTrial, KillTrial, ProfileWorkload]
+Command = Union[LaunchTrial, LaunchGroup, KillTrial, ProfileWorkload]
+
+
+def launched(commands: list[Command]) -> list[LaunchTrial]:
+    """Every trial these commands launch, alone or as a member of a fused group."""
+    out: list[LaunchTrial] = []
+    for c in commands:
+        if isinstance(c, LaunchTrial):
+            out.append(c)
+        elif isinstance(c, LaunchGroup):
+            out.extend(c.members)
+    return out

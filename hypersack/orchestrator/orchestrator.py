@@ -8,6 +8,7 @@ commands for the drivers to carry out. It reads time only from the injected cloc
 from __future__ import annotations
 
 import logging
+import math
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextlib import contextmanager
@@ -29,8 +30,15 @@ from hypersack.core.types import (
 from hypersack.grid.expand import expand
 from hypersack.grid.space import SearchSpace, parse_space
 from hypersack.grid.trial import check_transition
+from hypersack.orchestrator import fusion
 from hypersack.orchestrator.cluster import ClusterState, Gpu, Node
-from hypersack.orchestrator.commands import Command, KillTrial, LaunchTrial, ProfileWorkload
+from hypersack.orchestrator.commands import (
+    Command,
+    KillTrial,
+    LaunchGroup,
+    LaunchTrial,
+    ProfileWorkload,
+)
 from hypersack.orchestrator.events import (
     Event,
     Heartbeat,
@@ -76,6 +84,7 @@ class OrchestratorConfig:
     heartbeat_timeout_s: float = 30.0
     restore_grace_s: float = 30.0  # extra time for the nodes of a restarted server
     exclusive: bool = False  # one trial per GPU: the baseline the paper compares against
+    fusion: bool = True  # False: no fused groups for any study (packing alone)
     oom_growth: float = 1.5  # memory demand factor after an out-of-memory death
     # Feedback: a profile's memory demand becomes a trial's observed peak plus this share
     # when the peak exceeds it; its compute demand becomes the observed utilization when
@@ -139,6 +148,9 @@ class Orchestrator:
         self._profile_failed: dict[Slot, str] = journaled(j)
         # trial: arch, peak MiB, peak %
         self._observed: dict[str, tuple[str, int, float]] = journaled(j)
+        # fused group -> its members still running
+        self._groups: dict[str, tuple[str, ...]] = journaled(j)
+        self._oom_groups: dict[str, bool] = journaled(j)  # groups whose OOM was counted
         self._needs_cache: dict[tuple[WorkloadKey, int | None, frozenset[str]],
                                 dict[str, Need]] = {}
         self._dirty: set[str] = set()
@@ -196,6 +208,8 @@ class Orchestrator:
                     self._requeue(t)
                 else:
                     self._cluster.allocate(t.id, node, gpu, t.demand)
+                    if t.group:
+                        self._groups[t.group] = (*self._groups.get(t.group, ()), t.id)
         if self._dirty:
             with self._store.transaction():
                 self._flush()
@@ -236,6 +250,13 @@ class Orchestrator:
 
     def profiles(self) -> list[Profile]:
         return list(self._profiles.values())
+
+    def held(self, node: str, gpu_index: int) -> tuple[int, int, int]:
+        """What a GPU has given out: compute units, memory MiB and trials."""
+        gpu = self._cluster.gpu(node, gpu_index)
+        if gpu is None:
+            raise NotFound(f"no GPU {node}:{gpu_index}")
+        return gpu.used_compute, gpu.used_memory, len(gpu.trials)
 
     def gpu_load(self) -> dict[tuple[str, int], tuple[int, float]]:
         """(node, GPU index) -> (trials running, scaled-compute share used, 0..1)."""
@@ -496,6 +517,7 @@ class Orchestrator:
         for gpu in node.gpus.values():
             for tid in sorted(gpu.trials):
                 t = self._trials[tid]
+                self._groups.pop(t.group, None)
                 self._requeue(t)
             gpu.trials.clear()
         log.warning("node %s lost (%s); its trials are pending again", name, reason)
@@ -544,6 +566,8 @@ class Orchestrator:
     def _on_oom(self, event: TrialOutOfMemory) -> list[Command]:
         t = self._running_on(event.trial_id, event.node, event.attempt)
         assert t.demand is not None
+        if t.group_width > 1:
+            return self._group_oom(t, event)
         self._release(t.id)
         after = after_out_of_memory(t.demand.memory_mib, event.observed_memory_mib,
                                     self.config.oom_growth, self._cluster.largest_memory_mib())
@@ -556,6 +580,22 @@ class Orchestrator:
             self._fail(t, after.reason, memory_override_mib=after.memory_mib)
         else:
             self._requeue(t, memory_override_mib=after.memory_mib, reason=after.reason)
+        return self._schedule()
+
+    def _group_oom(self, t: TrialRecord, event: TrialOutOfMemory) -> list[Command]:
+        """A fused group ran out of memory: its width asks for more from now on (the
+        group's memory grown; a width that no longer fits is not chosen), and the member
+        runs again, alone or in another group, with no failure counted."""
+        gpu = self._cluster.gpu(t.node, t.gpu_index)
+        key = fusion.fused_key(t.key, t.group_width)
+        first = t.group not in self._oom_groups
+        self._oom_groups[t.group] = True
+        if first and gpu is not None and (key, gpu.arch) in self._profiles:
+            held = self._profiles[key, gpu.arch].demand.memory_mib
+            grown = max(math.ceil(held * self.config.oom_growth), event.observed_memory_mib + 1)
+            self._feedback(key, gpu.arch, grown, 0.0, t.id, oom_at=held)
+        self._release(t.id)
+        self._requeue(t, reason=f"its fused group of {t.group_width} ran out of memory")
         return self._schedule()
 
     def _on_profile(self, event: ProfileMeasured) -> list[Command]:
@@ -644,7 +684,7 @@ class Orchestrator:
     def _requeue(self, t: TrialRecord, **changes: Any) -> None:
         """Back to PENDING, holding no GPU."""
         self._set(t, state=TrialState.PENDING, node=None, gpu_index=None, demand=None,
-                  **changes)
+                  group="", group_width=0, **changes)
 
     def _fail(self, t: TrialRecord, reason: str, **changes: Any) -> None:
         """FAILED for good, with the reason a person will read."""
@@ -678,12 +718,36 @@ class Orchestrator:
         self._dirty_studies.clear()
 
     def _release(self, trial_id: str) -> None:
-        """The trial gives back what it held; what it was seen using is fed back."""
+        """The trial gives back what it held; what it was seen using is fed back. A
+        member of a fused group that goes on gives back its compute and cores, and its
+        memory passes to a member still running: the group's process keeps the stacked
+        parameters until it ends."""
         t = self._trials[trial_id]
         seen = self._observed.pop(trial_id, None)
         if seen is not None:
             self._feedback(t.key, seen[0], seen[1], seen[2], trial_id, count=True)
         self._cluster.release(trial_id, t.node, t.gpu_index, t.demand)
+        if not t.group or t.group not in self._groups:
+            return
+        others = tuple(m for m in self._groups[t.group] if m != trial_id)
+        if others:
+            self._groups[t.group] = others
+        else:
+            del self._groups[t.group]
+        heir = self._trials[others[0]] if others else None
+        if heir is None or t.demand is None or heir.demand is None or \
+                heir.state != TrialState.RUNNING or (heir.node, heir.gpu_index) != (
+                    t.node, t.gpu_index):
+            return
+        node = self._cluster.get(heir.node)
+        gpu = self._cluster.gpu(heir.node, heir.gpu_index)
+        if node is None or gpu is None:
+            return
+        self._cluster.release(heir.id, heir.node, heir.gpu_index, heir.demand)
+        demand = heir.demand.model_copy(
+            update={"memory_mib": heir.demand.memory_mib + t.demand.memory_mib})
+        self._cluster.allocate(heir.id, node, gpu, demand)
+        self._set(heir, demand=demand)
 
     # ----------------------------------------------------------------- decisions
     def _policy(self, space: SearchSpace) -> Policy:
@@ -726,20 +790,66 @@ class Orchestrator:
 
     def _decide(self, study: StudyRecord, open_nodes: list[Node], archs: frozenset[str]
                 ) -> list[Command]:
-        """One policy run for one study's pending trials."""
-        commands: list[Command] = []
+        """One policy run for one study's pending trials (and, where fused groups did not
+        fit, further runs for their halves on what is left)."""
         space = self._spaces[study.id]
         view = self._cluster.view(open_nodes, space.settings.oversubscription)
+        pending = [self._trials[tid] for tid in self._by_study[study.id]
+                   if self._trials[tid].state == TrialState.PENDING]
+        if not pending:
+            return []
+        fused: dict[str, _Fused] = {}
+        alone = pending
+        if self._fusion(space):
+            fused, alone = self._fused_items(space, pending, archs, view)
+        batch = [f.item for f in fused.values()] + self._plain_items(alone, archs, view)
+        commands: list[Command] = []
+        policy = self._policy(space)
+        while batch:
+            plan = policy.place(batch, view)
+            check_plan(batch, view, plan)  # no plan over a capacity is ever launched
+            self.decision_count += 1
+            self.decision_time_s += plan.solve_time_s
+            self.decisions.append(Decision(self._clock.now(), study.id, policy.name,
+                                           len(batch), len(plan.placements),
+                                           plan.solve_time_s, plan, view, tuple(batch)))
+            for p in plan.placements:
+                f = fused.get(p.item_id)
+                if f is None:
+                    commands.append(self._launch(self._trials[p.item_id], p.node, p.gpu_index))
+                else:
+                    commands.append(self._launch_group(f.members, p.node, p.gpu_index))
+            # A fused group that did not fit is cut into narrower groups (down to trials
+            # alone) for what is left: a wide group where memory allows, co-location for
+            # the rest.
+            view = view.after(batch, plan)
+            batch = []
+            for item_id in plan.unplaced:
+                f = fused.pop(item_id, None)
+                if f is None:
+                    continue
+                narrower = [w for w in f.widths if w < len(f.members)]
+                for chunk in fusion.chunks(f.members, narrower):
+                    if len(chunk) == 1:
+                        batch += self._plain_items(chunk, archs, view)
+                    else:
+                        g = _Fused(chunk, f.widths, f.run_times)
+                        fused[g.item.id] = g
+                        batch.append(g.item)
+        return commands
+
+    def _fusion(self, space: SearchSpace) -> bool:
+        return self.config.fusion and not self.config.exclusive and fusion.enabled(space)
+
+    def _plain_items(self, trials: list[TrialRecord], archs: frozenset[str],
+                     view: ClusterView) -> list[Item]:
+        """Trials alone. Trials with equal needs are interchangeable: once one fails to
+        fit, so do the rest. Each group passes only as many as could fit in the free
+        compute, plus one, so a decision costs what is placeable, not what is pending."""
         batch: list[Item] = []
-        # Trials with equal needs are interchangeable: once one fails to fit, so do
-        # the rest. Pass each group only as many as could fit in the free compute,
-        # plus one, so a decision costs what is placeable, not what is pending.
         # group -> (how many more to pass, needs, expected run time)
         groups: dict[tuple[WorkloadKey, int | None], tuple[int, dict[str, Need], float]] = {}
-        for tid in self._by_study[study.id]:
-            t = self._trials[tid]
-            if t.state != TrialState.PENDING:
-                continue
+        for t in trials:
             group = (t.key, t.memory_override_mib)
             entry = groups.get(group)
             if entry is None:
@@ -749,22 +859,57 @@ class Orchestrator:
                 entry = (_fit_bound(needs, view) if needs else 0, needs, run_time)
             left, needs, run_time = entry
             groups[group] = (left - 1, needs, run_time)
-            if left <= 0:
+            if left > 0:
+                batch.append(Item(t.id, needs, run_time))
+        return batch
+
+    def _fused_items(self, space: SearchSpace, pending: list[TrialRecord],
+                     archs: frozenset[str], view: ClusterView
+                     ) -> tuple[dict[str, _Fused], list[TrialRecord]]:
+        """Pending trials cut into fused groups of the widest measured width that is
+        worth it (see `fusion`); the rest stay alone."""
+        classes: dict[fusion.FusionClass, list[TrialRecord]] = {}
+        alone: list[TrialRecord] = []
+        for t in pending:
+            c = fusion.class_of(t)
+            if c is None:
+                alone.append(t)
+            else:
+                classes.setdefault(c, []).append(t)
+        gpus: dict[str, tuple[float, int]] = {}  # arch -> scaled capacity %, memory MiB
+        for node in view.nodes:
+            for g in node.gpus:
+                cap = self.config.ratio(g.arch, space.settings.oversubscription) * 100.0
+                mem = g.total_memory if g.total_memory >= 0 else g.memory
+                gpus[g.arch] = (cap, max(mem, gpus.get(g.arch, (0.0, 0))[1]))
+        fused: dict[str, _Fused] = {}
+        for (key, epochs, _), members in classes.items():
+            widths: dict[int, dict[str, Need]] = {}
+            run_times: dict[int, float] = {}
+            for w in fusion.candidate_widths(space.settings.max_fusion_width, len(members)):
+                needs = {}
+                for arch in sorted(archs & gpus.keys()):
+                    single = self._profiles.get((key, arch))
+                    wide = self._profiles.get((fusion.fused_key(key, w), arch))
+                    if single is not None and wide is not None and \
+                            fusion.useful(single, wide, *gpus[arch]):
+                        needs[arch] = Need.of(wide.demand)
+                        run_times[w] = max(run_times.get(w, 0.0), wide.run_time_s(epochs))
+                if needs:
+                    widths[w] = needs
+            if not widths:
+                alone += members
                 continue
-            batch.append(Item(t.id, needs, run_time))
-        if not batch:
-            return commands
-        policy = self._policy(space)
-        plan = policy.place(batch, view)
-        check_plan(batch, view, plan)  # no plan over a capacity is ever launched
-        self.decision_count += 1
-        self.decision_time_s += plan.solve_time_s
-        self.decisions.append(Decision(self._clock.now(), study.id, policy.name, len(batch),
-                                       len(plan.placements), plan.solve_time_s, plan, view,
-                                       tuple(batch)))
-        for p in plan.placements:
-            commands.append(self._launch(self._trials[p.item_id], p.node, p.gpu_index))
-        return commands
+            # Only as many as could fit, widest first, plus one group.
+            widest = max(widths)
+            limit = min(len(members), _fit_bound(widths[widest], view) * widest)
+            for chunk in fusion.chunks(members[:limit], list(widths)):
+                if len(chunk) == 1:
+                    alone.append(chunk[0])
+                else:
+                    f = _Fused(chunk, widths, run_times)
+                    fused[f.item.id] = f
+        return fused, alone
 
     def _launch(self, t: TrialRecord, node_name: str, gpu_index: int) -> LaunchTrial:
         node = self._cluster.live(node_name)
@@ -772,11 +917,36 @@ class Orchestrator:
         demand = demand_with_override(self._profiles[t.key, gpu.arch], t.memory_override_mib)
         t = self._set(t, state=TrialState.RUNNING, node=node_name, gpu_index=gpu_index,
                       launched_on=node_name, demand=demand, launches=t.launches + 1,
-                      started_at=self._clock.now())
+                      started_at=self._clock.now(), group="", group_width=0)
         self._cluster.allocate(t.id, node, gpu, demand)
         return LaunchTrial(trial_id=t.id, study_id=t.study_id, node=node_name,
                            gpu_index=gpu_index, params=dict(t.params), key=t.key,
                            demand=demand, epochs=t.epochs, attempt=t.launches)
+
+    def _launch_group(self, members: list[TrialRecord], node_name: str, gpu_index: int
+                      ) -> LaunchGroup:
+        """One process for a fused group; each member holds its share of the group's
+        demand and runs (and ends) as its own trial."""
+        node = self._cluster.live(node_name)
+        gpu = node.gpus[gpu_index]
+        width = len(members)
+        key = fusion.fused_key(members[0].key, width)
+        demand = self._profiles[key, gpu.arch].demand
+        share = fusion.member_share(demand, width)
+        group_id = f"{members[0].id}.k{width}.a{members[0].launches + 1}"
+        launches = []
+        for t in members:
+            t = self._set(t, state=TrialState.RUNNING, node=node_name, gpu_index=gpu_index,
+                          launched_on=node_name, demand=share, launches=t.launches + 1,
+                          started_at=self._clock.now(), group=group_id, group_width=width)
+            self._cluster.allocate(t.id, node, gpu, share)
+            launches.append(LaunchTrial(trial_id=t.id, study_id=t.study_id, node=node_name,
+                                        gpu_index=gpu_index, params=dict(t.params),
+                                        key=t.key, demand=share, epochs=t.epochs,
+                                        attempt=t.launches))
+        self._groups[group_id] = tuple(t.id for t in members)
+        return LaunchGroup(group_id=group_id, node=node_name, gpu_index=gpu_index, key=key,
+                           demand=demand, members=tuple(launches))
 
     def _state_demands(self, active: list[StudyRecord], archs: frozenset[str]) -> None:
         """A study that states its demand (`settings.demand`) needs no profile run: its
@@ -804,6 +974,42 @@ class Orchestrator:
                     self._profiles[key, arch] = p
                     self._profile_failed.pop((key, arch), None)
                     self._store.put_profile(p)
+
+    def _fused_profiles_wanted(self, active: list[StudyRecord], open_nodes: list[Node],
+                               archs: frozenset[str]) -> list[Slot]:
+        """The fused widths to measure next: per workload and architecture with a profile
+        alone, the narrowest width not yet measured (2, 4, 8, ... up to the study's limit
+        and its pending trials of that workload), one at a time, and none past a width
+        that failed or that the memory fit so far (a + b*K) says no GPU holds."""
+        largest: dict[str, int] = {}
+        for node in open_nodes:
+            for g in node.gpus.values():
+                largest[g.arch] = max(largest.get(g.arch, 0), g.memory_mib)
+        out: list[Slot] = []
+        for study in active:
+            space = self._spaces[study.id]
+            if not self._fusion(space):
+                continue
+            counts: dict[WorkloadKey, int] = {}
+            for tid in self._by_study[study.id]:
+                t = self._trials[tid]
+                if t.state == TrialState.PENDING and fusion.class_of(t) is not None:
+                    counts[t.key] = counts.get(t.key, 0) + 1
+            for key, n in counts.items():
+                widths = fusion.candidate_widths(space.settings.max_fusion_width, n)
+                for arch in sorted(archs):
+                    if (key, arch) not in self._profiles:
+                        continue
+                    for w in widths:
+                        slot = (fusion.fused_key(key, w), arch)
+                        if slot in self._profiles:
+                            continue
+                        guess = fusion.predicted_memory_mib(self._profiles, key, arch, w)
+                        if slot not in self._profile_failed and (
+                                guess is None or guess <= largest.get(arch, 0)):
+                            out.append(slot)
+                        break
+        return out
 
     def _profile_missing(self, active: list[StudyRecord], open_nodes: list[Node],
                          archs: frozenset[str]) -> list[Command]:
@@ -833,6 +1039,8 @@ class Orchestrator:
                     self._fail(t, f"profiling failed on every architecture ({reasons})")
                 elif t.state == TrialState.PENDING:
                     self._set(t, state=TrialState.PROFILING)
+        wanted += [s for s in self._fused_profiles_wanted(active, open_nodes, archs)
+                   if s not in in_flight and s not in wanted]
         plan = planning.plan_profiles(wanted, self._cluster.gpu_slots(open_nodes))
         for slot, g in plan.reserve:
             node = self._cluster.live(g.node)
@@ -846,6 +1054,21 @@ class Orchestrator:
                                             iterations=self.config.profile_iterations,
                                             warmup=self.config.profile_warmup))
         return commands
+
+
+@dataclass
+class _Fused:
+    """Pending trials that may go out as one fused group, and the widths their class
+    may use (width -> needs per architecture, expected run time)."""
+
+    members: list[TrialRecord]
+    widths: dict[int, dict[str, Need]]
+    run_times: dict[int, float]
+
+    @property
+    def item(self) -> Item:
+        w = len(self.members)
+        return Item(f"fused:{self.members[0].id}", self.widths[w], self.run_times[w])
 
 
 E = TypeVar("E")

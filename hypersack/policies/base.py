@@ -8,7 +8,7 @@ oversubscription ratio. Demands are rounded up and capacities down when converte
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import NamedTuple, Protocol
 
 from hypersack.core.types import Demand, ceil_units, floor_units
@@ -72,6 +72,31 @@ class ClusterView:
 
     def gpus(self) -> list[GpuBin]:
         return [g for n in self.nodes for g in n.gpus]
+
+    def after(self, items: Sequence[Item], plan: Plan) -> ClusterView:
+        """What is left free once the plan's placements hold their needs."""
+        by_id = {it.id: it for it in items}
+        taken: dict[tuple[str, int], list[Need]] = {}
+        for p in plan.placements:
+            taken.setdefault((p.node, p.gpu_index), []).append(
+                by_id[p.item_id].needs[self._arch(p.node, p.gpu_index)])
+        nodes = []
+        for n in self.nodes:
+            gpus = []
+            cores = n.cores
+            for g in n.gpus:
+                needs = taken.get((n.name, g.index), [])
+                cores -= sum(x.cores for x in needs)
+                slots = None if g.slots is None else max(0, g.slots - len(needs))
+                gpus.append(replace(g, compute=max(0, g.compute - sum(x.compute for x in needs)),
+                                    memory=max(0, g.memory - sum(x.memory for x in needs)),
+                                    slots=slots))
+            nodes.append(replace(n, cores=max(0, cores), gpus=tuple(gpus)))
+        return ClusterView(nodes=tuple(nodes))
+
+    def _arch(self, node: str, index: int) -> str:
+        return next(g.arch for n in self.nodes if n.name == node for g in n.gpus
+                    if g.index == index)
 
 
 @dataclass(frozen=True)

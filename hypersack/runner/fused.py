@@ -48,27 +48,29 @@ class Member:
 
 class FusedGroup:
     def __init__(self, build: Callable[[], nn.Module], members: Sequence[Member],
-                 loss: Loss = nn.functional.cross_entropy) -> None:
+                 loss: Loss = nn.functional.cross_entropy,
+                 device: torch.device | None = None) -> None:
         if not members:
             raise ValueError("a fused group needs at least one member")
         self.members = list(members)
         models = []
         for m in self.members:
             torch.manual_seed(m.seed)
-            models.append(build().train())
+            models.append(build().to(device or "cpu").train())
         self.params, self.buffers = stack_module_state(models)
         for p in self.params.values():
             p.requires_grad_(False)  # torch.func computes the gradients
         self.base = copy.deepcopy(models[0]).to("meta")
         self.loss = loss
         k = len(self.members)
-        self.alive = torch.ones(k, dtype=torch.bool)
+        on = device or torch.device("cpu")
+        self.alive = torch.ones(k, dtype=torch.bool, device=on)
         self.stopped: set[str] = set()  # stopped or cancelled, not diverged
-        self._lr = torch.tensor([m.lr for m in self.members])
-        self._momentum = torch.tensor([m.momentum for m in self.members])
-        self._decay = torch.tensor([m.weight_decay for m in self.members])
+        self._lr = torch.tensor([m.lr for m in self.members], device=on)
+        self._momentum = torch.tensor([m.momentum for m in self.members], device=on)
+        self._decay = torch.tensor([m.weight_decay for m in self.members], device=on)
         self._clip = torch.tensor([m.clip_norm if m.clip_norm else math.inf
-                                   for m in self.members])
+                                   for m in self.members], device=on)
         self._velocity = [torch.zeros_like(p) for p in self.params.values()]
         self.steps = 0
 

@@ -13,8 +13,9 @@ infinite reports `loss: NaN` once (a diverged trial to the scheduler) and stops;
 member whose `stop_file` appears stops after the current step (early stopping or a
 cancel); the others go on. The process ends when every member ended.
 
-This is the process a fused group runs in; the scheduler does not form fused groups
-yet (fusion-aware planning is the next step).
+Each member's file ends with `{"end": "completed" | "diverged" | "stopped"}` when the
+member ends. In a profile run (`HYPERSACK_PROFILE_FILE` set) the SDK times the whole
+group's iterations: the profile of the fused width.
 """
 
 from __future__ import annotations
@@ -29,20 +30,20 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from hypersack.core.bounds import MAX_FUSED_MEMBERS
 from hypersack.core.train_options import TrainOptions, parse_train_options
-from hypersack.runner import datasets, zoo
+from hypersack.core.trial_env import ENV_FUSED
+from hypersack.runner import datasets, sdk, zoo
 from hypersack.runner.fused import FusedGroup, Member
-from hypersack.runner.torch_train import Batches
-
-ENV_FUSED = "HYPERSACK_FUSED"
-MAX_MEMBERS = 64
+from hypersack.runner.loop import Epochs
+from hypersack.runner.torch_train import Batches, versions
 
 
 @dataclass(frozen=True)
 class FusedSpec:
     model: str
     batch_size: int
-    epochs: int
+    epochs: float
     options: TrainOptions
     members: list[Member]
     metrics_files: list[Path]
@@ -52,14 +53,14 @@ class FusedSpec:
 def parse_spec(raw: str) -> FusedSpec:
     data = json.loads(raw)
     members = data.get("members")
-    if not isinstance(members, list) or not 1 <= len(members) <= MAX_MEMBERS:
-        raise ValueError(f"members: 1 to {MAX_MEMBERS} expected")
+    if not isinstance(members, list) or not 1 <= len(members) <= MAX_FUSED_MEMBERS:
+        raise ValueError(f"members: 1 to {MAX_FUSED_MEMBERS} expected")
     model = str(data["model"])
     if model not in zoo.BUILDERS:
         raise ValueError(f"no zoo model {model!r}")
     return FusedSpec(
         model=model, batch_size=int(data.get("batch_size", 64)),
-        epochs=max(1, math.ceil(float(data.get("epochs", 1)))),
+        epochs=min(max(float(data.get("epochs", 1)), 1e-6), 1e6),
         options=parse_train_options(data.get("options", {}), "options"),
         members=[Member(str(m["trial_id"]), lr=float(m.get("lr", 0.01)),
                         momentum=float(m.get("momentum", 0.9)),
@@ -72,17 +73,31 @@ def parse_spec(raw: str) -> FusedSpec:
 
 
 def _report(path: Path, step: int, **metrics: float) -> None:
-    line = json.dumps({"t": time.time(), "step": step, "metrics": metrics})
+    _append(path, {"t": time.time(), "step": step, "metrics": metrics})
+
+
+def _end(path: Path, outcome: str) -> None:
+    """The member's last line: it ended (completed, diverged or stopped) while the group
+    may go on; the agent reports it as its own trial's exit."""
+    _append(path, {"t": time.time(), "end": outcome})
+
+
+def _append(path: Path, record: dict[str, object]) -> None:
     with open(path, "a") as f:
-        f.write(line + "\n")
+        f.write(json.dumps(record) + "\n")
 
 
 def train(spec: FusedSpec) -> dict[str, str]:
     """Train every member to the end; each member's outcome: completed, diverged or
-    stopped."""
+    stopped. In a profile run (`sdk.profiling()`) the SDK times the group's iterations
+    and ends the process: a fused width's profile."""
     opts = spec.options
     data = datasets.load(spec.model, opts, zoo.VOCAB.get(spec.model, 0))
-    device = torch.device("cpu")
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+
+    def sync() -> None:
+        if device.type == "cuda":
+            torch.cuda.synchronize()
 
     def build() -> torch.nn.Module:
         model = zoo.build(spec.model)
@@ -90,44 +105,67 @@ def train(spec: FusedSpec) -> dict[str, str]:
             zoo.init_scale(model)
         return model
 
-    group = FusedGroup(build, spec.members)
+    try:
+        group = FusedGroup(build, spec.members, device=device)
+    except torch.OutOfMemoryError:
+        sdk.out_of_memory(f"out of memory: {spec.model} fused x{len(spec.members)}")
     train_b = Batches(data, data.train, device, opts.augment, opts.seed)
     val_b = Batches(data, data.val, device, False, opts.seed)
-    rng = np.random.default_rng(opts.seed)
-    batches = math.ceil(data.train.size / spec.batch_size)
-    reported: set[str] = set()
-    for epoch in range(1, spec.epochs + 1):
-        order = rng.permutation(data.train.size)
-        for i in range(batches):
-            for m, stop in zip(spec.members, spec.stop_files, strict=True):
-                if stop is not None and stop.exists() and m.trial_id in group.running:
+    ep = Epochs(data.train.size, spec.batch_size, spec.epochs, np.random.default_rng(opts.seed))
+    if ep.profiling:
+        sdk.set_profile_info(versions=versions(device) + f" fused={len(spec.members)}")
+    ended: set[str] = set()
+
+    def end(k: int, outcome: str) -> None:
+        if spec.members[k].trial_id not in ended:
+            ended.add(spec.members[k].trial_id)
+            _end(spec.metrics_files[k], outcome)
+
+    try:
+        for i in range(ep.total):
+            for k, (m, stop) in enumerate(zip(spec.members, spec.stop_files, strict=True)):
+                if stop is not None and m.trial_id in group.running and stop.exists():
                     group.stop(m.trial_id)
+                    end(k, "stopped")
             if not group.running:
                 break
-            x, y = train_b.get(order[i * spec.batch_size:(i + 1) * spec.batch_size])
+            t0 = time.perf_counter()
+            x, y = train_b.get(ep.indices(i))
+            if ep.profiling:
+                sync()
+            t1 = time.perf_counter()
             group.step(x, y)
+            if ep.profiling:
+                sync()
             for k, m in enumerate(spec.members):
-                if m.trial_id in group.diverged and m.trial_id not in reported:
-                    _report(spec.metrics_files[k], epoch, loss=math.nan)
-                    reported.add(m.trial_id)
-        if not group.running:
-            break
-        # Validation: every member on the same batches, each on its own statistics.
-        sums = [[0.0, 0.0] for _ in spec.members]
-        seen = 0
-        for pos in range(0, data.val.size, spec.batch_size):
-            x, y = val_b.get(np.arange(pos, min(pos + spec.batch_size, data.val.size)))
-            for k, metrics in enumerate(group.evaluate(x, y)):
-                sums[k][0] += metrics["loss"] * len(y)
-                sums[k][1] += metrics["accuracy"] * len(y)
-            seen += len(y)
-        for k, m in enumerate(spec.members):
-            if m.trial_id in group.running:
-                _report(spec.metrics_files[k], epoch, loss=sums[k][0] / seen,
-                        accuracy=sums[k][1] / seen, epoch=epoch)
-    return {m.trial_id: ("diverged" if m.trial_id in group.diverged else
-                         "stopped" if m.trial_id in group.stopped else "completed")
-            for m in spec.members}
+                if m.trial_id in group.diverged and m.trial_id not in ended:
+                    _report(spec.metrics_files[k], i + 1, loss=math.nan)
+                    end(k, "diverged")
+            epoch = ep.done(i, t1 - t0, time.perf_counter() - t1)
+            if epoch is None:
+                continue
+            # Validation: every member on the same batches, each on its own statistics.
+            sums = [[0.0, 0.0] for _ in spec.members]
+            seen = 0
+            for pos in range(0, data.val.size, spec.batch_size):
+                x, y = val_b.get(np.arange(pos, min(pos + spec.batch_size, data.val.size)))
+                for k, metrics in enumerate(group.evaluate(x, y)):
+                    sums[k][0] += metrics["loss"] * len(y)
+                    sums[k][1] += metrics["accuracy"] * len(y)
+                seen += len(y)
+            for k, m in enumerate(spec.members):
+                if m.trial_id in group.running:
+                    _report(spec.metrics_files[k], epoch, loss=sums[k][0] / seen,
+                            accuracy=sums[k][1] / seen, epoch=epoch)
+    except torch.OutOfMemoryError:
+        sdk.out_of_memory(f"out of memory: {spec.model} fused x{len(spec.members)} at batch "
+                          f"size {spec.batch_size} on {device}")
+    outcome = {m.trial_id: ("diverged" if m.trial_id in group.diverged else
+                            "stopped" if m.trial_id in group.stopped else "completed")
+               for m in spec.members}
+    for k, m in enumerate(spec.members):
+        end(k, outcome[m.trial_id])
+    return outcome
 
 
 def main() -> None:

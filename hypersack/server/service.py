@@ -35,7 +35,13 @@ from hypersack.core.types import NodeRecord, NodeSpec, Profile, StudyRecord, Tri
 from hypersack.core.validation import format_validation_error
 from hypersack.grid.space import SearchSpace, parse_space
 from hypersack.orchestrator import Orchestrator, OrchestratorConfig
-from hypersack.orchestrator.commands import Command, KillTrial, LaunchTrial, ProfileWorkload
+from hypersack.orchestrator.commands import (
+    Command,
+    KillTrial,
+    LaunchGroup,
+    LaunchTrial,
+    ProfileWorkload,
+)
 from hypersack.orchestrator.events import (
     Event,
     Heartbeat,
@@ -219,25 +225,35 @@ class SchedulerService:
                 log.exception("%s for node %s not sent: it could not be encoded",
                               type(c).__name__, c.node)
 
+    def _launch_pb(self, c: LaunchTrial) -> pb.LaunchTrial:
+        program = self.orch.space(c.study_id).program
+        return pb.LaunchTrial(
+            trial_id=c.trial_id, study_id=c.study_id, gpu_index=c.gpu_index,
+            params_json=json.dumps(c.params, sort_keys=True), key=key_to_pb(c.key),
+            epochs=c.epochs, program=program_to_pb(program),
+            compute_pct=c.demand.compute_pct, memory_mib=c.demand.memory_mib,
+            cores=c.demand.cores, attempt=c.attempt, owner=self.orch.study(c.study_id).owner)
+
     def _to_message(self, c: Command) -> pb.ServerMessage:
         if isinstance(c, LaunchTrial):
-            program = self.orch.space(c.study_id).program
-            return pb.ServerMessage(launch=pb.LaunchTrial(
-                trial_id=c.trial_id, study_id=c.study_id, gpu_index=c.gpu_index,
-                params_json=json.dumps(c.params, sort_keys=True), key=key_to_pb(c.key),
-                epochs=c.epochs, program=program_to_pb(program),
+            return pb.ServerMessage(launch=self._launch_pb(c))
+        if isinstance(c, LaunchGroup):
+            return pb.ServerMessage(launch_group=pb.LaunchGroup(
+                group_id=c.group_id, gpu_index=c.gpu_index, key=key_to_pb(c.key),
                 compute_pct=c.demand.compute_pct, memory_mib=c.demand.memory_mib,
-                cores=c.demand.cores, attempt=c.attempt, owner=self.orch.study(c.study_id).owner))
+                cores=c.demand.cores, members=[self._launch_pb(m) for m in c.members]))
         if isinstance(c, KillTrial):
             return pb.ServerMessage(kill=pb.KillTrial(trial_id=c.trial_id, reason=c.reason,
                                                       attempt=c.attempt))
         assert isinstance(c, ProfileWorkload)
         self.stats["profile_jobs"] += 1
-        # Profile with a representative trial of that workload: its program and parameters.
-        sample = next((t for t in self.orch.trials() if t.key == c.key
+        # Profile with a representative trial of that workload: its program and parameters
+        # (a fused width: a trial of the workload alone, which the agent runs K times).
+        alone = c.key.model_copy(update={"fusion_width": 1})
+        sample = next((t for t in self.orch.trials() if t.key == alone
                        and t.state in (TrialState.PENDING, TrialState.PROFILING)), None)
         if sample is None:
-            sample = next(t for t in self.orch.trials() if t.key == c.key)
+            sample = next(t for t in self.orch.trials() if t.key == alone)
         program = self.orch.space(sample.study_id).program
         return pb.ServerMessage(profile=pb.ProfileWorkload(
             key=key_to_pb(c.key), arch=c.arch, gpu_index=c.gpu_index, iterations=c.iterations,

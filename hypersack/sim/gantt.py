@@ -76,9 +76,12 @@ def gantt_svg(timeline: Sequence[Segment], gpus: Sequence[tuple[str, int, str]],
             body.append(
                 f'<rect class="trial" x="{x(s.start_s):.2f}" y="{top}" width="{w:.2f}" '
                 f'height="{LANE_H - 1}" fill="{fill}" fill-opacity="{opacity}"><title>'
-                f'{html.escape(s.trial_id)} {s.outcome} {s.start_s:.0f}-{s.end_s:.0f} s'
+                f'{html.escape(s.trial_id)}{f" ({s.members} fused)" if s.members > 1 else ""} '
+                f'{s.outcome} {s.start_s:.0f}-{s.end_s:.0f} s'
                 '</title></rect>')
             label = _short(s.trial_id) if s.outcome != "PROFILE" else "profile"
+            if s.members > 1:
+                label = f"x{s.members} " + _short(s.trial_id.split(".k")[0])
             if w >= CHAR_W * len(label) + 4:
                 body.append(f'<text class="label" x="{x(s.start_s) + 2:.2f}" '
                             f'y="{top + LANE_H - 3}" font-size="9" fill="white">'

@@ -14,9 +14,15 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from hypersack.core.clock import ManualClock
-from hypersack.core.types import ClusterSpec, Profile, StudyState, TrialState
+from hypersack.core.types import ClusterSpec, Profile, StudyState, TrialState, WorkloadKey
 from hypersack.grid.space import SearchSpace
-from hypersack.orchestrator.commands import Command, KillTrial, LaunchTrial, ProfileWorkload
+from hypersack.orchestrator.commands import (
+    Command,
+    KillTrial,
+    LaunchGroup,
+    LaunchTrial,
+    ProfileWorkload,
+)
 from hypersack.orchestrator.events import (
     Event,
     NodeJoined,
@@ -27,6 +33,7 @@ from hypersack.orchestrator.events import (
     TrialFinished,
 )
 from hypersack.orchestrator.orchestrator import Orchestrator, OrchestratorConfig
+from hypersack.sim.fused import fused_estimate
 from hypersack.sim.interference import Interference, SharedTrial
 from hypersack.store.base import Store
 from hypersack.store.memory import MemoryStore
@@ -48,6 +55,7 @@ class Segment:
     start_s: float
     end_s: float
     outcome: str  # COMPLETED, KILLED, LOST, PROFILE
+    members: int = 1  # a fused group's trials (its trial_id is the group's)
 
 
 @dataclass
@@ -90,6 +98,7 @@ class _Running:
     compute_pct: float
     start_s: float
     rate: float = 1.0
+    members: list[str] = field(default_factory=list)  # a fused group's trials
 
 
 class Simulation:
@@ -151,26 +160,37 @@ class Simulation:
         def apply(commands: list[Command]) -> None:
             nonlocal profile_jobs
             for cmd in commands:
-                if isinstance(cmd, LaunchTrial):
+                if isinstance(cmd, (LaunchTrial, LaunchGroup)):
                     arch = self._arch[cmd.node, cmd.gpu_index]
-                    true = self.truth.get((cmd.key, arch))
+                    true = self._true(cmd.key, arch)
                     if true is None:
                         raise RuntimeError(f"simulator has no true profile for "
                                            f"{cmd.key.label()} on {arch}")
-                    running[cmd.trial_id] = _Running(
-                        cmd.trial_id, cmd.key.model, cmd.node, cmd.gpu_index,
-                        true.run_time_s(cmd.epochs),
+                    if isinstance(cmd, LaunchGroup):
+                        job, members = cmd.group_id, [m.trial_id for m in cmd.members]
+                        epochs = cmd.members[0].epochs
+                    else:
+                        job, members, epochs = cmd.trial_id, [cmd.trial_id], cmd.epochs
+                    running[job] = _Running(
+                        job, cmd.key.model, cmd.node, cmd.gpu_index, true.run_time_s(epochs),
                         SharedTrial(true.demand.compute_pct, true.demand.cores,
                                     true.data_fraction),
-                        cmd.demand.compute_pct, now)
+                        cmd.demand.compute_pct, now, members=members)
                 elif isinstance(cmd, KillTrial):
-                    r = running.pop(cmd.trial_id, None)
-                    if r is not None:
+                    # A member of a fused group stops alone; the group goes on.
+                    found = next((j for j, r in running.items()
+                                  if cmd.trial_id in r.members), None)
+                    if found is None:
+                        continue
+                    r = running[found]
+                    r.members.remove(cmd.trial_id)
+                    if not r.members:
+                        del running[found]
                         timeline.append(Segment(r.trial_id, r.model, r.node, r.gpu_index,
                                                 r.start_s, now, "KILLED"))
                 elif isinstance(cmd, ProfileWorkload):
                     profile_jobs += 1
-                    true = self.truth.get((cmd.key, cmd.arch))
+                    true = self._true(cmd.key, cmd.arch)
                     iters = cmd.iterations + cmd.warmup
                     done = now + PROFILE_SETUP_S + iters * (true.iter_time_s if true else 1.0)
                     ev: Event
@@ -192,7 +212,7 @@ class Simulation:
                 for tid in [t for t, r in running.items() if r.node == ev.node]:
                     r = running.pop(tid)
                     timeline.append(Segment(r.trial_id, r.model, r.node, r.gpu_index,
-                                            r.start_s, now, "LOST"))
+                                            r.start_s, now, "LOST", len(r.members)))
                 for key in [k for k in live_gpus if k[0] == ev.node]:
                     live_gpus.discard(key)
             if isinstance(ev, NodeJoined):
@@ -233,10 +253,11 @@ class Simulation:
                 for tid in done:
                     r = running.pop(tid)
                     timeline.append(Segment(r.trial_id, r.model, r.node, r.gpu_index,
-                                            r.start_s, now, "COMPLETED"))
+                                            r.start_s, now, "COMPLETED", len(r.members)))
                     # The simulated run time is the objective: no metric is missing.
-                    handle(TrialFinished(tid, r.node, {"sim_time_s": now - r.start_s},
-                                         objective=now - r.start_s))
+                    for member in r.members:
+                        handle(TrialFinished(member, r.node, {"sim_time_s": now - r.start_s},
+                                             objective=now - r.start_s))
             else:
                 _, _, ev = heapq.heappop(queue)
                 handle(ev)
@@ -260,6 +281,16 @@ class Simulation:
             timeline=timeline,
             stuck=stuck,
         )
+
+    def _true(self, key: WorkloadKey, arch: str) -> Profile | None:
+        """What a workload really needs; a fused width the truth lacks is estimated from
+        the workload alone (`sim.fused`)."""
+        true = self.truth.get((key, arch))
+        if true is None and key.fusion_width > 1:
+            single = self.truth.get((key.model_copy(update={"fusion_width": 1}), arch))
+            if single is not None:
+                true = self.truth[key, arch] = fused_estimate(single, key.fusion_width)
+        return true
 
     def _active(self, study_id: str) -> bool:
         return self.orchestrator.study(study_id).state == StudyState.ACTIVE

@@ -124,4 +124,5 @@ def trial_to_pb(t: TrialRecord) -> pb.Trial:
                     failures=t.failures, launches=t.launches, metrics=t.metrics,
                     has_objective=t.objective is not None, objective=t.objective or 0.0,
                     reason=t.reason, log_tail=t.log_tail, started_at=t.started_at or 0.0,
-                    finished_at=t.finished_at or 0.0)
+                    finished_at=t.finished_at or 0.0, fused_group=t.group,
+                    fusion_width=t.group_width)

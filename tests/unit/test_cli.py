@@ -46,8 +46,10 @@ def test_plan_reports_workloads_without_profiles(capsys: Any, tmp_path: Path) ->
 
 def test_simulate_json_and_gantt(capsys: Any, tmp_path: Path) -> None:
     svg = tmp_path / "g.svg"
+    # Trials alone: one bar each (fused groups: tests/unit/test_fusion.py).
     out = run_json(capsys, "simulate", str(EXAMPLES / "sp1.yaml"), "--cluster",
-                   "1x4xA100-80GB@88", "--profiles", PROFILES, "--gantt", str(svg))
+                   "1x4xA100-80GB@88", "--profiles", PROFILES, "--gantt", str(svg),
+                   "--no-fusion")
     assert out["completed"] == 96 and out["speedup"] > 1.5
     assert out["baseline_makespan_s"] > out["makespan_s"]
     assert len(out["gpus"]) == 4 and sum(g["trials"] for g in out["gpus"]) == 96

@@ -132,17 +132,19 @@ def test_profiles_list_export_import_and_observed_feedback(
     s = ["--server", server.address]
     assert main(["profiles", "--model", "resnet18", "--arch", "A100", "--format", "csv", *s]) == 0
     rows = list(csv.DictReader(io.StringIO(capsys.readouterr().out)))
-    assert [int(r["batch_size"]) for r in rows] == [64, 128, 256, 512]
+    # Each batch size alone and fused 2, 4 and 8 wide.
+    assert [(int(r["batch_size"]), int(r["fusion_width"])) for r in rows] == [
+        (b, k) for b in (64, 128, 256, 512) for k in (1, 2, 4, 8)]
     assert rows[0]["source"] == "estimate" and rows[0]["memory_mib"] == "1500"
     out = tmp_path / "r18.yaml"
     assert main(["profiles", "export", str(out), "--model", "resnet18", "--arch", "A100",
                  *s]) == 0
-    assert "exported 4 profiles" in capsys.readouterr().out
+    assert "exported 16 profiles" in capsys.readouterr().out
     out.write_text(out.read_text().replace("memory_mib: 1500,", "memory_mib: 1600,"))
     assert main(["profiles", "import", str(out), *s]) == 0
-    assert "imported 0 profiles" in capsys.readouterr().out  # kept 4: the history wins
+    assert "imported 0 profiles" in capsys.readouterr().out  # kept 16: the history wins
     assert main(["profiles", "import", str(out), "--replace", *s]) == 0
-    assert "imported 4 profiles" in capsys.readouterr().out
+    assert "imported 16 profiles" in capsys.readouterr().out
     # A running trial that uses more memory than its profile corrects the history.
     agent = RawAgent(server.address)
     agent.register("n1")

@@ -33,9 +33,32 @@ def test_a_fused_process_reports_each_member_as_its_own_trial(tmp_path: Path) ->
     outcome = json.loads(done.stdout.strip().splitlines()[-1])
     assert outcome == {"t0": "completed", "t1": "diverged", "t2": "stopped"}
     t0 = [json.loads(line) for line in (tmp_path / "t0.jsonl").read_text().splitlines()]
-    assert [r["metrics"]["epoch"] for r in t0] == [1, 2]
+    assert [r["metrics"]["epoch"] for r in t0[:-1]] == [1, 2]
     assert all(math.isfinite(r["metrics"]["loss"]) and 0 <= r["metrics"]["accuracy"] <= 1
-               for r in t0)
-    (t1,) = [json.loads(line) for line in (tmp_path / "t1.jsonl").read_text().splitlines()]
-    assert math.isnan(t1["metrics"]["loss"])  # the scheduler ends it DIVERGED
-    assert not (tmp_path / "t2.jsonl").exists()
+               for r in t0[:-1])
+    assert t0[-1]["end"] == "completed"  # each member's last line says how it ended
+    t1 = [json.loads(line) for line in (tmp_path / "t1.jsonl").read_text().splitlines()]
+    assert math.isnan(t1[0]["metrics"]["loss"])  # the scheduler ends it DIVERGED
+    assert t1[-1] == {"t": t1[-1]["t"], "end": "diverged"}
+    t2 = [json.loads(line) for line in (tmp_path / "t2.jsonl").read_text().splitlines()]
+    assert [r.get("end") for r in t2] == ["stopped"]
+
+
+def test_a_fused_profile_run_times_the_group_and_ends(tmp_path: Path) -> None:
+    members = [{"trial_id": f"p{k}", "lr": 0.05, "seed": k,
+                "metrics_file": str(tmp_path / f"p{k}.jsonl")} for k in range(2)]
+    spec = {"model": "resnet18", "batch_size": 8, "epochs": 5, "members": members,
+            "options": {"dataset": "synthetic", "train_samples": 400, "val_samples": 8}}
+    profile = tmp_path / "profile.json"
+    done = subprocess.run([sys.executable, "-m", "hypersack.runner.fused_train"],
+                          env={**os.environ, "HYPERSACK_FUSED": json.dumps(spec),
+                               "HYPERSACK_PROFILE_FILE": str(profile),
+                               "HYPERSACK_PROFILE_ITERATIONS": "3",
+                               "HYPERSACK_PROFILE_WARMUP": "1"},
+                          capture_output=True, text=True, timeout=240, cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    result = json.loads(profile.read_text())
+    assert result["iter_time_s"] > 0 and result["iters_per_epoch"] == 50
+    assert "fused=2" in result["versions"]
+    # A profile run trains no trial: no member reports.
+    assert not any((tmp_path / f"p{k}.jsonl").exists() for k in range(2))

@@ -45,12 +45,14 @@ def prof(model: str, bs: int, compute: float = 50.0, memory: int = 1000, arch: s
 
 
 def space(n_lr: int = 4, retries: int = 1, models: tuple[str, ...] = ("resnet18",),
-          batch: tuple[int, ...] = (64,), ratio: float = 1.0) -> Any:
+          batch: tuple[int, ...] = (64,), ratio: float = 1.0, fusion: str = "off") -> Any:
+    # Packing trials alone unless a test asks for fused groups (tests/unit/test_fusion.py).
     return parse_space({
         "name": "t", "models": list(models),
         "hyperparameters": {"batch_size": list(batch),
                             "lr": [round(0.1 * (i + 1), 2) for i in range(n_lr)]},
-        "settings": {"retries": retries, "policy": "ff", "oversubscription": {"A100": ratio}},
+        "settings": {"retries": retries, "policy": "ff", "oversubscription": {"A100": ratio},
+                     "fusion": fusion},
     })
 
 

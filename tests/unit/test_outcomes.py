@@ -33,7 +33,7 @@ def study(n: int = 2, **settings: Any) -> Any:
         "hyperparameters": {"batch_size": [64], "lr": [0.1 * (i + 1) for i in range(n)]},
         # One trial per GPU: the second waits until the first frees the GPU.
         "settings": {"retries": 0, "policy": "ff", "oversubscription": {"A100": 0.6},
-                     **settings},
+                     "fusion": "off", **settings},
     })
 
 

@@ -196,5 +196,6 @@ def test_profile_files_are_written_to_a_database_only_without_its_server(
         server.stop(0)
     capsys.readouterr()
     assert main(["profiles", "forget", "resnet18", "--db", db, "--arch", "A100"]) == 0
-    assert "forgot 4 profile(s)" in capsys.readouterr().out
+    # Four batch sizes, each alone and fused 2, 4 and 8 wide.
+    assert "forgot 16 profile(s)" in capsys.readouterr().out
     assert main(["profiles", "forget", "resnet18", "--db", db, "--arch", "A100"]) == 2

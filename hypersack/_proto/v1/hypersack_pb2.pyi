@@ -242,7 +242,7 @@ class Study(_message.Message):
     def __init__(self, id: _Optional[str] = ..., name: _Optional[str] = ..., state: _Optional[str] = ..., submitted_at: _Optional[float] = ..., counts: _Optional[_Mapping[str, int]] = ..., space_json: _Optional[str] = ..., objective_metric: _Optional[str] = ..., objective_mode: _Optional[str] = ..., owner: _Optional[str] = ..., warnings: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class Trial(_message.Message):
-    __slots__ = ("id", "study_id", "state", "params_json", "workload", "node", "gpu_index", "failures", "launches", "metrics", "has_objective", "objective", "reason", "log_tail", "started_at", "finished_at")
+    __slots__ = ("id", "study_id", "state", "params_json", "workload", "node", "gpu_index", "failures", "launches", "metrics", "has_objective", "objective", "reason", "log_tail", "started_at", "finished_at", "fused_group", "fusion_width")
     class MetricsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -266,6 +266,8 @@ class Trial(_message.Message):
     LOG_TAIL_FIELD_NUMBER: _ClassVar[int]
     STARTED_AT_FIELD_NUMBER: _ClassVar[int]
     FINISHED_AT_FIELD_NUMBER: _ClassVar[int]
+    FUSED_GROUP_FIELD_NUMBER: _ClassVar[int]
+    FUSION_WIDTH_FIELD_NUMBER: _ClassVar[int]
     id: str
     study_id: str
     state: str
@@ -282,7 +284,9 @@ class Trial(_message.Message):
     log_tail: str
     started_at: float
     finished_at: float
-    def __init__(self, id: _Optional[str] = ..., study_id: _Optional[str] = ..., state: _Optional[str] = ..., params_json: _Optional[str] = ..., workload: _Optional[str] = ..., node: _Optional[str] = ..., gpu_index: _Optional[int] = ..., failures: _Optional[int] = ..., launches: _Optional[int] = ..., metrics: _Optional[_Mapping[str, float]] = ..., has_objective: bool = ..., objective: _Optional[float] = ..., reason: _Optional[str] = ..., log_tail: _Optional[str] = ..., started_at: _Optional[float] = ..., finished_at: _Optional[float] = ...) -> None: ...
+    fused_group: str
+    fusion_width: int
+    def __init__(self, id: _Optional[str] = ..., study_id: _Optional[str] = ..., state: _Optional[str] = ..., params_json: _Optional[str] = ..., workload: _Optional[str] = ..., node: _Optional[str] = ..., gpu_index: _Optional[int] = ..., failures: _Optional[int] = ..., launches: _Optional[int] = ..., metrics: _Optional[_Mapping[str, float]] = ..., has_objective: bool = ..., objective: _Optional[float] = ..., reason: _Optional[str] = ..., log_tail: _Optional[str] = ..., started_at: _Optional[float] = ..., finished_at: _Optional[float] = ..., fused_group: _Optional[str] = ..., fusion_width: _Optional[int] = ...) -> None: ...
 
 class GpuLoad(_message.Message):
     __slots__ = ("node", "gpu_index", "trials", "compute_share")
@@ -592,6 +596,24 @@ class LaunchTrial(_message.Message):
     owner: str
     def __init__(self, trial_id: _Optional[str] = ..., study_id: _Optional[str] = ..., gpu_index: _Optional[int] = ..., params_json: _Optional[str] = ..., key: _Optional[_Union[WorkloadKey, _Mapping]] = ..., epochs: _Optional[float] = ..., program: _Optional[_Union[Program, _Mapping]] = ..., compute_pct: _Optional[float] = ..., memory_mib: _Optional[int] = ..., cores: _Optional[float] = ..., attempt: _Optional[int] = ..., owner: _Optional[str] = ...) -> None: ...
 
+class LaunchGroup(_message.Message):
+    __slots__ = ("group_id", "gpu_index", "key", "compute_pct", "memory_mib", "cores", "members")
+    GROUP_ID_FIELD_NUMBER: _ClassVar[int]
+    GPU_INDEX_FIELD_NUMBER: _ClassVar[int]
+    KEY_FIELD_NUMBER: _ClassVar[int]
+    COMPUTE_PCT_FIELD_NUMBER: _ClassVar[int]
+    MEMORY_MIB_FIELD_NUMBER: _ClassVar[int]
+    CORES_FIELD_NUMBER: _ClassVar[int]
+    MEMBERS_FIELD_NUMBER: _ClassVar[int]
+    group_id: str
+    gpu_index: int
+    key: WorkloadKey
+    compute_pct: float
+    memory_mib: int
+    cores: float
+    members: _containers.RepeatedCompositeFieldContainer[LaunchTrial]
+    def __init__(self, group_id: _Optional[str] = ..., gpu_index: _Optional[int] = ..., key: _Optional[_Union[WorkloadKey, _Mapping]] = ..., compute_pct: _Optional[float] = ..., memory_mib: _Optional[int] = ..., cores: _Optional[float] = ..., members: _Optional[_Iterable[_Union[LaunchTrial, _Mapping]]] = ...) -> None: ...
+
 class KillTrial(_message.Message):
     __slots__ = ("trial_id", "reason", "attempt")
     TRIAL_ID_FIELD_NUMBER: _ClassVar[int]
@@ -625,13 +647,15 @@ class ProfileWorkload(_message.Message):
     def __init__(self, key: _Optional[_Union[WorkloadKey, _Mapping]] = ..., arch: _Optional[str] = ..., gpu_index: _Optional[int] = ..., iterations: _Optional[int] = ..., warmup: _Optional[int] = ..., program: _Optional[_Union[Program, _Mapping]] = ..., params_json: _Optional[str] = ..., epochs: _Optional[float] = ..., owner: _Optional[str] = ...) -> None: ...
 
 class ServerMessage(_message.Message):
-    __slots__ = ("registered", "launch", "kill", "profile")
+    __slots__ = ("registered", "launch", "kill", "profile", "launch_group")
     REGISTERED_FIELD_NUMBER: _ClassVar[int]
     LAUNCH_FIELD_NUMBER: _ClassVar[int]
     KILL_FIELD_NUMBER: _ClassVar[int]
     PROFILE_FIELD_NUMBER: _ClassVar[int]
+    LAUNCH_GROUP_FIELD_NUMBER: _ClassVar[int]
     registered: Registered
     launch: LaunchTrial
     kill: KillTrial
     profile: ProfileWorkload
-    def __init__(self, registered: _Optional[_Union[Registered, _Mapping]] = ..., launch: _Optional[_Union[LaunchTrial, _Mapping]] = ..., kill: _Optional[_Union[KillTrial, _Mapping]] = ..., profile: _Optional[_Union[ProfileWorkload, _Mapping]] = ...) -> None: ...
+    launch_group: LaunchGroup
+    def __init__(self, registered: _Optional[_Union[Registered, _Mapping]] = ..., launch: _Optional[_Union[LaunchTrial, _Mapping]] = ..., kill: _Optional[_Union[KillTrial, _Mapping]] = ..., profile: _Optional[_Union[ProfileWorkload, _Mapping]] = ..., launch_group: _Optional[_Union[LaunchGroup, _Mapping]] = ...) -> None: ...
