@@ -13,7 +13,6 @@ import os
 import queue
 import random
 import resource
-import sys
 import threading
 import time
 from collections.abc import Iterable
@@ -33,6 +32,7 @@ from hypersack.agent.launcher import (
     Job,
     MemberJob,
     argv_for,
+    fused_argv,
     fused_spec,
     job_dir,
     job_key,
@@ -445,7 +445,7 @@ class Agent:
             process, _ = self._job(safe_part(g.group_id), first.study_id, first.study_id,
                                    g.gpu_index, first.program, first.params_json,
                                    first.epochs, mps_env, owner=first.owner)
-            process.argv = [sys.executable, "-m", "hypersack.runner.fused_train"]
+            process.argv = fused_argv()
             jobs: list[MemberJob] = []
             for m in members:
                 base, _ = self._job(m.trial_id, m.study_id, m.study_id, g.gpu_index,
@@ -503,7 +503,7 @@ class Agent:
                 params = json.loads(m.params_json or "{}")
                 options = json.loads(m.program.options_json or "{}")
                 seed = int(params.get("seed", options.get("seed", 0)))
-                job.argv = [sys.executable, "-m", "hypersack.runner.fused_train"]
+                job.argv = fused_argv()
                 job.env[sdk.ENV_FUSED] = json.dumps(fused_spec(
                     key, m.epochs, options,
                     [(f"member-{k}", {**params, "seed": seed + k},

@@ -358,6 +358,11 @@ class MemberJob(Job):
                 else self.workdir / "log.1.txt")
 
 
+def fused_argv() -> list[str]:
+    """The fused trainer's argument list (its members come in HYPERSACK_FUSED)."""
+    return [sys.executable, "-m", "hypersack.runner.fused_train"]
+
+
 def fused_spec(key: WorkloadKey, epochs: float, options: dict[str, Any],
                members: list[tuple[str, dict[str, Any], Path, Path | None]]
                ) -> dict[str, Any]:

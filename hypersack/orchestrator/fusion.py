@@ -44,8 +44,7 @@ def class_of(t: TrialRecord) -> FusionClass | None:
     model the fused trainer cannot train, an optimizer or precision it does not fuse,
     or a trial that asks for more memory after running out of it)."""
     key = t.key
-    info = MODELS.get(key.model)
-    if (info is None or not info.needs_torch or key.fusion_width != 1
+    if (not fusable_model(key.model) or key.fusion_width != 1
             or key.optimizer not in FUSED_OPTIMIZERS or key.precision not in FUSED_PRECISIONS
             or t.memory_override_mib is not None):
         return None
@@ -54,7 +53,14 @@ def class_of(t: TrialRecord) -> FusionClass | None:
     return key, float(t.epochs), rest
 
 
+def fusable_model(model: str) -> bool:
+    """A model the fused trainer trains: one of the zoo's PyTorch models."""
+    info = MODELS.get(model)
+    return info is not None and info.needs_torch
+
+
 def fused_key(key: WorkloadKey, width: int) -> WorkloadKey:
+    """The workload key of that width (1: the workload alone)."""
     return key.model_copy(update={"fusion_width": width})
 
 

@@ -8,7 +8,6 @@ commands for the drivers to carry out. It reads time only from the injected cloc
 from __future__ import annotations
 
 import logging
-import math
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextlib import contextmanager
@@ -592,7 +591,8 @@ class Orchestrator:
         self._oom_groups[t.group] = True
         if first and gpu is not None and (key, gpu.arch) in self._profiles:
             held = self._profiles[key, gpu.arch].demand.memory_mib
-            grown = max(math.ceil(held * self.config.oom_growth), event.observed_memory_mib + 1)
+            grown = after_out_of_memory(held, event.observed_memory_mib, self.config.oom_growth,
+                                        self._cluster.largest_memory_mib()).memory_mib
             self._feedback(key, gpu.arch, grown, 0.0, t.id, oom_at=held)
         self._release(t.id)
         self._requeue(t, reason=f"its fused group of {t.group_width} ran out of memory")
@@ -911,13 +911,19 @@ class Orchestrator:
                     fused[f.item.id] = f
         return fused, alone
 
-    def _launch(self, t: TrialRecord, node_name: str, gpu_index: int) -> LaunchTrial:
+    def _launch(self, t: TrialRecord, node_name: str, gpu_index: int,
+                demand: Demand | None = None, group: str = "", width: int = 0
+                ) -> LaunchTrial:
+        """A trial's next attempt on that GPU, holding its profile's demand (a member of
+        a fused group: its share of the group's, given)."""
         node = self._cluster.live(node_name)
         gpu = node.gpus[gpu_index]
-        demand = demand_with_override(self._profiles[t.key, gpu.arch], t.memory_override_mib)
+        if demand is None:
+            demand = demand_with_override(self._profiles[t.key, gpu.arch],
+                                          t.memory_override_mib)
         t = self._set(t, state=TrialState.RUNNING, node=node_name, gpu_index=gpu_index,
                       launched_on=node_name, demand=demand, launches=t.launches + 1,
-                      started_at=self._clock.now(), group="", group_width=0)
+                      started_at=self._clock.now(), group=group, group_width=width)
         self._cluster.allocate(t.id, node, gpu, demand)
         return LaunchTrial(trial_id=t.id, study_id=t.study_id, node=node_name,
                            gpu_index=gpu_index, params=dict(t.params), key=t.key,
@@ -927,23 +933,14 @@ class Orchestrator:
                       ) -> LaunchGroup:
         """One process for a fused group; each member holds its share of the group's
         demand and runs (and ends) as its own trial."""
-        node = self._cluster.live(node_name)
-        gpu = node.gpus[gpu_index]
+        gpu = self._cluster.live(node_name).gpus[gpu_index]
         width = len(members)
         key = fusion.fused_key(members[0].key, width)
         demand = self._profiles[key, gpu.arch].demand
         share = fusion.member_share(demand, width)
         group_id = f"{members[0].id}.k{width}.a{members[0].launches + 1}"
-        launches = []
-        for t in members:
-            t = self._set(t, state=TrialState.RUNNING, node=node_name, gpu_index=gpu_index,
-                          launched_on=node_name, demand=share, launches=t.launches + 1,
-                          started_at=self._clock.now(), group=group_id, group_width=width)
-            self._cluster.allocate(t.id, node, gpu, share)
-            launches.append(LaunchTrial(trial_id=t.id, study_id=t.study_id, node=node_name,
-                                        gpu_index=gpu_index, params=dict(t.params),
-                                        key=t.key, demand=share, epochs=t.epochs,
-                                        attempt=t.launches))
+        launches = [self._launch(t, node_name, gpu_index, share, group_id, width)
+                    for t in members]
         self._groups[group_id] = tuple(t.id for t in members)
         return LaunchGroup(group_id=group_id, node=node_name, gpu_index=gpu_index, key=key,
                            demand=demand, members=tuple(launches))

@@ -76,10 +76,11 @@ class ClusterView:
     def after(self, items: Sequence[Item], plan: Plan) -> ClusterView:
         """What is left free once the plan's placements hold their needs."""
         by_id = {it.id: it for it in items}
+        arch = {(n.name, g.index): g.arch for n in self.nodes for g in n.gpus}
         taken: dict[tuple[str, int], list[Need]] = {}
         for p in plan.placements:
             taken.setdefault((p.node, p.gpu_index), []).append(
-                by_id[p.item_id].needs[self._arch(p.node, p.gpu_index)])
+                by_id[p.item_id].needs[arch[p.node, p.gpu_index]])
         nodes = []
         for n in self.nodes:
             gpus = []
@@ -93,10 +94,6 @@ class ClusterView:
                                     slots=slots))
             nodes.append(replace(n, cores=max(0, cores), gpus=tuple(gpus)))
         return ClusterView(nodes=tuple(nodes))
-
-    def _arch(self, node: str, index: int) -> str:
-        return next(g.arch for n in self.nodes if n.name == node for g in n.gpus
-                    if g.index == index)
 
 
 @dataclass(frozen=True)

@@ -61,6 +61,7 @@ from hypersack.orchestrator.events import (
     TrialProgress,
     TrialStarted,
 )
+from hypersack.orchestrator.fusion import fused_key
 from hypersack.policies.registry import policy_names
 from hypersack.sampler.profiles import select_profiles, to_import
 from hypersack.store.base import Store
@@ -249,7 +250,7 @@ class SchedulerService:
         self.stats["profile_jobs"] += 1
         # Profile with a representative trial of that workload: its program and parameters
         # (a fused width: a trial of the workload alone, which the agent runs K times).
-        alone = c.key.model_copy(update={"fusion_width": 1})
+        alone = fused_key(c.key, 1)
         sample = next((t for t in self.orch.trials() if t.key == alone
                        and t.state in (TrialState.PENDING, TrialState.PROFILING)), None)
         if sample is None:

@@ -19,8 +19,8 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable, Sequence
 
-from hypersack.core.catalog import MODELS
 from hypersack.core.types import Demand, Profile
+from hypersack.orchestrator.fusion import fusable_model, fused_key
 
 EFFICIENCY = 0.85
 INTERCEPT = 0.4
@@ -37,7 +37,7 @@ def fused_estimate(single: Profile, width: int) -> Profile:
     util = min(100.0, 100.0 * width * u * EFFICIENCY * t * (1.0 - f) / iter_s)
     memory = math.ceil(single.demand.memory_mib * (INTERCEPT + (1.0 - INTERCEPT) * width))
     return single.model_copy(update={
-        "key": single.key.model_copy(update={"fusion_width": width}),
+        "key": fused_key(single.key, width),
         "demand": Demand(compute_pct=round(util, 1), memory_mib=memory,
                          cores=single.demand.cores),
         "iter_time_s": round(iter_s, 6),
@@ -54,11 +54,10 @@ def with_fused(profiles: Iterable[Profile], widths: Sequence[int] = (2, 4, 8)
     out = list(profiles)
     known = {(p.key, p.arch) for p in out}
     for p in list(out):
-        info = MODELS.get(p.key.model)
-        if p.key.fusion_width != 1 or info is None or not info.needs_torch:
+        if p.key.fusion_width != 1 or not fusable_model(p.key.model):
             continue  # only the built-in trainer's models fuse
         for w in widths:
-            key = p.key.model_copy(update={"fusion_width": w})
+            key = fused_key(p.key, w)
             if (key, p.arch) not in known:
                 out.append(fused_estimate(p, w))
                 known.add((key, p.arch))

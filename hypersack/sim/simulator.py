@@ -32,6 +32,7 @@ from hypersack.orchestrator.events import (
     StudySubmitted,
     TrialFinished,
 )
+from hypersack.orchestrator.fusion import fused_key
 from hypersack.orchestrator.orchestrator import Orchestrator, OrchestratorConfig
 from hypersack.sim.fused import fused_estimate
 from hypersack.sim.interference import Interference, SharedTrial
@@ -287,7 +288,7 @@ class Simulation:
         the workload alone (`sim.fused`)."""
         true = self.truth.get((key, arch))
         if true is None and key.fusion_width > 1:
-            single = self.truth.get((key.model_copy(update={"fusion_width": 1}), arch))
+            single = self.truth.get((fused_key(key, 1), arch))
             if single is not None:
                 true = self.truth[key, arch] = fused_estimate(single, key.fusion_width)
         return true
