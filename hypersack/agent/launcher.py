@@ -22,6 +22,7 @@ import psutil
 
 from hypersack.agent.accounts import Account
 from hypersack.agent.procs import ENV_AGENT_DIR, ENV_JOB, die_with_parent, signal_all, tree
+from hypersack.core import optim
 from hypersack.core import trial_env as sdk
 from hypersack.core.errors import InvalidInput
 from hypersack.core.trial_env import as_text
@@ -370,18 +371,20 @@ def fused_spec(key: WorkloadKey, epochs: float, options: dict[str, Any],
     per member, its fusable hyperparameters (as the plain trainer defaults them), its
     metrics file and its stop file."""
     out = []
+    # The members' own optimizer (they share every hyperparameter that does not fuse).
+    optimizer = str(members[0][1].get("optimizer", key.optimizer)) if members \
+        else key.optimizer
     for trial_id, params, metrics, stop in members:
         member: dict[str, Any] = {"trial_id": trial_id, "metrics_file": str(metrics)}
         if stop is not None:
             member["stop_file"] = str(stop)
-        for name, default in (("lr", 0.01), ("momentum", 0.9), ("weight_decay", 0.0)):
-            member[name] = float(params.get(name, default))
+        member.update(optim.hyperparameters(optimizer, params))
         # The plain trainer seeds its model with the program's seed.
         member["seed"] = int(params.get("seed", options.get("seed", 0)))
         out.append(member)
     batch = int(members[0][1].get("batch_size", 64)) if members else 64
     return {"model": key.model, "batch_size": batch, "epochs": epochs,
-            "options": options, "members": out}
+            "optimizer": optimizer, "options": options, "members": out}
 
 
 def job_key(job_id: str, attempt: int) -> str:

@@ -23,6 +23,7 @@ from pydantic import (
     model_validator,
 )
 
+from hypersack.core import optim
 from hypersack.core.bounds import (
     INT64_MAX,
     MAX_BATCH_SIZE,
@@ -450,6 +451,12 @@ class SearchSpace(_Spec):
                     isinstance(v, str) and is_name(v) for v in key_hp.values)):
                 raise ValueError(f"hyperparameters.{name}: must be a list of names (letters, "
                                  "digits and _.:@+=-)")
+        chosen = self.hyperparameters.get("optimizer")
+        if self.program.builtin == "train" and isinstance(chosen, Choice):
+            bad = [v for v in chosen.values if v not in optim.OPTIMIZERS]
+            if bad:
+                raise ValueError(f"hyperparameters.optimizer: the built-in trainer has no "
+                                 f"{bad[0]!r}; valid: {', '.join(optim.OPTIMIZERS)}")
         unknown = self.program.placeholders() - set(self.hyperparameters) - set(COMMAND_FIELDS)
         if unknown:
             valid = sorted(set(self.hyperparameters) | set(COMMAND_FIELDS))

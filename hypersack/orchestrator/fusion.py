@@ -4,10 +4,10 @@ among its members. Pure functions; the orchestrator applies them.
 
 Trials fuse when they share the workload key (model, batch size, optimizer, precision),
 the epochs and every hyperparameter that is not fusable; fusable are those the fused
-trainer keeps per member: learning rate, weight decay, momentum and the initialization
-seed. Only the built-in trainer fuses (`hypersack.runner.fused_train`),
-with SGD (momentum, weight decay) in fp32; Adam and mixed precision are not fused yet
-(a gradient scaler would have to be kept per member).
+trainer keeps per member: learning rate, weight decay, momentum, Adam's betas and
+epsilon, and the initialization seed. Only the built-in trainer fuses
+(`hypersack.runner.fused_train`), with SGD, Adam or AdamW in fp32; mixed precision is not
+fused yet (a gradient scaler would have to be kept per member).
 
 A width K is measured as its own workload key (`fusion_width` K) on each architecture:
 one placement item with the group's demand, never K times a trial's. It is used only
@@ -26,8 +26,8 @@ from hypersack.core.catalog import MODELS
 from hypersack.core.types import Demand, Profile, TrialRecord, WorkloadKey
 from hypersack.grid.space import SearchSpace
 
-FUSABLE = frozenset({"lr", "weight_decay", "momentum", "seed"})
-FUSED_OPTIMIZERS = ("sgd",)  # the fused trainer's optimizer (SGD with momentum)
+FUSABLE = frozenset({"lr", "weight_decay", "momentum", "beta1", "beta2", "eps", "seed"})
+FUSED_OPTIMIZERS = ("sgd", "adam", "adamw")  # the fused trainer's optimizers
 FUSED_PRECISIONS = ("fp32",)
 
 FusionClass = tuple[WorkloadKey, float, tuple[tuple[str, str], ...]]
@@ -44,8 +44,10 @@ def class_of(t: TrialRecord) -> FusionClass | None:
     model the fused trainer cannot train, an optimizer or precision it does not fuse,
     or a trial that asks for more memory after running out of it)."""
     key = t.key
+    # The trial's own optimizer and precision, also where they are not demand keys.
     if (not fusable_model(key.model) or key.fusion_width != 1
-            or key.optimizer not in FUSED_OPTIMIZERS or key.precision not in FUSED_PRECISIONS
+            or str(t.params.get("optimizer", key.optimizer)) not in FUSED_OPTIMIZERS
+            or str(t.params.get("precision", key.precision)) not in FUSED_PRECISIONS
             or t.memory_override_mib is not None):
         return None
     rest = tuple(sorted((k, json.dumps(v, sort_keys=True)) for k, v in t.params.items()

@@ -3,10 +3,11 @@
 The K members' parameters and buffers are stacked (`torch.func.stack_module_state`) and
 one forward-backward pass runs all of them (`vmap` over `functional_call`), fed by one
 data pipeline. Each member keeps its own hyperparameters (learning rate, weight decay,
-momentum, initialization seed), its own unreduced loss and metrics, and its own
-gradient clipping; the update is SGD with momentum applied to all members at once with
-`foreach` operations over the stacked tensors, each member's factors broadcast along
-its slice (optimizer fusion).
+momentum, Adam's betas and epsilon, initialization seed), its own unreduced loss and
+metrics, and its own gradient clipping; the update (SGD with momentum, Adam or AdamW, as
+`torch.optim` computes them) is applied to all members at once with `foreach`
+operations over the stacked tensors, each member's factors broadcast along its slice
+(optimizer fusion). The optimizer is one per group (it is part of the workload key).
 
 Members are isolated: one whose loss or gradients turn NaN or infinite is masked (its
 updates stop, its parameters keep their last finite values) while the others go on,
@@ -43,15 +44,21 @@ class Member:
     momentum: float = 0.0
     weight_decay: float = 0.0
     seed: int = 0
+    beta1: float = 0.9
+    beta2: float = 0.999
+    eps: float = 1e-8
     clip_norm: float | None = None  # per member, never global
 
 
 class FusedGroup:
     def __init__(self, build: Callable[[], nn.Module], members: Sequence[Member],
                  loss: Loss = nn.functional.cross_entropy,
-                 device: torch.device | None = None) -> None:
+                 device: torch.device | None = None, optimizer: str = "sgd") -> None:
         if not members:
             raise ValueError("a fused group needs at least one member")
+        if optimizer not in ("sgd", "adam", "adamw"):
+            raise ValueError(f"no fused optimizer {optimizer!r}")
+        self.optimizer = optimizer
         self.members = list(members)
         models = []
         for m in self.members:
@@ -71,7 +78,13 @@ class FusedGroup:
         self._decay = torch.tensor([m.weight_decay for m in self.members], device=on)
         self._clip = torch.tensor([m.clip_norm if m.clip_norm else math.inf
                                    for m in self.members], device=on)
+        self._beta1 = torch.tensor([m.beta1 for m in self.members], device=on)
+        self._beta2 = torch.tensor([m.beta2 for m in self.members], device=on)
+        self._eps = torch.tensor([m.eps for m in self.members], device=on)
+        # SGD's velocity, or Adam's first moment; Adam's second moment.
         self._velocity = [torch.zeros_like(p) for p in self.params.values()]
+        self._second = ([torch.zeros_like(p) for p in self.params.values()]
+                        if optimizer != "sgd" else [])
         self.steps = 0
 
     @property
@@ -155,21 +168,55 @@ class FusedGroup:
             shape = [(k,) + (1,) * (t.dim() - 1) for t in p]
             g = [torch.nan_to_num(t, nan=0.0, posinf=0.0, neginf=0.0) for t in g]
             torch._foreach_mul_(g, [scale.view(s) for s in shape])
-            # SGD with momentum and weight decay, as torch.optim.SGD does it, with each
-            # member's factors broadcast along its slice: d = g + wd p; v = m v + d;
-            # p -= lr v. A masked member has lr 0 and no velocity.
-            torch._foreach_add_(g, torch._foreach_mul(p, [(self._decay * live).view(s)
-                                                          for s in shape]))
-            torch._foreach_mul_(self._velocity, [(self._momentum * live).view(s)
-                                                 for s in shape])
-            torch._foreach_add_(self._velocity, g)
-            torch._foreach_sub_(p, torch._foreach_mul(self._velocity,
-                                                      [(self._lr * live).view(s)
-                                                       for s in shape]))
+            if self.optimizer == "sgd":
+                self._sgd(p, g, shape, live)
+            else:
+                self._adam(p, g, shape, live)
         self.steps += 1
         out: Tensor = losses.detach().clone()
         out[~self.alive] = math.nan
         return out
+
+    def _sgd(self, p: list[Tensor], g: list[Tensor], shape: list[tuple[int, ...]],
+             live: Tensor) -> None:
+        # SGD with momentum and weight decay, as torch.optim.SGD does it, with each
+        # member's factors broadcast along its slice: d = g + wd p; v = m v + d;
+        # p -= lr v. A masked member has lr 0 and no velocity.
+        torch._foreach_add_(g, torch._foreach_mul(p, [(self._decay * live).view(s)
+                                                      for s in shape]))
+        torch._foreach_mul_(self._velocity, [(self._momentum * live).view(s) for s in shape])
+        torch._foreach_add_(self._velocity, g)
+        torch._foreach_sub_(p, torch._foreach_mul(self._velocity,
+                                                  [(self._lr * live).view(s) for s in shape]))
+
+    def _adam(self, p: list[Tensor], g: list[Tensor], shape: list[tuple[int, ...]],
+              live: Tensor) -> None:
+        # Adam and AdamW as torch.optim computes them (not amsgrad), per member:
+        #   adam:  g += wd p          adamw: p *= 1 - lr wd
+        #   m = b1 m + (1 - b1) g;  v = b2 v + (1 - b2) g^2
+        #   p -= lr / (1 - b1^t) * m / (sqrt(v) / sqrt(1 - b2^t) + eps)
+        # A masked member's moments stay as they were and its step is 0.
+        t = self.steps + 1
+        decay = self._decay * live
+        if self.optimizer == "adam":
+            torch._foreach_add_(g, torch._foreach_mul(p, [decay.view(s) for s in shape]))
+        else:
+            torch._foreach_mul_(p, [(1 - self._lr * decay).view(s) for s in shape])
+        b1 = torch.where(live > 0, self._beta1, torch.ones_like(self._beta1))
+        b2 = torch.where(live > 0, self._beta2, torch.ones_like(self._beta2))
+        torch._foreach_mul_(self._velocity, [b1.view(s) for s in shape])
+        torch._foreach_add_(self._velocity, torch._foreach_mul(g, [(1 - b1).view(s)
+                                                                   for s in shape]))
+        torch._foreach_mul_(self._second, [b2.view(s) for s in shape])
+        torch._foreach_add_(self._second, torch._foreach_mul(
+            torch._foreach_mul(g, g), [(1 - b2).view(s) for s in shape]))
+        step = self._lr * live / (1 - self._beta1 ** t)
+        root = (1 - self._beta2 ** t).sqrt()
+        denom = torch._foreach_sqrt(self._second)
+        torch._foreach_div_(denom, [root.view(s) for s in shape])
+        torch._foreach_add_(denom, [self._eps.view(s) for s in shape])
+        torch._foreach_sub_(p, torch._foreach_mul(torch._foreach_div(self._velocity, denom),
+                                                  [step.view(s) for s in shape]))
 
     def member_state(self, index: int) -> dict[str, Tensor]:
         """One member's parameters and buffers, as a separate model's state_dict."""

@@ -1,7 +1,7 @@
 """A fused trial process: K trials of one zoo model trained together by `FusedGroup`,
 fed by one data pipeline, each reporting as its own trial.
 
-    HYPERSACK_FUSED='{"model": "resnet18", "batch_size": 64, "epochs": 2,
+    HYPERSACK_FUSED='{"model": "resnet18", "batch_size": 64, "epochs": 2, "optimizer": "sgd",
                       "options": {"dataset": "synthetic"},
                       "members": [{"trial_id": "s-1-t00000", "lr": 0.1, "momentum": 0.9,
                                    "seed": 0, "metrics_file": ".../metrics.jsonl"}, ...]}'
@@ -26,10 +26,12 @@ import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
 
+from hypersack.core import optim
 from hypersack.core.bounds import MAX_FUSED_MEMBERS
 from hypersack.core.train_options import TrainOptions, parse_train_options
 from hypersack.core.trial_env import ENV_FUSED
@@ -45,6 +47,7 @@ class FusedSpec:
     batch_size: int
     epochs: float
     options: TrainOptions
+    optimizer: str
     members: list[Member]
     metrics_files: list[Path]
     stop_files: list[Path | None]
@@ -58,16 +61,21 @@ def parse_spec(raw: str) -> FusedSpec:
     model = str(data["model"])
     if model not in zoo.BUILDERS:
         raise ValueError(f"no zoo model {model!r}")
+    optimizer = optim.check(str(data.get("optimizer", "sgd")))
+
+    def member(m: dict[str, Any]) -> Member:
+        # The group's optimizer's hyperparameters, defaulted and checked.
+        h = optim.hyperparameters(optimizer, m)
+        clip = float(m["clip_norm"]) if m.get("clip_norm") else None
+        if clip is not None and not (math.isfinite(clip) and clip > 0):
+            raise ValueError(f"clip_norm: {clip!r} is not a positive number")
+        return Member(str(m["trial_id"]), seed=int(m.get("seed", 0)), clip_norm=clip, **h)
+
     return FusedSpec(
         model=model, batch_size=int(data.get("batch_size", 64)),
         epochs=min(max(float(data.get("epochs", 1)), 1e-6), 1e6),
-        options=parse_train_options(data.get("options", {}), "options"),
-        members=[Member(str(m["trial_id"]), lr=float(m.get("lr", 0.01)),
-                        momentum=float(m.get("momentum", 0.9)),
-                        weight_decay=float(m.get("weight_decay", 0.0)),
-                        seed=int(m.get("seed", 0)),
-                        clip_norm=float(m["clip_norm"]) if m.get("clip_norm") else None)
-                 for m in members],
+        options=parse_train_options(data.get("options", {}), "options"), optimizer=optimizer,
+        members=[member(m) for m in members],
         metrics_files=[Path(m["metrics_file"]) for m in members],
         stop_files=[Path(m["stop_file"]) if m.get("stop_file") else None for m in members])
 
@@ -106,7 +114,7 @@ def train(spec: FusedSpec) -> dict[str, str]:
         return model
 
     try:
-        group = FusedGroup(build, spec.members, device=device)
+        group = FusedGroup(build, spec.members, device=device, optimizer=spec.optimizer)
     except torch.OutOfMemoryError:
         sdk.out_of_memory(f"out of memory: {spec.model} fused x{len(spec.members)}")
     train_b = Batches(data, data.train, device, opts.augment, opts.seed)

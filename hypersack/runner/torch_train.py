@@ -25,6 +25,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from hypersack import __version__
+from hypersack.core import optim
 from hypersack.core.errors import InvalidInput
 from hypersack.core.train_options import TrainOptions
 from hypersack.runner import datasets, sdk, zoo
@@ -44,16 +45,13 @@ def versions(device: torch.device) -> str:
 
 
 def make_optimizer(name: str, model: nn.Module, params: dict[str, Any]) -> torch.optim.Optimizer:
-    lr = float(params.get("lr", 0.01))
-    decay = float(params.get("weight_decay", 0.0))
+    h = optim.hyperparameters(name, params)
     if name == "sgd":
-        return torch.optim.SGD(model.parameters(), lr=lr, weight_decay=decay,
-                               momentum=float(params.get("momentum", 0.9)))
-    if name == "adam":
-        return torch.optim.Adam(model.parameters(), lr=lr, weight_decay=decay)
-    if name == "adamw":
-        return torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=decay)
-    raise InvalidInput(f"unknown optimizer {name!r}; valid: adam, adamw, sgd")
+        return torch.optim.SGD(model.parameters(), lr=h["lr"], weight_decay=h["weight_decay"],
+                               momentum=h["momentum"])
+    kind = torch.optim.Adam if name == "adam" else torch.optim.AdamW
+    return kind(model.parameters(), lr=h["lr"], betas=(h["beta1"], h["beta2"]), eps=h["eps"],
+                weight_decay=h["weight_decay"])
 
 
 class Batches:

@@ -63,12 +63,26 @@ MEMBERS = [Member("t0", lr=0.05, momentum=0.9, seed=0),
            Member("t3", lr=0.02, momentum=0.9, weight_decay=5e-4, seed=3)]
 
 
+# Adam's members differ in betas and epsilon too.
+ADAM_MEMBERS = [Member("a0", lr=1e-3, seed=0),
+                Member("a1", lr=3e-3, weight_decay=1e-2, beta1=0.8, seed=1),
+                Member("a2", lr=1e-2, beta2=0.99, eps=1e-6, seed=2, clip_norm=0.5),
+                Member("a3", lr=5e-4, weight_decay=1e-3, beta1=0.5, beta2=0.9, seed=3)]
+
+
 def separate(make: Callable[[], nn.Module], m: Member,
-             batches: list[tuple[torch.Tensor, torch.Tensor]]) -> tuple[list[float], dict]:
+             batches: list[tuple[torch.Tensor, torch.Tensor]],
+             optimizer: str = "sgd") -> tuple[list[float], dict]:
     torch.manual_seed(m.seed)
     model = make().train()
-    opt = torch.optim.SGD(model.parameters(), lr=m.lr, momentum=m.momentum,
-                          weight_decay=m.weight_decay)
+    opt: torch.optim.Optimizer
+    if optimizer == "sgd":
+        opt = torch.optim.SGD(model.parameters(), lr=m.lr, momentum=m.momentum,
+                              weight_decay=m.weight_decay)
+    else:
+        kind = torch.optim.Adam if optimizer == "adam" else torch.optim.AdamW
+        opt = kind(model.parameters(), lr=m.lr, betas=(m.beta1, m.beta2), eps=m.eps,
+                   weight_decay=m.weight_decay)
     losses = []
     for x, y in batches:
         opt.zero_grad()
@@ -93,6 +107,40 @@ def test_fused_members_equal_separate_runs(name: str, float64: None) -> None:
         for key, value in state.items():
             if value.is_floating_point():
                 assert close(mine[key], value), (name, m.trial_id, key)
+
+
+@pytest.mark.parametrize(("name", "optimizer"), [("resnet18", "adam"),
+                                                 ("bert_tiny", "adamw")])
+def test_fused_adam_members_equal_separate_runs(name: str, optimizer: str,
+                                                float64: None) -> None:
+    """Adam and AdamW fuse too, each member with its own learning rate, betas,
+    epsilon, weight decay and clipping."""
+    make, batches = no_dropout(name), data(name)
+    group = FusedGroup(make, ADAM_MEMBERS, optimizer=optimizer)
+    fused = [group.step(x, y).tolist() for x, y in batches]
+    for k, m in enumerate(ADAM_MEMBERS):
+        losses, state = separate(make, m, batches, optimizer)
+        assert [row[k] for row in fused] == pytest.approx(losses, rel=1e-9)
+        mine = group.member_state(k)
+        for key, value in state.items():
+            if value.is_floating_point():
+                assert close(mine[key], value), (name, optimizer, m.trial_id, key)
+
+
+def test_a_nan_adam_member_is_masked(float64: None) -> None:
+    make, batches = no_dropout("bert_tiny"), data("bert_tiny")
+    group = FusedGroup(make, ADAM_MEMBERS, optimizer="adamw")
+    first = group.step(*batches[0])
+    name = next(iter(group.params))
+    group.params[name][2].fill_(math.inf)
+    rest = [group.step(x, y) for x, y in batches[1:]]
+    assert group.diverged == ["a2"]
+    for k in (0, 1, 3):
+        losses, state = separate(make, ADAM_MEMBERS[k], batches, "adamw")
+        assert [float(first[k])] + [float(r[k]) for r in rest] == \
+            pytest.approx(losses, rel=1e-9)
+        mine = group.member_state(k)
+        assert all(close(mine[n], v) for n, v in state.items() if v.is_floating_point())
 
 
 def test_single_precision_agrees_within_float_tolerance() -> None:

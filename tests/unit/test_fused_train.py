@@ -62,3 +62,31 @@ def test_a_fused_profile_run_times_the_group_and_ends(tmp_path: Path) -> None:
     assert "fused=2" in result["versions"]
     # A profile run trains no trial: no member reports.
     assert not any((tmp_path / f"p{k}.jsonl").exists() for k in range(2))
+
+
+def test_an_adam_group_trains_and_bad_hyperparameters_are_refused(tmp_path: Path) -> None:
+    from hypersack.agent.launcher import fused_spec
+    from hypersack.core.errors import InvalidInput
+    from hypersack.core.types import WorkloadKey
+    from hypersack.runner.fused_train import parse_spec
+
+    key = WorkloadKey(model="resnet18", batch_size=16, optimizer="adamw")
+    options = {"dataset": "synthetic", "train_samples": 32, "val_samples": 16}
+    members = [(f"a{k}", {"optimizer": "adamw", "lr": 1e-3, "beta1": 0.8 + 0.1 * k},
+                tmp_path / f"a{k}.jsonl", None) for k in range(2)]
+    spec = fused_spec(key, 1, options, members)  # as the agent writes it
+    assert spec["optimizer"] == "adamw" and spec["members"][1]["beta1"] == pytest.approx(0.9)
+    parsed = parse_spec(json.dumps(spec))
+    assert [m.beta1 for m in parsed.members] == pytest.approx([0.8, 0.9])
+    done = subprocess.run([sys.executable, "-m", "hypersack.runner.fused_train"],
+                          env={**os.environ, "HYPERSACK_FUSED": json.dumps(spec)},
+                          capture_output=True, text=True, timeout=240, cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout.strip().splitlines()[-1]) == {"a0": "completed",
+                                                                "a1": "completed"}
+    for bad in ({"beta1": 1.0}, {"lr": -1}, {"eps": "nan"}, {"weight_decay": "x"}):
+        with pytest.raises(InvalidInput, match=next(iter(bad))):
+            fused_spec(key, 1, options, [("b", {"optimizer": "adamw", **bad},
+                                          tmp_path / "b.jsonl", None)])
+    with pytest.raises(InvalidInput, match="unknown optimizer"):
+        parse_spec(json.dumps({**spec, "optimizer": "lamb"}))

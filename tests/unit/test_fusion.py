@@ -88,7 +88,13 @@ def test_what_fuses_and_what_does_not() -> None:
                                "momentum": 0.5, "weight_decay": 1e-4}))
     assert a is not None and a == b  # only fusable hyperparameters differ
     assert fusion.class_of(trial({"lr": 0.1, "dropout": 0.1})) != a  # not fusable: apart
-    assert fusion.class_of(trial({}, KEY.model_copy(update={"optimizer": "adam"}))) is None
+    # Adam and AdamW fuse (betas and epsilon per member), apart from SGD's trials; an
+    # optimizer the fused trainer lacks never fuses, also where it is no demand key.
+    adam = KEY.model_copy(update={"optimizer": "adam"})
+    assert fusion.class_of(trial({"optimizer": "adam", "lr": 0.1, "beta1": 0.8}, adam)) == \
+        fusion.class_of(trial({"optimizer": "adam", "lr": 0.2, "beta2": 0.99}, adam)) != a
+    assert fusion.class_of(trial({"optimizer": "lamb"})) is None
+    assert fusion.class_of(trial({"precision": "bf16"})) is None
     assert fusion.class_of(trial({}, KEY.model_copy(update={"precision": "fp16"}))) is None
     assert fusion.class_of(trial({}, WorkloadKey(model="digits_mlp", batch_size=32))) is None
     assert fusion.class_of(trial({}, WorkloadKey(model="cmd-abc", batch_size=0))) is None

@@ -67,6 +67,8 @@ def test_grid_values_of_each_range_kind() -> None:
     ({"settings": {"oversubscription": {"A100": -1}}}, "settings.oversubscription"),
     ({"search": {"type": "random"}}, "random search needs samples"),
     ({"extra": 1}, "extra: Extra inputs are not permitted"),
+    ({"hyperparameters": {"batch_size": [64], "optimizer": ["sgd", "lamb"]}},
+     "the built-in trainer has no 'lamb'; valid: sgd, adam, adamw"),
     ({"name": "has space"}, "name"),
 ])
 def test_bad_input_names_the_field_and_reason(over: dict[str, Any], fragment: str) -> None:
