@@ -61,7 +61,15 @@ from hypersack.orchestrator.events import (
 from hypersack.orchestrator.journal import Journal, journaled
 from hypersack.orchestrator.outcomes import divergence, missing_objective
 from hypersack.orchestrator.retries import after_failure, after_out_of_memory
-from hypersack.policies.base import ClusterView, Item, Need, Plan, Policy, check_plan
+from hypersack.policies.base import (
+    ClusterView,
+    Item,
+    Need,
+    Plan,
+    Policy,
+    check_plan,
+    default_value,
+)
 from hypersack.policies.registry import make_policy
 from hypersack.sampler import planning
 from hypersack.sampler.feedback import corrected
@@ -833,7 +841,7 @@ class Orchestrator:
                     if len(chunk) == 1:
                         batch += self._plain_items(chunk, archs, view)
                     else:
-                        g = _Fused(chunk, f.widths, f.run_times)
+                        g = _Fused(chunk, f.widths, f.run_times, f.single_value)
                         fused[g.item.id] = g
                         batch.append(g.item)
         return commands
@@ -907,7 +915,8 @@ class Orchestrator:
                 if len(chunk) == 1:
                     alone.append(chunk[0])
                 else:
-                    f = _Fused(chunk, widths, run_times)
+                    f = _Fused(chunk, widths, run_times,
+                               default_value(self._needs(members[0], archs)))
                     fused[f.item.id] = f
         return fused, alone
 
@@ -1061,11 +1070,13 @@ class _Fused:
     members: list[TrialRecord]
     widths: dict[int, dict[str, Need]]
     run_times: dict[int, float]
+    single_value: int  # one member's value alone: the group's is its members' work
 
     @property
     def item(self) -> Item:
         w = len(self.members)
-        return Item(f"fused:{self.members[0].id}", self.widths[w], self.run_times[w])
+        return Item(f"fused:{self.members[0].id}", self.widths[w], self.run_times[w],
+                    value=self.single_value * w)
 
 
 E = TypeVar("E")

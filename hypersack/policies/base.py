@@ -3,6 +3,14 @@
 Compute is in hundredths of a percent of one GPU (10000 = 100 %), memory in MiB, cores
 in thousandths of a core. A GPU's compute capacity is already scaled by its
 oversubscription ratio. Demands are rounded up and capacities down when converted.
+
+What a plan maximizes is the work it places: the sum of the placed items' values. An
+item's value is the same on every architecture, so no plan gains by putting a trial on
+slower hardware (where the same trial needs more percent of a GPU): by default it is
+the item's compute demand on the architecture where that demand is largest (the
+slowest one it is profiled on), and at least one unit, so a trial that needs no compute
+still counts. A fused group's value is its members' (K trials' work, not the group's
+smaller demand).
 """
 
 from __future__ import annotations
@@ -39,11 +47,23 @@ def core_units(cores: float) -> int:
 
 @dataclass(frozen=True)
 class Item:
-    """One placement item (a trial, or later a fused group) and its need per architecture."""
+    """One placement item (a trial or a fused group), its need per architecture, its
+    expected run time (the longest over architectures) and its value (see above; -1:
+    derived from the needs)."""
 
     id: str
     needs: Mapping[str, Need]
     run_time_s: float = 0.0
+    value: int = -1
+
+    def __post_init__(self) -> None:
+        if self.value < 0:
+            object.__setattr__(self, "value", default_value(self.needs))
+
+
+def default_value(needs: Mapping[str, Need]) -> int:
+    """An item's work: its largest compute demand over architectures, at least 1."""
+    return max(1, max(n.compute for n in needs.values())) if needs else 0
 
 
 @dataclass(frozen=True)
@@ -108,7 +128,7 @@ class Plan:
     placements: tuple[Placement, ...]
     unplaced: tuple[str, ...]
     solve_time_s: float
-    objective: int  # placed compute units
+    objective: int  # the placed items' values (work placed, in compute units)
     status: str = "heuristic"  # or the solver's: OPTIMAL, FEASIBLE, ...
     bound: int | None = None  # a proven upper bound on the objective, where known
     info: dict[str, float] = field(default_factory=dict)
@@ -165,6 +185,13 @@ class Flat:
         self.slots[g] -= 1
         self.node_cores[self.node_of[g]] -= need.cores
 
+    def give(self, g: int, need: Need) -> None:
+        """Undo `take`."""
+        self.compute[g] += need.compute
+        self.memory[g] += need.memory
+        self.slots[g] += 1
+        self.node_cores[self.node_of[g]] += need.cores
+
     def placement(self, item_id: str, g: int) -> Placement:
         return Placement(item_id, self.node_names[self.node_of[g]], self.index[g])
 
@@ -186,14 +213,14 @@ def check_plan(items: Sequence[Item], cluster: ClusterView, plan: Plan) -> None:
         need = by_id[p.item_id].needs.get(flat.arch[g])
         assert need is not None, f"{p.item_id} placed on {flat.arch[g]} without a need for it"
         flat.take(g, need)
-        objective += need.compute
+        objective += by_id[p.item_id].value
     for g in range(len(flat)):
         assert flat.compute[g] >= 0, f"GPU {g} over its scaled compute"
         assert flat.memory[g] >= 0, f"GPU {g} over its memory"
         assert flat.slots[g] >= 0, f"GPU {g} over its slots"
     for ni, cores in enumerate(flat.node_cores):
         assert cores >= 0, f"node {flat.node_names[ni]} over its cores"
-    assert objective == plan.objective, f"objective {plan.objective} != placed compute {objective}"
+    assert objective == plan.objective, f"objective {plan.objective} != placed value {objective}"
 
 
 def why_unplaced(item: Item, cluster: ClusterView, after: Plan, items: Sequence[Item]) -> str:

@@ -48,7 +48,7 @@ class GreedyPolicy:
         objective = 0
         for i, g in chosen:
             placements.append(flat.placement(items[i].id, g))
-            objective += items[i].needs[flat.arch[g]].compute
+            objective += items[i].value
             placed.add(i)
         unplaced = tuple(items[i].id for i in order if i not in placed)
         return Plan(placements=tuple(placements), unplaced=unplaced,

@@ -4,30 +4,43 @@ Items with identical needs are interchangeable, so the model counts them per GPU
 instead of giving every (item, GPU) pair a boolean: n[k, g] is how many items of class
 k go to GPU g. This is the same problem (each item at most once; per GPU compute and
 memory; per node cores; maximize placed compute) without the symmetry that makes the
-boolean model slow. Items of a class are then handed out in order, longest run first.
-The best greedy plan is given to the solver as a hint, so a time-limited solve is never
-worse than the heuristics.
+boolean model slow. The objective is the placed items' values (work placed, the same
+on every architecture; see `base`). Items of a class are then handed out in order,
+longest run first.
+The best heuristic plan (the default and the paper's greedy rules) is given to the solver
+as a hint, so a time-limited solve is never worse than the heuristics. It uses every
+core unless `workers` says otherwise.
 """
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Sequence
 
 from hypersack.policies.base import ClusterView, Flat, Item, Need, Placement, Plan
+from hypersack.policies.compose import ComposedPolicy
 from hypersack.policies.greedy import GreedyPolicy
+
+
+def _cores() -> int:
+    """The cores this process may run on."""
+    if hasattr(os, "sched_getaffinity"):
+        return max(1, len(os.sched_getaffinity(0)))
+    return os.cpu_count() or 1
 
 
 class OptimalPolicy:
     name = "optimal"
 
-    def __init__(self, *, time_limit_s: float = 10.0, workers: int = 1, seed: int = 0) -> None:
+    def __init__(self, *, time_limit_s: float = 10.0, workers: int = 0, seed: int = 0) -> None:
         if time_limit_s <= 0:
             raise ValueError(f"time_limit_s must be > 0 (got {time_limit_s})")
-        if workers < 1:
-            raise ValueError(f"workers must be >= 1 (got {workers})")
+        if workers < 0:
+            raise ValueError(f"workers must be >= 0 (got {workers}; 0: every core)")
         self.time_limit_s = float(time_limit_s)
-        self.workers = int(workers)
+        # 0: every core this process may run on.
+        self.workers = int(workers) or _cores()
         self.seed = int(seed)
 
     def place(self, items: Sequence[Item], cluster: ClusterView) -> Plan:
@@ -37,9 +50,9 @@ class OptimalPolicy:
         flat = Flat(cluster)
         n_gpus = len(flat)
         # Classes of interchangeable items, in first-seen order; members longest first.
-        classes: dict[tuple[tuple[str, Need], ...], list[int]] = {}
+        classes: dict[tuple[int, tuple[tuple[str, Need], ...]], list[int]] = {}
         for i, it in enumerate(items):
-            classes.setdefault(tuple(sorted(it.needs.items())), []).append(i)
+            classes.setdefault((it.value, tuple(sorted(it.needs.items()))), []).append(i)
         keys = list(classes)
         for members in classes.values():
             members.sort(key=lambda i: -items[i].run_time_s)
@@ -47,7 +60,7 @@ class OptimalPolicy:
         model = cp_model.CpModel()
         count: dict[tuple[int, int], cp_model.IntVar] = {}
         for k, key in enumerate(keys):
-            needs = dict(key)
+            needs = dict(key[1])
             size = len(classes[key])
             for g in range(n_gpus):
                 need = needs.get(flat.arch[g])
@@ -68,9 +81,9 @@ class OptimalPolicy:
                 model.add(sum(vars_k) <= len(classes[key]))
         by_gpu: dict[int, list[tuple[Need, cp_model.IntVar]]] = {}
         for (k, g), var in count.items():
-            need = dict(keys[k])[flat.arch[g]]
+            need = dict(keys[k][1])[flat.arch[g]]
             by_gpu.setdefault(g, []).append((need, var))
-            objective_terms.append(need.compute * var)
+            objective_terms.append(keys[k][0] * var)
         by_node: dict[int, list[tuple[Need, cp_model.IntVar]]] = {}
         for g, terms in by_gpu.items():
             model.add(sum(n.compute * v for n, v in terms) <= flat.compute[g])
@@ -82,10 +95,12 @@ class OptimalPolicy:
             model.add(sum(n.cores * v for n, v in terms) <= flat.node_cores[ni])
         model.maximize(sum(objective_terms))
 
-        # The best of the four greedy rules is the hint (and the fallback).
-        hint = max((GreedyPolicy(n, decreasing=d, worst=w).place(items, cluster)
-                    for n, d, w in (("wfd", True, True), ("ffd", True, False),
-                                    ("wf", False, True), ("ff", False, False))),
+        # The best of the default and the four greedy rules is the hint (and the
+        # fallback).
+        hint = max([ComposedPolicy().place(items, cluster)]
+                   + [GreedyPolicy(n, decreasing=d, worst=w).place(items, cluster)
+                      for n, d, w in (("wfd", True, True), ("ffd", True, False),
+                                      ("wf", False, True), ("ff", False, False))],
                    key=lambda plan: plan.objective)
         gpu_of = {(flat.node_names[flat.node_of[g]], flat.index[g]): g for g in range(n_gpus)}
         key_of = {i: k for k, key in enumerate(keys) for i in classes[key]}
@@ -107,7 +122,7 @@ class OptimalPolicy:
             # No solution in time (cannot happen with the hint, but never place blindly).
             return Plan(placements=hint.placements, unplaced=hint.unplaced,
                         solve_time_s=time.perf_counter() - start, objective=hint.objective,
-                        status=f"{status_name} (fell back to wfd)")
+                        status=f"{status_name} (fell back to the best heuristic)")
 
         placements: list[Placement] = []
         placed: set[int] = set()
@@ -123,7 +138,7 @@ class OptimalPolicy:
                     placements.append(Placement(items[i].id, flat.node_names[flat.node_of[g]],
                                                 flat.index[g]))
                     placed.add(i)
-                    objective += dict(key)[flat.arch[g]].compute
+                    objective += items[i].value
         unplaced = tuple(it.id for i, it in enumerate(items) if i not in placed)
         return Plan(placements=tuple(placements), unplaced=unplaced,
                     solve_time_s=time.perf_counter() - start, objective=objective,

@@ -76,8 +76,27 @@ def test_optimal_is_never_worse_than_a_heuristic(instance: Any) -> None:
     best = make_policy("optimal").place(items, view)
     assert best.status == "OPTIMAL"
     assert best.gap() == 0.0
-    for name in ("ff", "ffd", "wf", "wfd"):
+    for name in ("ff", "ffd", "wf", "wfd", "pack"):
         assert make_policy(name).place(items, view).objective <= best.objective
+
+
+COMPOSED = [{"order": o, "score": s, "improve": i}
+            for o in ("given", "longest", "value", "density")
+            for s in ("first", "worst", "best", "dot", "norm") for i in ("none", "swap")]
+
+
+@pytest.mark.parametrize("options", COMPOSED, ids=lambda o: "-".join(o.values()))
+@settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(instance=instances())
+def test_every_composition_keeps_the_invariants(options: dict[str, str],
+                                                instance: Any) -> None:
+    items, view = instance
+    # A generous budget: the local search always runs to its end, so it is repeatable.
+    policy = make_policy("pack", **options, budget_ms=10_000)
+    plan = policy.place(items, view)
+    check_plan(items, view, plan)
+    again = policy.place(items, view)
+    assert sorted(again.placements, key=str) == sorted(plan.placements, key=str)
 
 
 def brute_force(items: list[Item], view: ClusterView) -> int:
@@ -98,7 +117,7 @@ def brute_force(items: list[Item], view: ClusterView) -> int:
             c[g] -= need.compute
             m[g] -= need.memory
             q[gpus[g].node] -= need.cores
-            total += need.compute
+            total += it.value
         if ok and min(c.values()) >= 0 and min(m.values()) >= 0 and min(q.values()) >= 0:
             best = max(best, total)
     return best
@@ -169,8 +188,10 @@ def test_registry_fails_loudly() -> None:
         make_policy("optimal", depth=3)
     with pytest.raises(InvalidInput, match=r"policy 'wfd' has no option 'x'; valid: \(none\)"):
         make_policy("wfd", x=1)
-    with pytest.raises(InvalidInput, match="time_limit_s must be > 0"):
+    with pytest.raises(InvalidInput, match="time_limit_s: Input should be greater than 0"):
         make_policy("optimal", time_limit_s=0)
+    with pytest.raises(InvalidInput, match="score: Input should be 'first', 'worst'"):
+        make_policy("pack", score="random")
 
 
 def naive(items: list[Item], view: ClusterView, *, decreasing: bool, worst: bool

@@ -1,0 +1,90 @@
+"""Placement instances for benchmarks and tests: a study's first decision as the
+orchestrator builds it, and heterogeneous instances (A100-40GB with H100-80GB, workload
+mixes that bind compute, memory or the nodes' cores)."""
+
+from __future__ import annotations
+
+import random
+from pathlib import Path
+
+from hypersack.core.clock import ManualClock
+from hypersack.core.cluster import parse_shorthand
+from hypersack.grid.space import load_space, parse_space
+from hypersack.orchestrator import NodeJoined, Orchestrator, StudySubmitted
+from hypersack.policies.base import (
+    ClusterView,
+    GpuBin,
+    Item,
+    Need,
+    NodeBin,
+    compute_capacity,
+    core_units,
+)
+from hypersack.sampler.profiles import load_profiles
+from hypersack.store import MemoryStore
+
+ROOT = Path(__file__).resolve().parents[2]
+EXAMPLES = ROOT / "examples"
+
+
+def first_decision(space_data: object, cluster: str, ratio: float | None = None,
+                   fusion: bool = False) -> tuple[list[Item], ClusterView]:
+    """The pending trials and the empty cluster of a study's first decision (trials
+    alone, as the paper packs them, unless `fusion`)."""
+    space = (load_space(space_data) if isinstance(space_data, (str, Path))
+             else parse_space(space_data))
+    if not fusion:
+        space = space.model_copy(update={"settings": space.settings.model_copy(
+            update={"fusion": "off"})})
+    if ratio is not None:
+        space = space.model_copy(update={"settings": space.settings.model_copy(
+            update={"oversubscription": {"A100": ratio, "H100": ratio}})})
+    store = MemoryStore()
+    for p in load_profiles(EXAMPLES / "profiles-estimates.yaml"):
+        store.put_profile(p)
+    orch = Orchestrator(store, ManualClock(0.0))
+    for node in parse_shorthand(cluster).nodes:
+        orch.handle(NodeJoined(node))
+    orch.handle(StudySubmitted(space))
+    decision = orch.decisions[-1]
+    return list(decision.batch), decision.view
+
+
+# Heterogeneous instances: A100-40GB and H100-80GB nodes mixed, oversubscription 3 and
+# 2.5, and workload mixes that bind a different resource each. Every workload has a
+# profile on both architectures: on the H100 it needs 70-90 % of the A100's percent and
+# runs in 50-80 % of its time.
+MIXES = ("compute", "memory", "cpu", "mixed")
+HETERO_RATIOS = {"A100": 3.0, "H100": 2.5}
+
+
+def heterogeneous(mix: str, seed: int, scale: int = 1) -> tuple[list[Item], ClusterView]:
+    """A heterogeneous instance: `scale` x (2 nodes of 4 A100-40GB with 32 cores, 2 nodes
+    of 4 H100-80GB with 48 cores), and about twice as much work as fits."""
+    rng = random.Random(f"{mix}-{seed}")
+    nodes = []
+    for n in range(4 * scale):
+        arch, mem, cores = ("A100", 40960, 32) if n % 4 < 2 else ("H100", 81920, 48)
+        cap = compute_capacity(HETERO_RATIOS[arch])
+        gpus = tuple(GpuBin(f"n{n}", g, arch, cap, mem, cap, mem) for g in range(4))
+        nodes.append(NodeBin(f"n{n}", core_units(cores), gpus, core_units(cores)))
+    capacity = sum(g.compute for node in nodes for g in node.gpus)
+    items: list[Item] = []
+    kinds = (mix,) * 16 if mix != "mixed" else ("compute", "memory", "cpu") * 6
+    total = 0
+    while total < 2 * capacity:
+        kind = rng.choice(kinds)
+        if kind == "compute":
+            pct, mib, cores = rng.uniform(20, 90), rng.uniform(1024, 10240), rng.choice((1, 2, 3))
+        elif kind == "memory":
+            pct, mib, cores = rng.uniform(10, 60), rng.uniform(6144, 36864), rng.choice((1, 2))
+        else:
+            pct, mib, cores = rng.uniform(10, 50), rng.uniform(1024, 6144), rng.randint(2, 12)
+        fast = rng.uniform(0.7, 0.9)
+        needs = {"A100": Need(round(pct * 100), round(mib), cores * 1000),
+                 "H100": Need(round(pct * fast * 100), round(mib), cores * 1000)}
+        run = rng.uniform(100, 3000)
+        for _ in range(rng.randint(4, 24)):
+            items.append(Item(f"t{len(items)}", needs, run_time_s=run))
+            total += needs["A100"].compute
+    return items, ClusterView(tuple(nodes))

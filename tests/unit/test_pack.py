@@ -1,0 +1,193 @@
+"""The objective, the composed policies and the open registry: what a decision
+maximizes does not favour slower hardware, a trial that needs no compute still counts,
+worst fit compares GPUs by normalized free capacity, the density order keeps a node's
+cores for the trials that do most with them, large-memory trials reach the GPUs that
+hold them, and a user's policy plugs in by name or entry point."""
+
+from __future__ import annotations
+
+import sys
+import textwrap
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from hypersack.core.errors import InvalidInput, UnknownName
+from hypersack.policies import (
+    ClusterView,
+    GpuBin,
+    Item,
+    Need,
+    NodeBin,
+    Plan,
+    make_policy,
+    policy_names,
+    register_policy,
+    registry,
+)
+from hypersack.policies.base import check_plan
+
+
+def node(name: str, cores: int, *gpus: GpuBin) -> NodeBin:
+    return NodeBin(name, cores, tuple(gpus), cores)
+
+
+def gpu(node: str, index: int, arch: str, compute: int, memory: int,
+        total: int | None = None, total_memory: int | None = None) -> GpuBin:
+    return GpuBin(node, index, arch, compute, memory,
+                  compute if total is None else total,
+                  memory if total_memory is None else total_memory)
+
+
+def test_an_items_value_is_the_same_on_every_architecture() -> None:
+    # The same trial needs 80 % of an H100's compute where it needs 100 % of an A100's:
+    # its value is its largest demand wherever it is placed, so placing it on the
+    # slower GPU gains nothing.
+    it = Item("t", {"A100": Need(10000, 1000, 1000), "H100": Need(8000, 1000, 1000)})
+    assert it.value == 10000
+    a100 = ClusterView((node("a", 8000, gpu("a", 0, "A100", 30000, 40000)),))
+    h100 = ClusterView((node("h", 8000, gpu("h", 0, "H100", 25000, 80000)),))
+    for name in ("pack", "wfd", "optimal"):
+        on_a = make_policy(name).place([it], a100)
+        on_h = make_policy(name).place([it], h100)
+        assert on_a.objective == on_h.objective == 10000
+    # Explicit values (a fused group's: its members' work) are kept.
+    assert Item("g", {"A100": Need(5000, 1, 1)}, value=32000).value == 32000
+
+
+def test_trials_that_need_no_compute_are_placed_by_every_policy() -> None:
+    items = [Item(f"z{i}", {"A100": Need(0, 1000, 1000)}) for i in range(3)]
+    view = ClusterView((node("a", 8000, gpu("a", 0, "A100", 30000, 40000)),))
+    for name in policy_names():
+        plan = make_policy(name).place(items, view)
+        check_plan(items, view, plan)
+        assert len(plan.placements) == 3, name
+        assert plan.objective == 3  # one unit each: they count
+
+
+def test_worst_fit_score_compares_normalized_free_capacity() -> None:
+    # 200 of 300 % free on the A100 (67 %) against 190 of 250 % on the H100 (76 %):
+    # the paper's worst fit takes the A100 (more raw percent), the normalized score the
+    # emptier H100.
+    view = ClusterView((node("a", 64000, gpu("a", 0, "A100", 20000, 40000, 30000)),
+                        node("h", 64000, gpu("h", 0, "H100", 19000, 80000, 25000))))
+    it = [Item("t", {"A100": Need(1000, 100, 100), "H100": Need(800, 100, 100)})]
+    assert make_policy("wf").place(it, view).placements[0].node == "a"
+    pack = make_policy("pack", order="given", score="worst", improve="none")
+    assert pack.place(it, view).placements[0].node == "h"
+
+
+def cpu_bound() -> tuple[list[Item], ClusterView]:
+    # One node of 4 GPUs and 16 cores. Long small-batch trials need 8 cores for 30 %;
+    # short ones 1 core for 60 %. Longest-first gives the cores away to the former.
+    view = ClusterView((node("n", 16000, *(gpu("n", g, "A100", 30000, 80000)
+                                            for g in range(4))),))
+    items = [Item(f"cpu{i}", {"A100": Need(3000, 1000, 8000)}, run_time_s=900.0)
+             for i in range(8)]
+    items += [Item(f"gpu{i}", {"A100": Need(6000, 1000, 1000)}, run_time_s=100.0)
+              for i in range(16)]
+    return items, view
+
+
+def test_the_density_order_keeps_cores_for_the_trials_that_do_most_with_them() -> None:
+    items, view = cpu_bound()
+    wfd = make_policy("wfd").place(items, view)
+    pack = make_policy("pack").place(items, view)
+    best = make_policy("optimal", time_limit_s=10).place(items, view)
+    check_plan(items, view, pack)
+    assert best.status == "OPTIMAL"
+    assert wfd.objective == 2 * 3000  # two 8-core trials took every core
+    assert pack.objective == best.objective == 16 * 6000
+
+
+def test_large_memory_trials_reach_the_gpus_that_hold_them() -> None:
+    # 40 GB A100s and 80 GB H100s: 20 GiB trials fit only twice on an A100 but four
+    # times on an H100, next to small trials. The density order places them where
+    # memory is.
+    view = ClusterView((node("a", 64000, *(gpu("a", g, "A100", 30000, 40960) for g in range(2))),
+                        node("h", 64000, *(gpu("h", g, "H100", 25000, 81920) for g in range(2)))))
+    big = {"A100": Need(4000, 20480, 1000), "H100": Need(3200, 20480, 1000)}
+    small = {"A100": Need(9000, 2048, 1000), "H100": Need(7200, 2048, 1000)}
+    items = [Item(f"big{i}", big, run_time_s=50.0) for i in range(8)]
+    items += [Item(f"small{i}", small, run_time_s=500.0) for i in range(12)]
+    pack = make_policy("pack").place(items, view)
+    best = make_policy("optimal", time_limit_s=10).place(items, view)
+    check_plan(items, view, pack)
+    assert any(p.item_id.startswith("big") for p in pack.placements)
+    assert pack.objective >= 0.99 * best.objective
+
+
+def test_the_default_is_within_one_percent_of_the_optimum_on_the_papers_spaces() -> None:
+    from hypersack.sim.instances import EXAMPLES, first_decision
+
+    items, view = first_decision(EXAMPLES / "sp3.yaml", "1x4xA100-80GB@88")
+    pack = make_policy("pack", budget_ms=10_000).place(items, view)
+    best = make_policy("optimal", time_limit_s=20).place(items, view)
+    check_plan(items, view, pack)
+    bound = best.bound if best.bound is not None else best.objective
+    assert pack.objective >= 0.99 * bound
+    assert pack.objective > make_policy("wfd").place(items, view).objective
+
+
+class Reverse:
+    """A user's policy: first fit over the GPUs in reverse order."""
+
+    def __init__(self, label: str = "reverse") -> None:
+        self.name = label
+
+    def place(self, items: Any, cluster: ClusterView) -> Plan:
+        return make_policy("ff").place(items, ClusterView(tuple(
+            NodeBin(n.name, n.cores, tuple(reversed(n.gpus)), n.total_cores)
+            for n in reversed(cluster.nodes))))
+
+
+def test_a_users_policy_registers_with_its_options(monkeypatch: pytest.MonkeyPatch) -> None:
+    from pydantic import BaseModel, ConfigDict
+
+    class Options(BaseModel):
+        model_config = ConfigDict(extra="forbid")
+        label: str = "reverse"
+
+    monkeypatch.setattr(registry, "_REGISTRY", dict(registry._REGISTRY))
+    register_policy("reverse", Reverse, Options)
+    assert "reverse" in policy_names()
+    view = ClusterView((node("a", 8000, gpu("a", 0, "A100", 30000, 40000),
+                             gpu("a", 1, "A100", 30000, 40000)),))
+    plan = make_policy("reverse", label="mine").place([Item("t", {"A100": Need(1, 1, 1)})], view)
+    assert plan.placements[0].gpu_index == 1
+    with pytest.raises(InvalidInput, match="has no option 'depth'; valid: label"):
+        make_policy("reverse", depth=1)
+    with pytest.raises(InvalidInput, match="already registered"):
+        register_policy("pack", Reverse)
+    with pytest.raises(InvalidInput, match="letters, digits"):
+        register_policy("../x", Reverse)
+
+
+def test_a_policy_from_a_packages_entry_point(tmp_path: Path,
+                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    # An installed package (a module and its dist-info on the path) names its policy in
+    # the entry-point group; a broken one is skipped with a warning, never fatal.
+    (tmp_path / "my_policy.py").write_text(textwrap.dedent("""
+        from hypersack.policies import make_policy
+
+        class Mine:
+            options = None
+            def __init__(self):
+                self.name = "mine"
+            def place(self, items, cluster):
+                return make_policy("ff").place(items, cluster)
+        """))
+    info = tmp_path / "my_policy-1.0.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: my-policy\nVersion: 1.0\n")
+    (info / "entry_points.txt").write_text(
+        "[hypersack.policies]\nmine = my_policy:Mine\nbroken = my_policy:Missing\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setattr(registry, "_REGISTRY", dict(registry._REGISTRY))
+    monkeypatch.setattr(registry, "_loaded_entry_points", False)
+    assert "mine" in policy_names() and "broken" not in policy_names()
+    assert make_policy("mine").name == "mine"
+    with pytest.raises(UnknownName):
+        make_policy("broken")
+    sys.modules.pop("my_policy", None)
