@@ -265,7 +265,7 @@ MetricName = Annotated[str, StringConstraints(min_length=1, max_length=64,
 class Settings(_Spec):
     epochs: Epochs = 1.0
     retries: int = Field(default=2, ge=0, le=MAX_RETRIES)
-    policy: str = "pack"
+    policy: str = "wfd"
     oversubscription: dict[str, float] = Field(default_factory=dict)
     max_trials: int = Field(default=100_000, ge=1, le=MAX_TRIALS_CAP)
     objective: Objective = Field(default_factory=Objective)

@@ -118,7 +118,7 @@ def test_large_memory_trials_reach_the_gpus_that_hold_them() -> None:
     assert pack.objective >= 0.99 * best.objective
 
 
-def test_the_default_is_within_one_percent_of_the_optimum_on_the_papers_spaces() -> None:
+def test_pack_is_within_one_percent_of_the_optimum_on_the_papers_spaces() -> None:
     from hypersack.sim.instances import EXAMPLES, first_decision
 
     items, view = first_decision(EXAMPLES / "sp3.yaml", "1x4xA100-80GB@88")
