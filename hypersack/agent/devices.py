@@ -8,14 +8,13 @@ tests and for demos of a cluster on one machine; its trials run on the CPU. `nvm
 
 from __future__ import annotations
 
-import os
 import platform
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
 
 import psutil
 
-from hypersack.core.cluster import parse_shorthand
+from hypersack.core.cluster import parse_shorthand, usable_cores
 from hypersack.core.errors import InvalidInput
 from hypersack.core.types import GpuSpec
 
@@ -85,13 +84,6 @@ class DeviceBackend(ABC):
         return round(min(self.cores(), max(0.01, measured.cpu_cores)), 3)
 
 
-def _usable_cores() -> float:
-    try:
-        return float(len(os.sched_getaffinity(0)))
-    except AttributeError:  # not on Linux
-        return float(os.cpu_count() or 1)
-
-
 class CpuBackend(DeviceBackend):
     """The whole CPU as one device: compute % is the share of all cores a trial uses."""
 
@@ -109,7 +101,7 @@ class CpuBackend(DeviceBackend):
         return (self._device,)
 
     def cores(self) -> float:
-        return _usable_cores()
+        return float(usable_cores())
 
     def env_for(self, device: GpuSpec) -> dict[str, str]:
         return {"CUDA_VISIBLE_DEVICES": ""}

@@ -7,7 +7,8 @@ import re
 import threading
 import time
 
-from hypersack.agent.devices import DeviceBackend, DeviceState, Measured, Usage, _usable_cores
+from hypersack.agent.devices import DeviceBackend, DeviceState, Measured, Usage
+from hypersack.core.cluster import usable_cores
 from hypersack.core.types import GpuSpec
 
 log = logging.getLogger(__name__)
@@ -60,7 +61,7 @@ class NvmlBackend(DeviceBackend):
         return self._devices
 
     def cores(self) -> float:
-        return _usable_cores()
+        return float(usable_cores())
 
     def env_for(self, device: GpuSpec) -> dict[str, str]:
         return {"CUDA_VISIBLE_DEVICES": device.uuid}

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import re
 from pathlib import Path
 from typing import Any
@@ -121,3 +122,11 @@ def load_cluster(text_or_path: str) -> ClusterSpec:
     if path.suffix in (".yaml", ".yml", ".json") or (text_or_path and path.exists()):
         return cluster_from_dict(load_yaml_file(path, "cluster file"), source=str(path))
     return parse_shorthand(text_or_path)
+
+
+def usable_cores() -> int:
+    """The cores this process may run on (its CPU affinity where the system has one)."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except AttributeError:  # not on Linux
+        return os.cpu_count() or 1

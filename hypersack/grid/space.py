@@ -265,6 +265,9 @@ MetricName = Annotated[str, StringConstraints(min_length=1, max_length=64,
 class Settings(_Spec):
     epochs: Epochs = 1.0
     retries: int = Field(default=2, ge=0, le=MAX_RETRIES)
+    # Still the paper's rule: `pack` places more work per decision, but the simulator's
+    # studies finish later with it (fuller GPUs interfere more), until decisions weigh
+    # expected progress rather than work placed.
     policy: str = "wfd"
     oversubscription: dict[str, float] = Field(default_factory=dict)
     max_trials: int = Field(default=100_000, ge=1, le=MAX_TRIALS_CAP)

@@ -888,8 +888,7 @@ class Orchestrator:
         for node in view.nodes:
             for g in node.gpus:
                 cap = self.config.ratio(g.arch, space.settings.oversubscription) * 100.0
-                mem = g.total_memory if g.total_memory >= 0 else g.memory
-                gpus[g.arch] = (cap, max(mem, gpus.get(g.arch, (0.0, 0))[1]))
+                gpus[g.arch] = (cap, max(g.full_memory, gpus.get(g.arch, (0.0, 0))[1]))
         fused: dict[str, _Fused] = {}
         for (key, epochs, _), members in classes.items():
             widths: dict[int, dict[str, Need]] = {}

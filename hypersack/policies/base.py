@@ -77,6 +77,16 @@ class GpuBin:
     total_memory: int = -1
     slots: int | None = None  # how many more items it may take (None: no limit)
 
+    @property
+    def full_compute(self) -> int:
+        """Scaled compute when empty."""
+        return self.total_compute if self.total_compute >= 0 else self.compute
+
+    @property
+    def full_memory(self) -> int:
+        """MiB when empty."""
+        return self.total_memory if self.total_memory >= 0 else self.memory
+
 
 @dataclass(frozen=True)
 class NodeBin:
@@ -84,6 +94,11 @@ class NodeBin:
     cores: int  # free core units
     gpus: tuple[GpuBin, ...]
     total_cores: int = -1
+
+    @property
+    def full_cores(self) -> int:
+        """Core units when nothing runs."""
+        return self.total_cores if self.total_cores >= 0 else self.cores
 
 
 @dataclass(frozen=True)
@@ -196,6 +211,34 @@ class Flat:
         return Placement(item_id, self.node_names[self.node_of[g]], self.index[g])
 
 
+def classes(items: Sequence[Item]) -> tuple[list[Item], list[list[int]]]:
+    """Interchangeable items (identical value and needs), in first-seen order: one
+    representative item per class and the indices of its members, longest run first."""
+    index: dict[tuple[int, int], int] = {}
+    sig: dict[int, tuple[tuple[str, Need], ...]] = {}
+    by_sig: dict[tuple[int, tuple[tuple[str, Need], ...]], int] = {}
+    reps: list[Item] = []
+    members: list[list[int]] = []
+    for i, it in enumerate(items):
+        # Items of one workload share one needs mapping: sorted once per mapping.
+        quick = (it.value, id(it.needs))
+        c = index.get(quick)
+        if c is None:
+            s = sig.get(id(it.needs))
+            if s is None:
+                s = sig[id(it.needs)] = tuple(sorted(it.needs.items()))
+            c = by_sig.get((it.value, s))
+            if c is None:
+                c = by_sig[(it.value, s)] = len(reps)
+                reps.append(it)
+                members.append([])
+            index[quick] = c
+        members[c].append(i)
+    for its in members:
+        its.sort(key=lambda i: -items[i].run_time_s)  # stable: ties keep their order
+    return reps, members
+
+
 def check_plan(items: Sequence[Item], cluster: ClusterView, plan: Plan) -> None:
     """The invariants every policy keeps; raises AssertionError naming the broken one."""
     by_id = {it.id: it for it in items}
@@ -239,10 +282,8 @@ def why_unplaced(item: Item, cluster: ClusterView, after: Plan, items: Sequence[
     never = True
     for nb, gb in usable:
         want = item.needs[gb.arch]
-        tc = gb.total_compute if gb.total_compute >= 0 else gb.compute
-        tm = gb.total_memory if gb.total_memory >= 0 else gb.memory
-        tq = nb.total_cores if nb.total_cores >= 0 else nb.cores
-        if want.compute <= tc and want.memory <= tm and want.cores <= tq:
+        if (want.compute <= gb.full_compute and want.memory <= gb.full_memory
+                and want.cores <= nb.full_cores):
             never = False
     if never:
         first = item.needs[usable[0][1].arch]

@@ -39,7 +39,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from hypersack.policies.base import ClusterView, Flat, Item, Need, Placement, Plan
+from hypersack.policies.base import ClusterView, Flat, Item, Need, Placement, Plan, classes
 
 Order = Literal["given", "longest", "value", "density"]
 Score = Literal["first", "worst", "best", "dot", "norm"]
@@ -65,11 +65,10 @@ class _Scales:
         wm: list[float] = []
         wk: list[float] = []
         for node in cluster.nodes:
-            share = (node.total_cores if node.total_cores >= 0 else node.cores) / max(
-                1, len(node.gpus))
+            share = node.full_cores / max(1, len(node.gpus))
             for g in node.gpus:
-                wc.append(1.0 / max(1, g.total_compute if g.total_compute >= 0 else g.compute))
-                wm.append(1.0 / max(1, g.total_memory if g.total_memory >= 0 else g.memory))
+                wc.append(1.0 / max(1, g.full_compute))
+                wm.append(1.0 / max(1, g.full_memory))
                 wk.append(1.0 / max(1.0, share))
         # Scarcity: what the items ask of a resource (on the architecture where they ask
         # least compute) over what is free; a resource nobody asks for weighs nothing.
@@ -133,15 +132,17 @@ class ComposedPolicy:
         start = time.perf_counter()
         flat = Flat(cluster)
         sc = _Scales(cluster, flat, items)
-        classes, members = _classes(items)
-        order = self._class_order(classes, members, items, flat, sc)
+        # Within a class, the longest run first (it starts early and overlaps with the
+        # short ones).
+        reps, members = classes(items)
+        order = self._class_order(reps, members, items, flat, sc)
         on: list[dict[int, list[int]]] = [{} for _ in range(len(flat))]
-        left: list[list[int]] = [[] for _ in classes]
+        left: list[list[int]] = [[] for _ in reps]
         scorer = _scorer(self.score, flat, sc)
         for c in order:
-            self._greedy(c, classes[c], members[c], flat, scorer, on, left)
+            self._greedy(c, reps[c], members[c], flat, scorer, on, left)
         if self.improve == "swap":
-            _swap(classes, flat, on, left, start + self.budget_s)
+            _swap(reps, flat, on, left, start + self.budget_s)
         placements: list[Placement] = []
         objective = 0
         placed: set[int] = set()
@@ -150,17 +151,14 @@ class ComposedPolicy:
                 for i in its:
                     placements.append(flat.placement(items[i].id, g))
                     placed.add(i)
-                    objective += classes[c].value
+                    objective += reps[c].value
         unplaced = tuple(items[i].id for c in order for i in members[c] if i not in placed)
         return Plan(placements=tuple(placements), unplaced=unplaced,
                     solve_time_s=time.perf_counter() - start, objective=objective)
 
     def _class_order(self, classes: list[Item], members: list[list[int]],
                      items: Sequence[Item], flat: Flat, sc: _Scales) -> list[int]:
-        # Within a class, the longest run first (it starts early and overlaps with the
-        # short ones); classes in the policy's order, ties in first-seen order.
-        for its in members:
-            its.sort(key=lambda i: -items[i].run_time_s)
+        """Classes in the policy's order, ties in first-seen order."""
         first_gpu: dict[str, int] = {}
         for g, a in enumerate(flat.arch):
             first_gpu.setdefault(a, g)
@@ -205,30 +203,6 @@ class ComposedPolicy:
             if flat.fits(g, need):
                 heapq.heappush(heap, (scorer(g, need), g))
         left[c] = its[k:][::-1]  # pop() gives the longest first
-
-
-def _classes(items: Sequence[Item]) -> tuple[list[Item], list[list[int]]]:
-    """Items with identical needs and value, in first-seen order."""
-    index: dict[tuple[int, int], int] = {}
-    sig: dict[int, tuple[tuple[str, Need], ...]] = {}
-    by_sig: dict[tuple[int, tuple[tuple[str, Need], ...]], int] = {}
-    classes: list[Item] = []
-    members: list[list[int]] = []
-    for i, it in enumerate(items):
-        quick = (it.value, id(it.needs))
-        c = index.get(quick)
-        if c is None:
-            s = sig.get(id(it.needs))
-            if s is None:
-                s = sig[id(it.needs)] = tuple(sorted(it.needs.items()))
-            c = by_sig.get((it.value, s))
-            if c is None:
-                c = by_sig[(it.value, s)] = len(classes)
-                classes.append(it)
-                members.append([])
-            index[quick] = c
-        members[c].append(i)
-    return classes, members
 
 
 def _swap(classes: list[Item], flat: Flat, on: list[dict[int, list[int]]],

@@ -7,27 +7,20 @@ memory; per node cores; maximize placed compute) without the symmetry that makes
 boolean model slow. The objective is the placed items' values (work placed, the same
 on every architecture; see `base`). Items of a class are then handed out in order,
 longest run first.
-The best heuristic plan (the default and the paper's greedy rules) is given to the solver
+The best heuristic plan (pack and the paper's greedy rules) is given to the solver
 as a hint, so a time-limited solve is never worse than the heuristics. It uses every
 core unless `workers` says otherwise.
 """
 
 from __future__ import annotations
 
-import os
 import time
 from collections.abc import Sequence
 
-from hypersack.policies.base import ClusterView, Flat, Item, Need, Placement, Plan
+from hypersack.core.cluster import usable_cores
+from hypersack.policies.base import ClusterView, Flat, Item, Need, Placement, Plan, classes
 from hypersack.policies.compose import ComposedPolicy
 from hypersack.policies.greedy import GreedyPolicy
-
-
-def _cores() -> int:
-    """The cores this process may run on."""
-    if hasattr(os, "sched_getaffinity"):
-        return max(1, len(os.sched_getaffinity(0)))
-    return os.cpu_count() or 1
 
 
 class OptimalPolicy:
@@ -40,7 +33,7 @@ class OptimalPolicy:
             raise ValueError(f"workers must be >= 0 (got {workers}; 0: every core)")
         self.time_limit_s = float(time_limit_s)
         # 0: every core this process may run on.
-        self.workers = int(workers) or _cores()
+        self.workers = int(workers) or usable_cores()
         self.seed = int(seed)
 
     def place(self, items: Sequence[Item], cluster: ClusterView) -> Plan:
@@ -50,18 +43,13 @@ class OptimalPolicy:
         flat = Flat(cluster)
         n_gpus = len(flat)
         # Classes of interchangeable items, in first-seen order; members longest first.
-        classes: dict[tuple[int, tuple[tuple[str, Need], ...]], list[int]] = {}
-        for i, it in enumerate(items):
-            classes.setdefault((it.value, tuple(sorted(it.needs.items()))), []).append(i)
-        keys = list(classes)
-        for members in classes.values():
-            members.sort(key=lambda i: -items[i].run_time_s)
+        reps, members = classes(items)
 
         model = cp_model.CpModel()
         count: dict[tuple[int, int], cp_model.IntVar] = {}
-        for k, key in enumerate(keys):
-            needs = dict(key[1])
-            size = len(classes[key])
+        for k, rep in enumerate(reps):
+            needs = rep.needs
+            size = len(members[k])
             for g in range(n_gpus):
                 need = needs.get(flat.arch[g])
                 if need is None:
@@ -75,15 +63,15 @@ class OptimalPolicy:
                 if cap > 0:
                     count[k, g] = model.new_int_var(0, cap, f"n_{k}_{g}")
         objective_terms = []
-        for k, key in enumerate(keys):
+        for k, its in enumerate(members):
             vars_k = [v for (kk, _), v in count.items() if kk == k]
             if vars_k:
-                model.add(sum(vars_k) <= len(classes[key]))
+                model.add(sum(vars_k) <= len(its))
         by_gpu: dict[int, list[tuple[Need, cp_model.IntVar]]] = {}
         for (k, g), var in count.items():
-            need = dict(keys[k][1])[flat.arch[g]]
+            need = reps[k].needs[flat.arch[g]]
             by_gpu.setdefault(g, []).append((need, var))
-            objective_terms.append(keys[k][0] * var)
+            objective_terms.append(reps[k].value * var)
         by_node: dict[int, list[tuple[Need, cp_model.IntVar]]] = {}
         for g, terms in by_gpu.items():
             model.add(sum(n.compute * v for n, v in terms) <= flat.compute[g])
@@ -95,15 +83,14 @@ class OptimalPolicy:
             model.add(sum(n.cores * v for n, v in terms) <= flat.node_cores[ni])
         model.maximize(sum(objective_terms))
 
-        # The best of the default and the four greedy rules is the hint (and the
-        # fallback).
+        # The best of pack and the four greedy rules is the hint (and the fallback).
         hint = max([ComposedPolicy().place(items, cluster)]
                    + [GreedyPolicy(n, decreasing=d, worst=w).place(items, cluster)
                       for n, d, w in (("wfd", True, True), ("ffd", True, False),
                                       ("wf", False, True), ("ff", False, False))],
                    key=lambda plan: plan.objective)
         gpu_of = {(flat.node_names[flat.node_of[g]], flat.index[g]): g for g in range(n_gpus)}
-        key_of = {i: k for k, key in enumerate(keys) for i in classes[key]}
+        key_of = {i: k for k, its in enumerate(members) for i in its}
         index_of = {it.id: i for i, it in enumerate(items)}
         hinted: dict[tuple[int, int], int] = {}
         for p in hint.placements:
@@ -127,16 +114,15 @@ class OptimalPolicy:
         placements: list[Placement] = []
         placed: set[int] = set()
         objective = 0
-        for k, key in enumerate(keys):
-            handout = iter(classes[key])
+        for k, its in enumerate(members):
+            handout = iter(its)
             for g in range(n_gpus):
                 chosen = count.get((k, g))
                 if chosen is None:
                     continue
                 for _ in range(solver.value(chosen)):
                     i = next(handout)
-                    placements.append(Placement(items[i].id, flat.node_names[flat.node_of[g]],
-                                                flat.index[g]))
+                    placements.append(flat.placement(items[i].id, g))
                     placed.add(i)
                     objective += items[i].value
         unplaced = tuple(it.id for i, it in enumerate(items) if i not in placed)

@@ -40,10 +40,6 @@ from hypersack.policies.greedy import GreedyPolicy
 log = logging.getLogger(__name__)
 
 ENTRY_POINT_GROUP = "hypersack.policies"
-# Still the paper's rule: `pack` places more work per decision, but the simulator's
-# studies finish later with it (the interference of fuller GPUs), until decisions weigh
-# expected progress rather than work placed.
-DEFAULT_POLICY = "wfd"
 
 
 class NoOptions(BaseModel):

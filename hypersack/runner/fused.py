@@ -32,6 +32,8 @@ import torch
 from torch import Tensor, nn
 from torch.func import functional_call, grad_and_value, stack_module_state, vmap
 
+from hypersack.core import optim
+
 Loss = Callable[[Tensor, Tensor], Tensor]
 
 
@@ -56,7 +58,7 @@ class FusedGroup:
                  device: torch.device | None = None, optimizer: str = "sgd") -> None:
         if not members:
             raise ValueError("a fused group needs at least one member")
-        if optimizer not in ("sgd", "adam", "adamw"):
+        if optimizer not in optim.OPTIMIZERS:
             raise ValueError(f"no fused optimizer {optimizer!r}")
         self.optimizer = optimizer
         self.members = list(members)
