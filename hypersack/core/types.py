@@ -16,6 +16,8 @@ from hypersack.core.bounds import (
     MAX_GPUS_PER_NODE,
     MAX_MEMORY_MIB,
     MAX_NODES,
+    MAX_PRIORITY,
+    MAX_WEIGHT,
     ComputePct,
     Cores,
     Count,
@@ -226,6 +228,16 @@ class TokenRecord(Frozen):
     created_at: float = 0.0
     revoked_at: float = 0.0  # 0: valid
     label: str = ""
+
+
+class UserShare(Frozen):
+    """How one user shares the cluster with others (the server's `shares` setting, by user
+    name; `*` for everyone not named). See `orchestrator.shares` for the rule."""
+
+    weight: float = Field(default=1.0, gt=0, le=MAX_WEIGHT)
+    max_gpus: int | None = Field(default=None, ge=0, le=1 << 24)  # distinct GPUs at once
+    max_compute: float | None = Field(default=None, ge=0, le=1.0e7)  # GPU-equivalents
+    max_priority: int = Field(default=0, ge=-MAX_PRIORITY, le=MAX_PRIORITY)
 
 
 class NodeRecord(Frozen):

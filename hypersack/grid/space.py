@@ -32,8 +32,10 @@ from hypersack.core.bounds import (
     MAX_EPOCHS,
     MAX_FUSED_MEMBERS,
     MAX_MEMORY_MIB,
+    MAX_PRIORITY,
     MAX_RATIO,
     MAX_SECONDS,
+    MAX_WEIGHT,
     MIN_EPOCHS,
     Epochs,
     is_name,
@@ -287,6 +289,12 @@ class Settings(_Spec):
     # never. `max_fusion_width`: the most trials in one group.
     fusion: Literal["auto", "off"] = "auto"
     max_fusion_width: int = Field(default=8, ge=1, le=MAX_FUSED_MEMBERS)
+    # Sharing the cluster with other studies (see the README's "Several studies"): a
+    # higher priority decides first; `weight` is this study's part of its user's fair
+    # share; `preempt: true` stops trials of lower-priority studies to make room.
+    priority: int = Field(default=0, ge=-MAX_PRIORITY, le=MAX_PRIORITY)
+    weight: float = Field(default=1.0, gt=0, le=MAX_WEIGHT)
+    preempt: bool = False
 
     @field_validator("oversubscription")
     @classmethod

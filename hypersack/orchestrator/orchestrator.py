@@ -8,10 +8,11 @@ commands for the drivers to carry out. It reads time only from the injected cloc
 from __future__ import annotations
 
 import logging
+import math
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, TypeVar
 
 from hypersack.core.clock import Clock
@@ -24,12 +25,13 @@ from hypersack.core.types import (
     StudyState,
     TrialRecord,
     TrialState,
+    UserShare,
     WorkloadKey,
 )
 from hypersack.grid.expand import expand
 from hypersack.grid.space import SearchSpace, parse_space
 from hypersack.grid.trial import check_transition
-from hypersack.orchestrator import fusion
+from hypersack.orchestrator import fusion, shares
 from hypersack.orchestrator.cluster import ClusterState, Gpu, Node
 from hypersack.orchestrator.commands import (
     Command,
@@ -58,16 +60,19 @@ from hypersack.orchestrator.events import (
     TrialProgress,
     TrialStarted,
 )
-from hypersack.orchestrator.journal import Journal, journaled
+from hypersack.orchestrator.journal import Journal, JournaledDict, journaled
 from hypersack.orchestrator.outcomes import divergence, missing_objective
 from hypersack.orchestrator.retries import after_failure, after_out_of_memory
 from hypersack.policies.base import (
     ClusterView,
     Item,
     Need,
+    Placement,
     Plan,
     Policy,
     check_plan,
+    compute_capacity,
+    core_units,
     default_value,
 )
 from hypersack.policies.registry import make_policy
@@ -80,6 +85,8 @@ from hypersack.store.base import Store
 log = logging.getLogger(__name__)
 
 DEFAULT_RATIOS: dict[str, float] = {"A100": 3.0, "H100": 2.5}
+_DEFAULT_SHARE = UserShare()
+MAX_RESERVED = 32  # GPUs one study may have reserved for its waiting trials at once
 
 
 @dataclass(frozen=True)
@@ -103,6 +110,13 @@ class OrchestratorConfig:
     policy: str | None = None  # overrides every study's policy when set
     policy_options: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
     decision_log: int = 1000  # how many recent decisions to keep for inspection
+    # Fair share, quotas and the highest priority each user may ask for, by user name
+    # ("*": everyone not named); see `shares`.
+    shares: Mapping[str, UserShare] = field(default_factory=dict)
+
+    def share_rule(self, user: str) -> UserShare:
+        rule = self.shares.get(user) or self.shares.get("*")
+        return rule if rule is not None else _DEFAULT_SHARE
 
     def ratio(self, arch: str, study_ratios: Mapping[str, float]) -> float:
         if arch in study_ratios:
@@ -150,6 +164,12 @@ class Orchestrator:
         self._trials: dict[str, TrialRecord] = journaled(j)
         self._by_study: dict[str, list[str]] = journaled(j)
         self._open: dict[str, int] = journaled(j)  # trials not yet terminal, per study
+        # PENDING trials per study (trial id -> its place in the study), so a decision
+        # costs what waits, not the study's size.
+        self._waiting: dict[str, JournaledDict[str, int]] = journaled(j)
+        self._place: dict[str, int] = {}  # trial id -> its place in its study
+        self._key_numbers: dict[WorkloadKey, int] = {}  # caches: never undone, never wrong
+        self._key_of_trial: dict[str, int] = {}
         self._cluster = ClusterState(j, self.config.ratio, self.config.exclusive)
         self._profiles: dict[Slot, Profile] = journaled(j)
         self._profile_failed: dict[Slot, str] = journaled(j)
@@ -167,6 +187,12 @@ class Orchestrator:
         self.decision_time_s = 0.0
         self._deferred = False
         self._schedule_wanted = False
+        # Profile bookkeeping scans every waiting trial: it runs only after something
+        # it depends on changed (studies, profiles, nodes) or while a profile job waits
+        # for a GPU to drain.
+        self._profiling_dirty = True
+        self._profiling_waiting = False
+        self._decide_again = False  # a decision failed: the next tick tries again
         # Event dispatch: one handler per event type.
         self._handlers: dict[type, Callable[[Any], list[Command]]] = dict([
             _handler(TrialProgress, self._on_progress),
@@ -206,6 +232,9 @@ class Orchestrator:
         for t in self._store.list_trials():
             self._trials[t.id] = t
             self._by_study.setdefault(t.study_id, []).append(t.id)
+            self._place[t.id] = len(self._by_study[t.study_id])
+            if t.state == TrialState.PENDING:
+                self._waiting_in(t.study_id)[t.id] = self._place[t.id]
             self._open[t.study_id] = self._open.get(t.study_id, 0) + (not t.state.terminal)
             if t.state == TrialState.RUNNING:
                 node = self._cluster.get(t.node)
@@ -303,6 +332,7 @@ class Orchestrator:
                 self._flush()
         except BaseException:
             self._journal.rollback_to(0)
+            self._profiling_dirty = self._decide_again = True
             self._needs_cache.clear()
             self._dirty.clear()
             self._dirty_studies.clear()
@@ -321,6 +351,7 @@ class Orchestrator:
                 yield
         except BaseException:
             self._journal.rollback_to(mark)
+            self._profiling_dirty = True
             self._needs_cache.clear()  # it may hold needs of a profile that was undone
             raise
 
@@ -339,6 +370,8 @@ class Orchestrator:
                 log.exception("refused %s: its handling failed; nothing changed", what)
             if event is not None:
                 result.refused.append((event, exc))
+            else:
+                self._decide_again = True
         else:
             result.commands += commands
 
@@ -346,6 +379,8 @@ class Orchestrator:
         handler = self._handlers.get(type(event))
         if handler is None:
             raise InvalidInput(f"unknown event {_short(repr(event))}")
+        if not isinstance(event, _ROUTINE):
+            self._profiling_dirty = True
         return handler(event)
 
     def _on_progress(self, event: TrialProgress | TrialStarted) -> list[Command]:
@@ -383,10 +418,14 @@ class Orchestrator:
         return [] if event.draining else self._schedule()
 
     def _on_tick(self, event: Tick) -> list[Command]:
+        """Nodes silent too long are lost. A tick decides only then, or where the last
+        decision failed: with nothing changed, a decision would find what the last one
+        found."""
         timeout = self.config.heartbeat_timeout_s
-        for name in self._cluster.silent(self._clock.now(), timeout):
+        silent = self._cluster.silent(self._clock.now(), timeout)
+        for name in silent:
             self._lose(name, f"no heartbeat for {timeout:g} s")
-        return self._schedule()
+        return self._schedule() if silent or self._decide_again else []
 
     def _running_on(self, trial_id: str, node: str, attempt: int = 0, *,
                     exit: bool = False) -> TrialRecord:
@@ -426,8 +465,12 @@ class Orchestrator:
         self._spaces[study_id] = space
         self._by_study[study_id] = [t.id for t in trials]
         self._open[study_id] = len(trials)
-        for t in trials:
+        waiting = self._waiting_in(study_id)
+        for i, t in enumerate(trials):
             self._trials[t.id] = t
+            self._place[t.id] = i
+            if t.state == TrialState.PENDING:
+                waiting[t.id] = i
         # A new study profiles again what failed before: its user may have fixed the
         # program since (the failure is not the workload's for good).
         keys = {t.key for t in trials}
@@ -519,6 +562,7 @@ class Orchestrator:
         return commands
 
     def _lose(self, name: str, reason: str) -> None:
+        self._profiling_dirty = True  # its profile jobs and GPUs are gone
         node = self._cluster.remove(name)
         self._store.remove_node(name)
         for gpu in node.gpus.values():
@@ -677,6 +721,7 @@ class Orchestrator:
         self._store.put_profile(new)
         if new.demand != p.demand:
             self._needs_cache.clear()
+            self._profiling_dirty = True  # a fused width's memory guess may change
 
     # ----------------------------------------------------------------- state
     def _set(self, t: TrialRecord, **changes: Any) -> TrialRecord:
@@ -685,9 +730,31 @@ class Orchestrator:
         new = t.model_copy(update=changes)
         if new.state.terminal != t.state.terminal:
             self._open[t.study_id] += -1 if new.state.terminal else 1
+        if (new.state == TrialState.PENDING) != (t.state == TrialState.PENDING):
+            waiting = self._waiting_in(t.study_id)
+            if new.state == TrialState.PENDING:
+                waiting[t.id] = self._place.get(t.id, 0)
+            else:
+                del waiting[t.id]
         self._trials[t.id] = new
         self._dirty.add(t.id)
         return new
+
+    def _waiting_in(self, study_id: str) -> JournaledDict[str, int]:
+        waiting = self._waiting.get(study_id)
+        if waiting is None:
+            waiting = self._waiting[study_id] = journaled(self._journal)
+        return waiting
+
+    def _pending_of(self, study_id: str) -> list[TrialRecord]:
+        """The study's PENDING trials, in the study's order."""
+        waiting = self._waiting.get(study_id)
+        if not waiting:
+            return []
+        return [self._trials[tid] for tid in sorted(waiting, key=waiting.__getitem__)]
+
+    def _has_pending(self, study_id: str) -> bool:
+        return bool(self._waiting.get(study_id))
 
     def _requeue(self, t: TrialRecord, **changes: Any) -> None:
         """Back to PENDING, holding no GPU."""
@@ -777,35 +844,165 @@ class Orchestrator:
         return needs
 
     def _schedule(self) -> list[Command]:
+        """Decide for every active study, in the order `shares` gives: priorities first,
+        then each study up to its fair share, most under-served first, then what is left;
+        then preemption for the studies that ask for it."""
         if self._deferred:
             self._schedule_wanted = True
             return []
         self._schedule_wanted = False
+        self._decide_again = False
         commands: list[Command] = []
         open_nodes = self._cluster.open_nodes()
         archs = frozenset(g.arch for n in open_nodes for g in n.gpus.values())
         active = [s for s in self.studies() if s.state == StudyState.ACTIVE]
-        commands += self._profile_missing(active, open_nodes, archs)
-        for study in active:
-            # One study's failed decision is undone and leaves the others to theirs.
-            try:
-                with self._undone_if_raises():
-                    commands += self._decide(study, open_nodes, archs)
-            except Exception:
-                log.exception("the decision for study %s failed and was undone; it is "
-                              "tried again at the next event", study.id)
+        if self._profiling_dirty or self._profiling_waiting:
+            commands += self._profile_missing(active, open_nodes, archs)
+            self._profiling_dirty = False
+        if not active or not open_nodes:
+            return commands
+        claims, quotas = self._claims(active)
+        capacity = float(sum(len(n.gpus) for n in open_nodes))
+        above = 0.0  # what studies of higher priority hold
+        reserved: dict[tuple[str, int], str] = {}  # GPU -> the study it drains for
+
+        def decide(c: shares.Claim, room: float | None) -> bool:
+            return self._decide_guarded(c, open_nodes, archs, room, quotas, commands,
+                                        {g for g, sid in reserved.items() if sid != c.study_id})
+
+        for level in shares.levels(claims):
+            fair = shares.targets(level, capacity - above, self._user_weight)
+            order = shares.deficit_order(level, fair)
+            # First each study up to its share; then, for those its share cut short,
+            # whatever is left (a study stopped by capacity would find nothing more).
+            again: list[shares.Claim] = []
+            for c in order:
+                if not c.pending:
+                    continue
+                if len(level) == 1:  # its share is all the level has
+                    decide(c, None)
+                    if len(claims) > 1:  # others to reserve from
+                        self._reserve(c, math.inf, open_nodes, reserved)
+                    continue
+                room = fair.get(c.study_id, 0.0) - c.used
+                if room <= shares.EPS or decide(c, room):
+                    again.append(c)
+                else:
+                    self._reserve(c, fair.get(c.study_id, 0.0) - c.used, open_nodes, reserved)
+            for c in again:
+                if c.pending:
+                    decide(c, None)
+            above += sum(c.used for c in level)
+        commands += self._preempt(claims, open_nodes, archs, quotas)
         return commands
 
-    def _decide(self, study: StudyRecord, open_nodes: list[Node], archs: frozenset[str]
-                ) -> list[Command]:
+    def _reserve(self, claim: shares.Claim, budget: float, open_nodes: list[Node],
+                 reserved: dict[tuple[str, int], str]) -> None:
+        """Reserve, for each of the study's trials that found no room (largest first, up
+        to `budget` GPU-equivalents), the unreserved GPU closest to fitting it."""
+        ratios = self._spaces[claim.study_id].settings.oversubscription
+        for item in sorted(claim.unfit, key=lambda it: (-it.value, it.id))[:MAX_RESERVED]:
+            if budget <= shares.EPS:
+                return
+            best: tuple[float, tuple[str, int], str] | None = None
+            for node in open_nodes:
+                for idx, gpu in node.gpus.items():
+                    need = item.needs.get(gpu.arch)
+                    units = self._gpu_units(gpu.arch)
+                    if need is None or (node.name, idx) in reserved or units <= 0 or \
+                            need.memory > gpu.memory_mib or gpu.profiling is not None or \
+                            need.compute > compute_capacity(self.config.ratio(gpu.arch,
+                                                                              ratios)):
+                        continue
+                    free = (units - gpu.used_compute) / units \
+                        + (gpu.memory_mib - gpu.used_memory) / max(1, gpu.memory_mib)
+                    if best is None or free > best[0]:
+                        best = (free, (node.name, idx), gpu.arch)
+            if best is None:
+                return
+            _, where, arch = best
+            reserved[where] = claim.study_id
+            budget -= shares.share_of(item.needs[arch].compute, self._gpu_units(arch))
+
+    def _user_weight(self, user: str) -> float:
+        return self.config.share_rule(user).weight
+
+    def _gpu_units(self, arch: str) -> int:
+        """One GPU's scaled compute at the server's ratio: the unit of shares."""
+        return compute_capacity(self.config.ratio(arch, {}))
+
+    def _claims(self, active: list[StudyRecord]
+                ) -> tuple[list[shares.Claim], dict[str, shares.Quota]]:
+        """Each active study's standing (what it holds, whether it waits) and each of
+        their users' quota left."""
+        claims: dict[str, shares.Claim] = {}
+        if len(active) == 1 and self.config.share_rule(active[0].owner) == _DEFAULT_SHARE:
+            # Alone and unlimited: what it holds changes nothing (its decision finds out
+            # whether anything waits).
+            s = active[0]
+            settings = self._spaces[s.id].settings
+            return ([shares.Claim(s.id, s.owner, settings.priority, settings.weight, s.seq,
+                                  pending=True)],
+                    {s.owner: shares.Quota()})
+        for s in active:
+            settings = self._spaces[s.id].settings
+            claims[s.id] = shares.Claim(s.id, s.owner, settings.priority, settings.weight,
+                                        s.seq)
+        used: dict[str, float] = {}
+        held: dict[str, set[tuple[str, int]]] = {}
+        for node in self._cluster:
+            for idx, gpu in node.gpus.items():
+                units = self._gpu_units(gpu.arch)
+                for tid in gpu.trials:
+                    t = self._trials[tid]
+                    c = claims.get(t.study_id)
+                    if c is None or t.demand is None:
+                        continue
+                    cost = shares.share_of(Need.of(t.demand).compute, units)
+                    c.used += cost
+                    used[c.user] = used.get(c.user, 0.0) + cost
+                    held.setdefault(c.user, set()).add((node.name, idx))
+        for c in claims.values():
+            c.pending = self._has_pending(c.study_id)
+        quotas = {u: shares.quota_left(self.config.share_rule(u), used.get(u, 0.0),
+                                       held.get(u, set()))
+                  for u in {c.user for c in claims.values()}}
+        return list(claims.values()), quotas
+
+    def _decide_guarded(self, claim: shares.Claim, open_nodes: list[Node],
+                        archs: frozenset[str], room: float | None,
+                        quotas: dict[str, shares.Quota], commands: list[Command],
+                        closed: set[tuple[str, int]]) -> bool:
+        """One study's decision; one study's failed decision is undone and leaves the
+        others to theirs. True when its share (`room`) stopped it short."""
+        quota = quotas[claim.user]
+        saved = (claim.used, claim.pending, quota.compute, quota.gpus, set(quota.held))
+        try:
+            with self._undone_if_raises():
+                out, cut = self._decide(claim, open_nodes, archs, room, quota, closed)
+        except Exception:
+            self._decide_again = True
+            claim.used, claim.pending, quota.compute, quota.gpus, quota.held = saved
+            log.exception("the decision for study %s failed and was undone; it is "
+                          "tried again at the next event", claim.study_id)
+            return False
+        commands += out
+        return cut
+
+    def _decide(self, claim: shares.Claim, open_nodes: list[Node], archs: frozenset[str],
+                room: float | None, quota: shares.Quota, closed: set[tuple[str, int]]
+                ) -> tuple[list[Command], bool]:
         """One policy run for one study's pending trials (and, where fused groups did not
-        fit, further runs for their halves on what is left)."""
-        space = self._spaces[study.id]
-        view = self._cluster.view(open_nodes, space.settings.oversubscription)
-        pending = [self._trials[tid] for tid in self._by_study[study.id]
-                   if self._trials[tid].state == TrialState.PENDING]
+        fit, further runs for their halves on what is left). Placements past the study's
+        share (`room`, GPU-equivalents; None: no bound) or its user's quota wait. Returns
+        the launches and whether the share stopped them short. `closed`: GPUs reserved
+        for other studies, where it places nothing."""
+        space = self._spaces[claim.study_id]
+        view = _closed(self._cluster.view(open_nodes, space.settings.oversubscription), closed)
+        pending = self._pending_of(claim.study_id)
         if not pending:
-            return []
+            claim.pending = False
+            return [], False
         fused: dict[str, _Fused] = {}
         alone = pending
         if self._fusion(space):
@@ -813,29 +1010,48 @@ class Orchestrator:
         batch = [f.item for f in fused.values()] + self._plain_items(alone, archs, view)
         commands: list[Command] = []
         policy = self._policy(space)
+        cut = False
+        unfit: list[Item] = []
         while batch:
             plan = policy.place(batch, view)
             check_plan(batch, view, plan)  # no plan over a capacity is ever launched
             self.decision_count += 1
             self.decision_time_s += plan.solve_time_s
-            self.decisions.append(Decision(self._clock.now(), study.id, policy.name,
+            self.decisions.append(Decision(self._clock.now(), claim.study_id, policy.name,
                                            len(batch), len(plan.placements),
                                            plan.solve_time_s, plan, view, tuple(batch)))
+            by_id = {it.id: it for it in batch}
+            taken: list[Placement] = []
             for p in plan.placements:
+                gpu = self._cluster.live(p.node).gpus[p.gpu_index]
+                cost = shares.share_of(by_id[p.item_id].needs[gpu.arch].compute,
+                                       self._gpu_units(gpu.arch))
+                if room is not None and room <= shares.EPS:
+                    cut = True
+                    continue
+                if not quota.allows((p.node, p.gpu_index), cost):
+                    continue
+                quota.take((p.node, p.gpu_index), cost)
+                claim.used += cost
+                if room is not None:
+                    room -= cost
+                taken.append(p)
                 f = fused.get(p.item_id)
                 if f is None:
                     commands.append(self._launch(self._trials[p.item_id], p.node, p.gpu_index))
                 else:
                     commands.append(self._launch_group(f.members, p.node, p.gpu_index))
+            unfit = [by_id[i] for i in plan.unplaced]
+            if len(taken) < len(plan.placements):
+                break  # the share or the quota is spent: nothing narrower either
             # A fused group that did not fit is cut into narrower groups (down to trials
             # alone) for what is left: a wide group where memory allows, co-location for
             # the rest.
-            view = view.after(batch, plan)
+            split = [fused.pop(i) for i in plan.unplaced if i in fused]
+            if split:
+                view = view.after(batch, plan)
             batch = []
-            for item_id in plan.unplaced:
-                f = fused.pop(item_id, None)
-                if f is None:
-                    continue
+            for f in split:
                 narrower = [w for w in f.widths if w < len(f.members)]
                 for chunk in fusion.chunks(f.members, narrower):
                     if len(chunk) == 1:
@@ -844,7 +1060,105 @@ class Orchestrator:
                         g = _Fused(chunk, f.widths, f.run_times, f.single_value)
                         fused[g.item.id] = g
                         batch.append(g.item)
+        claim.pending = self._has_pending(claim.study_id)
+        # Waiting for room: what is pending did not fit now but fits an empty GPU.
+        claim.unfit = [it for it in unfit if _fits_empty(it, view)] \
+            if claim.pending and not cut else []
+        return commands, cut
+
+    # ----------------------------------------------------------------- preemption
+    def _preempt(self, claims: list[shares.Claim], open_nodes: list[Node],
+                 archs: frozenset[str], quotas: dict[str, shares.Quota]) -> list[Command]:
+        """For each study with `preempt: true` that still waits, highest priority first:
+        stop trials of lower-priority studies where that lets its trials fit."""
+        commands: list[Command] = []
+        priority = {c.study_id: c.priority for c in claims}
+        for c in sorted(claims, key=lambda c: (-c.priority, c.seq)):
+            if not (c.pending and self._spaces[c.study_id].settings.preempt):
+                continue
+            victims = {tid: self._trials[tid] for node in open_nodes
+                       for gpu in node.gpus.values() for tid in gpu.trials
+                       if priority.get(self._trials[tid].study_id, c.priority) < c.priority}
+            if not victims:
+                continue
+            try:
+                with self._undone_if_raises():
+                    commands += self._make_room(c, victims, priority, open_nodes, archs,
+                                                quotas[c.user])
+            except Exception:
+                self._decide_again = True
+                log.exception("preempting for study %s failed and was undone", c.study_id)
         return commands
+
+    def _make_room(self, claim: shares.Claim, victims: dict[str, TrialRecord],
+                   priority: Mapping[str, int], open_nodes: list[Node],
+                   archs: frozenset[str], quota: shares.Quota) -> list[Command]:
+        """Place the study's waiting trials (alone, not fused) as if the victims' trials
+        were gone, then stop, on each GPU chosen, just enough of them (lowest priority
+        first, then the latest started: the least work lost) for each trial to fit."""
+        space = self._spaces[claim.study_id]
+        ratios = space.settings.oversubscription
+        view = _freed(self._cluster.view(open_nodes, ratios), self._trials, victims)
+        pending = self._pending_of(claim.study_id)
+        batch = self._plain_items(pending, archs, view)
+        if not batch:
+            return []
+        policy = self._policy(space)
+        plan = policy.place(batch, view)
+        check_plan(batch, view, plan)
+        by_id = {it.id: it for it in batch}
+        stops: list[Command] = []
+        launches: list[Command] = []
+        why = f"preempted by study {claim.study_id} (priority {claim.priority})"
+        for p in plan.placements:
+            node = self._cluster.live(p.node)
+            gpu = node.gpus[p.gpu_index]
+            need = by_id[p.item_id].needs[gpu.arch]
+            cap = compute_capacity(self.config.ratio(gpu.arch, ratios))
+            cost = shares.share_of(need.compute, self._gpu_units(gpu.arch))
+            if not quota.allows((p.node, p.gpu_index), cost):
+                continue
+            while not self._fits(node, gpu, need, cap):
+                victim = _victim(node, gpu, need, cap, victims, priority)
+                if victim is None:
+                    break
+                for member in self._with_group(victim):
+                    victims.pop(member.id, None)
+                    stops.append(self._stop(member, why))
+            if not self._fits(node, gpu, need, cap):
+                continue
+            quota.take((p.node, p.gpu_index), cost)
+            claim.used += cost
+            launches.append(self._launch(self._trials[p.item_id], p.node, p.gpu_index))
+        if stops:
+            log.info("study %s: stopped %d trial(s) of lower priority to launch %d",
+                     claim.study_id, len(stops), len(launches))
+        claim.pending = self._has_pending(claim.study_id)
+        return stops + launches  # the stops first: the agent frees the GPU, then launches
+
+    def _fits(self, node: Node, gpu: Gpu, need: Need, cap: int) -> bool:
+        return (gpu.profiling is None and gpu.reserved_for is None
+                and not (self.config.exclusive and gpu.trials)
+                and gpu.used_compute + need.compute <= cap
+                and gpu.used_memory + need.memory <= gpu.memory_mib
+                and node.used_cores + need.cores <= core_units(node.spec.cores))
+
+    def _with_group(self, t: TrialRecord) -> list[TrialRecord]:
+        """A trial and the other members of its fused group: a group stops whole (its
+        process holds the stacked memory until it ends)."""
+        if not t.group or t.group not in self._groups:
+            return [t]
+        return [self._trials[m] for m in self._groups[t.group]]
+
+    def _stop(self, t: TrialRecord, why: str) -> KillTrial:
+        """Stop a running trial and put it back to wait, with no failure counted. Its
+        attempt's exit, when it comes, is stale: the trial no longer names that node."""
+        assert t.node is not None
+        kill = KillTrial(t.id, t.node, why, attempt=t.launches)
+        self._release(t.id)
+        self._requeue(self._trials[t.id], launched_on=None, reason=why)
+        log.info("%s %s", t.id, why)
+        return kill
 
     def _fusion(self, space: SearchSpace) -> bool:
         return self.config.fusion and not self.config.exclusive and fusion.enabled(space)
@@ -856,9 +1170,9 @@ class Orchestrator:
         compute, plus one, so a decision costs what is placeable, not what is pending."""
         batch: list[Item] = []
         # group -> (how many more to pass, needs, expected run time)
-        groups: dict[tuple[WorkloadKey, int | None], tuple[int, dict[str, Need], float]] = {}
+        groups: dict[tuple[int, int | None], tuple[int, dict[str, Need], float]] = {}
         for t in trials:
-            group = (t.key, t.memory_override_mib)
+            group = (self._key_number(t), t.memory_override_mib)
             entry = groups.get(group)
             if entry is None:
                 needs = self._needs(t, archs)
@@ -870,6 +1184,15 @@ class Orchestrator:
             if left > 0:
                 batch.append(Item(t.id, needs, run_time))
         return batch
+
+    def _key_number(self, t: TrialRecord) -> int:
+        """A small number per workload key, kept per trial: comparing keys themselves
+        (pydantic models) is most of what grouping thousands of trials costs."""
+        number = self._key_of_trial.get(t.id)
+        if number is None:
+            number = self._key_numbers.setdefault(t.key, len(self._key_numbers))
+            self._key_of_trial[t.id] = number
+        return number
 
     def _fused_items(self, space: SearchSpace, pending: list[TrialRecord],
                      archs: frozenset[str], view: ClusterView
@@ -1046,7 +1369,14 @@ class Orchestrator:
                     self._set(t, state=TrialState.PROFILING)
         wanted += [s for s in self._fused_profiles_wanted(active, open_nodes, archs)
                    if s not in in_flight and s not in wanted]
-        plan = planning.plan_profiles(wanted, self._cluster.gpu_slots(open_nodes))
+        slots = self._cluster.gpu_slots(open_nodes)
+        plan = planning.plan_profiles(wanted, slots)
+        # Run again at the next exit while a wanted profile has no GPU yet or waits for
+        # a reserved one to drain.
+        self._profiling_waiting = bool(plan.reserve) or \
+            len(plan.start) + len(plan.reserve) < len(wanted) or any(
+                g.reserved_for is not None and (g.reserved_for, g) not in plan.start
+                for g in slots)
         for slot, g in plan.reserve:
             node = self._cluster.live(g.node)
             self._cluster.reserve(node, node.gpus[g.index], slot)
@@ -1078,6 +1408,10 @@ class _Fused:
                     value=self.single_value * w)
 
 
+# Events after which profile bookkeeping has nothing new to see (a trial's exit frees a
+# GPU, which matters to it only while `_profiling_waiting`).
+_ROUTINE = (TrialProgress, TrialStarted, Heartbeat, TrialFinished, TrialFailed, Tick)
+
 E = TypeVar("E")
 
 
@@ -1105,3 +1439,66 @@ def _fit_bound(needs: Mapping[str, Need], view: ClusterView) -> int:
             by_memory = gpu.memory // need.memory if need.memory > 0 else 1 << 30
             total += min(by_compute, by_memory)
     return total + 1
+
+
+def _freed(view: ClusterView, trials: Mapping[str, TrialRecord],
+           victims: Mapping[str, TrialRecord]) -> ClusterView:
+    """The view as if the victims' trials held nothing."""
+    gpu_back: dict[tuple[str, int], Need] = {}
+    node_back: dict[str, int] = {}
+    for t in victims.values():
+        if t.demand is None or t.node is None or t.gpu_index is None:
+            continue
+        n = Need.of(t.demand)
+        key = (t.node, t.gpu_index)
+        old = gpu_back.get(key, Need(0, 0, 0))
+        gpu_back[key] = Need(old.compute + n.compute, old.memory + n.memory, 0)
+        node_back[t.node] = node_back.get(t.node, 0) + n.cores
+    nodes = []
+    for node in view.nodes:
+        gpus = []
+        for g in node.gpus:
+            back = gpu_back.get((node.name, g.index))
+            if back is not None:
+                g = replace(g, compute=min(g.full_compute, g.compute + back.compute),
+                            memory=min(g.full_memory, g.memory + back.memory))
+            gpus.append(g)
+        nodes.append(replace(node, gpus=tuple(gpus),
+                             cores=min(node.full_cores, node.cores + node_back.get(node.name, 0))))
+    return ClusterView(nodes=tuple(nodes))
+
+
+def _victim(node: Node, gpu: Gpu, need: Need, cap: int, victims: Mapping[str, TrialRecord],
+            priority: Mapping[str, int]) -> TrialRecord | None:
+    """The next trial to stop for `need` to fit on `gpu`: on that GPU while the GPU is
+    short, anywhere on the node while only its cores are; lowest priority first, then the
+    latest started."""
+    gpu_short = (gpu.used_compute + need.compute > cap
+                 or gpu.used_memory + need.memory > gpu.memory_mib or bool(gpu.profiling))
+    where = gpu.trials if gpu_short else {tid for g in node.gpus.values() for tid in g.trials}
+    found = [victims[tid] for tid in where if tid in victims]
+    if not found:
+        return None
+    return min(found, key=lambda t: (priority.get(t.study_id, 0), -(t.started_at or 0.0),
+                                     t.id))
+
+
+def _fits_empty(item: Item, view: ClusterView) -> bool:
+    """Whether the item fits some GPU of the view once that GPU and its node are empty."""
+    for node in view.nodes:
+        for g in node.gpus:
+            need = item.needs.get(g.arch)
+            if need is not None and need.compute <= g.full_compute and \
+                    need.memory <= g.full_memory and need.cores <= node.full_cores:
+                return True
+    return False
+
+
+def _closed(view: ClusterView, closed: set[tuple[str, int]]) -> ClusterView:
+    """The view with these GPUs taking nothing new."""
+    if not closed:
+        return view
+    return ClusterView(nodes=tuple(
+        replace(n, gpus=tuple(replace(g, slots=0) if (n.name, g.index) in closed else g
+                              for g in n.gpus))
+        for n in view.nodes))

@@ -84,7 +84,8 @@ class HyperSackServer:
                                         default_ratio=settings.default_ratio,
                                         heartbeat_timeout_s=settings.heartbeat_timeout_s,
                                         restore_grace_s=settings.heartbeat_timeout_s,
-                                        policy=settings.policy)
+                                        policy=settings.policy,
+                                        shares=dict(settings.shares))
             self.service = SchedulerService(
                 self.store, config, clock=clock,
                 heartbeat_interval_s=settings.heartbeat_interval_s,

@@ -27,6 +27,7 @@ from hypersack.core.errors import (
     InvalidInput,
     NotFound,
     Overloaded,
+    PermissionDenied,
 )
 from hypersack.core.files import load_yaml
 from hypersack.core.train_options import dataset_for, parse_train_options
@@ -263,11 +264,20 @@ class SchedulerService:
             owner=self.orch.study(sample.study_id).owner))
 
     # ----------------------------------------------------------------- clients
-    def submit(self, text: str, source: str, owner: str = "") -> StudyRecord:
+    def submit(self, text: str, source: str, owner: str = "", admin: bool = True
+               ) -> StudyRecord:
+        """A new study from a search space's text; `admin`: its owner may ask for any
+        priority (others up to their `max_priority`)."""
         if len(text.encode()) > MAX_SPACE_BYTES:
             raise InvalidInput(f"{source}: search space larger than {MAX_SPACE_BYTES} bytes")
         space = parse_space(load_yaml(text, source), source=source, policies=policy_names())
         check_runnable(space, source)
+        allowed = self.orch.config.share_rule(owner).max_priority
+        if not admin and space.settings.priority > allowed:
+            raise PermissionDenied(
+                f"{source}: settings.priority {space.settings.priority} is above the "
+                f"highest {owner or 'this user'} may ask for ({allowed}); an admin sets "
+                "it in the server's `shares` setting")
         if space.size() > self.max_study_trials:
             raise InvalidInput(f"{source}: {space.size()} trials; this server accepts at most "
                                f"{self.max_study_trials} per study")

@@ -122,7 +122,7 @@ class SchedulerServicer(pb_grpc.SchedulerServicer):
                     ) -> pb.Study:
         who = self._who(context)
         study = self._s.submit(request.space_yaml, request.source or "search space",
-                               owner=who.name)
+                               owner=who.name, admin=who.is_admin)
         return _study(self._s, study, self._s.counts(study.id))
 
     @translated

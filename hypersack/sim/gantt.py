@@ -141,3 +141,62 @@ def gantt_svg(timeline: Sequence[Segment], gpus: Sequence[tuple[str, int, str]],
             f'font-family="sans-serif"><rect width="100%" height="100%" fill="white"/>'
             f'{head}{"".join(ticks)}{"".join(body)}{"".join(parts)}{"".join(marks)}'
             f'{"".join(legend)}</svg>\n')
+
+
+SHARE_H = 260
+
+
+def shares_svg(shares: dict[str, Sequence[tuple[float, float]]], end_s: float,
+               title: str = "", labels: dict[str, str] | None = None,
+               marks: Sequence[tuple[float, str]] = ()) -> str:
+    """Each study's share of the cluster's scaled compute over time, one step line per
+    study on one plot (0 to 100 %), with marked moments (submissions) as dashed lines."""
+    labels = labels or {}
+    span = max(end_s, 1e-9)
+    plot_w = WIDTH - LEFT - RIGHT
+    top, bottom = TOP, TOP + SHARE_H
+
+    def x(t: float) -> float:
+        return LEFT + min(t, span) * plot_w / span
+
+    def y(share: float) -> float:
+        return bottom - SHARE_H * min(1.0, max(0.0, share))
+
+    parts = [f'<rect x="{LEFT}" y="{top}" width="{plot_w}" height="{SHARE_H}" fill="#f4f4f4"/>']
+    for pct in (0, 25, 50, 75, 100):
+        yy = y(pct / 100)
+        parts.append(f'<line x1="{LEFT}" y1="{yy:.1f}" x2="{LEFT + plot_w}" y2="{yy:.1f}" '
+                     f'stroke="#ddd" stroke-width="0.5"/><text x="{LEFT - 36}" '
+                     f'y="{yy + 3:.1f}" font-size="9">{pct} %</text>')
+    step = nice_step(span)
+    t = 0.0
+    while t <= span + 1e-9:
+        parts.append(f'<text x="{x(t) - 8:.2f}" y="{bottom + 14}" font-size="10">{t:g}</text>')
+        t += step
+    parts.append(f'<text x="{LEFT + plot_w / 2 - 20:.0f}" y="{bottom + 30}" font-size="10">'
+                 'time (s)</text>')
+    for at, text in marks:
+        parts.append(f'<line class="mark" x1="{x(at):.2f}" y1="{top}" x2="{x(at):.2f}" '
+                     f'y2="{bottom}" stroke="#555" stroke-dasharray="4,3"/>'
+                     f'<text x="{x(at) + 3:.2f}" y="{top + 12}" font-size="10">'
+                     f'{html.escape(text)}</text>')
+    legend = []
+    for i, (sid, series) in enumerate(shares.items()):
+        color = _PALETTE[i % len(_PALETTE)]
+        points = []
+        for j, (t0, share) in enumerate(series):
+            t1 = series[j + 1][0] if j + 1 < len(series) else end_s
+            points += [f"{x(t0):.2f},{y(share):.2f}", f"{x(t1):.2f},{y(share):.2f}"]
+        parts.append(f'<polyline class="share" points="{" ".join(points)}" fill="none" '
+                     f'stroke="{color}" stroke-width="1.6"><title>{html.escape(sid)}</title>'
+                     '</polyline>')
+        ly = bottom + 44 + 18 * i
+        legend.append(f'<rect x="{LEFT}" y="{ly}" width="12" height="12" fill="{color}"/>'
+                      f'<text x="{LEFT + 16}" y="{ly + 11}" font-size="11">'
+                      f'{html.escape(labels.get(sid, sid))}</text>')
+    height = bottom + 44 + 18 * len(shares) + 10
+    head = (f'<text x="5" y="18" font-size="14">{html.escape(title)}</text>'
+            f'<text x="5" y="{top + SHARE_H / 2:.0f}" font-size="11">share</text>')
+    return (f'<svg xmlns="http://www.w3.org/2000/svg" width="{WIDTH}" height="{height}" '
+            f'font-family="sans-serif"><rect width="100%" height="100%" fill="white"/>'
+            f'{head}{"".join(parts)}{"".join(legend)}</svg>\n')

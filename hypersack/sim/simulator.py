@@ -76,6 +76,14 @@ class SimResult:
     stuck: bool = False
     # Occupancy over time, a step function: (from time s, mean share over live GPUs).
     occupancy: list[tuple[float, float]] = field(default_factory=list)
+    # Several studies: each one's share of the live GPUs' scaled compute over time (a
+    # step function, as occupancy), when it was submitted, when its first and last
+    # trials launched, and when it ended.
+    shares: dict[str, list[tuple[float, float]]] = field(default_factory=dict)
+    submitted_s: dict[str, float] = field(default_factory=dict)
+    first_launch_s: dict[str, float] = field(default_factory=dict)
+    last_launch_s: dict[str, float] = field(default_factory=dict)  # its last trial out
+    ended_s: dict[str, float] = field(default_factory=dict)
 
     def summary(self) -> dict[str, float | int | bool]:
         return {
@@ -100,10 +108,12 @@ class _Running:
     start_s: float
     rate: float = 1.0
     members: list[str] = field(default_factory=list)  # a fused group's trials
+    study_id: str = ""
 
 
 class Simulation:
-    """Run one study to the end on a simulated cluster.
+    """Run one study (and any `more` studies, each (time, space, owner), submitted at
+    their times) to the end on a simulated cluster.
 
     `truth` is what the workloads really need (the simulated hardware's behaviour);
     `history` is what the scheduler knows beforehand (None: the same as truth; an empty
@@ -118,8 +128,10 @@ class Simulation:
                  store: Store | None = None,
                  faults: Sequence[tuple[float, Event]] = (),
                  max_time_s: float = 1e9,
-                 on_event: Callable[[float, Event], None] | None = None) -> None:
+                 on_event: Callable[[float, Event], None] | None = None,
+                 more: Sequence[tuple[float, SearchSpace, str]] = ()) -> None:
         self.space = space
+        self.more = list(more)
         self.cluster = cluster
         self.truth = {(p.key, p.arch): p for p in truth}
         self.config = config or OrchestratorConfig()
@@ -146,11 +158,20 @@ class Simulation:
         for node in self.cluster.nodes:
             heapq.heappush(queue, (0.0, next(seq), NodeJoined(node)))
         heapq.heappush(queue, (0.0, next(seq), StudySubmitted(self.space)))
+        for at, space, owner in self.more:
+            heapq.heappush(queue, (at, next(seq), StudySubmitted(space, owner)))
         for at, ev in self.faults:
             heapq.heappush(queue, (at, next(seq), ev))
+        submissions = 1 + len(self.more)
         running: dict[str, _Running] = {}
         timeline: list[Segment] = []
         study_id: str | None = None
+        studies: list[str] = []
+        shares: dict[str, list[tuple[float, float]]] = {}
+        submitted: dict[str, float] = {}
+        first_launch: dict[str, float] = {}
+        last_launch: dict[str, float] = {}
+        ended: dict[str, float] = {}
         occupancy_area = busy_area = 0.0
         series: list[tuple[float, float]] = []  # (from time, occupancy), a step function
         profile_jobs = 0
@@ -169,14 +190,17 @@ class Simulation:
                                            f"{cmd.key.label()} on {arch}")
                     if isinstance(cmd, LaunchGroup):
                         job, members = cmd.group_id, [m.trial_id for m in cmd.members]
-                        epochs = cmd.members[0].epochs
+                        epochs, sid = cmd.members[0].epochs, cmd.members[0].study_id
                     else:
                         job, members, epochs = cmd.trial_id, [cmd.trial_id], cmd.epochs
+                        sid = cmd.study_id
+                    first_launch.setdefault(sid, now)
+                    last_launch[sid] = now
                     running[job] = _Running(
                         job, cmd.key.model, cmd.node, cmd.gpu_index, true.run_time_s(epochs),
                         SharedTrial(true.demand.compute_pct, true.demand.cores,
                                     true.data_fraction),
-                        cmd.demand.compute_pct, now, members=members)
+                        cmd.demand.compute_pct, now, members=members, study_id=sid)
                 elif isinstance(cmd, KillTrial):
                     # A member of a fused group stops alone; the group goes on.
                     found = next((j for j, r in running.items()
@@ -206,7 +230,7 @@ class Simulation:
                     heapq.heappush(queue, (done, next(seq), ev))
 
         def handle(ev: Event) -> None:
-            nonlocal study_id
+            nonlocal study_id, submissions
             if self.on_event is not None:
                 self.on_event(now, ev)
             if isinstance(ev, NodeLost):
@@ -221,12 +245,23 @@ class Simulation:
             if isinstance(ev, (ProfileMeasured, ProfileFailed)) and ev.node not in {
                     n for n, _ in live_gpus}:
                 return  # the node that profiled is gone; the orchestrator asks again
+            before = len(self.orchestrator.studies())
             apply(self.orchestrator.handle(ev))
-            if isinstance(ev, StudySubmitted) and study_id is None:
-                study_id = self.orchestrator.studies()[-1].id
+            if isinstance(ev, StudySubmitted):
+                if len(self.orchestrator.studies()) == before:
+                    submissions -= 1  # refused
+                    return
+                sid = self.orchestrator.studies()[-1].id
+                study_id = study_id or sid
+                studies.append(sid)
+                submitted[sid] = now
+                shares[sid] = [(now, 0.0)]
 
         while True:
-            if study_id is not None and not self._active(study_id):
+            for sid in studies:
+                if sid not in ended and not self._active(sid):
+                    ended[sid] = now
+            if len(studies) == submissions and len(ended) == submissions:
                 break
             self._update_rates(running)
             finish_at = {t: now + r.work_left_s / r.rate for t, r in running.items()}
@@ -242,6 +277,12 @@ class Simulation:
                 mean = occupancy / len(live_gpus) if live_gpus else 0.0
                 if not series or series[-1][1] != mean:
                     series.append((now, mean))
+                if submissions > 1:
+                    held = self._held(running, live_gpus)
+                    for sid in studies:
+                        share = held.get(sid, 0.0) / len(live_gpus) if live_gpus else 0.0
+                        if shares[sid][-1][1] != share:
+                            shares[sid].append((now, share))
                 busy = {(r.node, r.gpu_index) for r in running.values()}
                 busy_area += dt * len(busy)
                 gpu_area += dt * len(live_gpus)
@@ -263,8 +304,8 @@ class Simulation:
                 _, _, ev = heapq.heappop(queue)
                 handle(ev)
 
-        trials = self.orchestrator.trials(study_id) if study_id else []
-        stuck = study_id is not None and self._active(study_id)
+        trials = [t for sid in studies for t in self.orchestrator.trials(sid)]
+        stuck = any(self._active(sid) for sid in studies)
         gpus = sorted({(n.name, g.index, g.arch) for n in self.cluster.nodes for g in n.gpus})
         return SimResult(
             makespan_s=now,
@@ -281,6 +322,11 @@ class Simulation:
             occupancy=series,
             timeline=timeline,
             stuck=stuck,
+            shares=shares if submissions > 1 else {},
+            submitted_s=submitted,
+            first_launch_s=first_launch,
+            last_launch_s=last_launch,
+            ended_s=ended,
         )
 
     def _true(self, key: WorkloadKey, arch: str) -> Profile | None:
@@ -307,6 +353,17 @@ class Simulation:
             gpu = self.interference.gpu_slowdown(self._arch[node, idx], [r.shared for r in rs])
             for r in rs:
                 r.rate = self.interference.rate(r.shared, gpu, cpu[node])
+
+    def _held(self, running: dict[str, _Running], live: set[tuple[str, int]]
+              ) -> dict[str, float]:
+        """Each study's GPU-equivalents of scaled compute (at the server's ratios) held
+        on live GPUs: the unit fair share counts in."""
+        out: dict[str, float] = {}
+        for r in running.values():
+            if (r.node, r.gpu_index) in live:
+                cap = 100.0 * self.config.ratio(self._arch[r.node, r.gpu_index], {})
+                out[r.study_id] = out.get(r.study_id, 0.0) + max(r.compute_pct, 1.0) / cap
+        return out
 
     def _occupancy(self, running: dict[str, _Running], live: set[tuple[str, int]]) -> float:
         """Sum over live GPUs of the scaled-compute share in use."""

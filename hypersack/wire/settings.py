@@ -5,15 +5,25 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Annotated, Any, TypeVar
 
 from pydantic import Field, ValidationError, field_validator
 from pydantic.fields import FieldInfo
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
-from hypersack.core.bounds import MAX_NODES, MAX_RATIO, Name, PositiveSeconds, Ratio, is_name
+from hypersack.core.bounds import (
+    MAX_NAME_CHARS,
+    MAX_NODES,
+    MAX_RATIO,
+    NAME_PATTERN,
+    Name,
+    PositiveSeconds,
+    Ratio,
+    is_name,
+)
 from hypersack.core.errors import InvalidInput
 from hypersack.core.files import load_yaml_file
+from hypersack.core.types import UserShare
 from hypersack.core.validation import format_validation_error
 from hypersack.wire.tls import CertPaths
 
@@ -32,6 +42,11 @@ def _tls_paths(ca: Path | None, cert: Path | None, key: Path | None,
         raise InvalidInput("TLS needs the CA certificate, this side's certificate and its "
                            "key (--tls-ca, --tls-cert, --tls-key, or --tls-dir)")
     return CertPaths(ca, cert, key)
+
+
+# A user name, or "*" for everyone not named.
+ShareKey = Annotated[str, Field(min_length=1, max_length=MAX_NAME_CHARS,
+                                pattern=rf"^\*$|{NAME_PATTERN}")]
 
 
 class ServerSettings(BaseSettings):
@@ -68,6 +83,10 @@ class ServerSettings(BaseSettings):
     max_watches: int = Field(default=32, ge=1, le=1024)
     profiles: list[Path] = Field(default_factory=list,
                                  description="profile files imported into the history")
+    shares: dict[ShareKey, UserShare] = Field(
+        default_factory=dict, max_length=100_000,
+        description="fair-share weight, quotas (max_gpus, max_compute) and max_priority "
+        "per user name; '*' for everyone not named")
 
     def tls(self) -> CertPaths | None:
         return _tls_paths(self.tls_ca, self.tls_cert, self.tls_key, self.tls_dir,

@@ -111,3 +111,58 @@ def test_underestimated_cores_over_commit_the_node_and_slow_trials(sp1: Any,
     assert fair.completed == over.completed == 96
     assert _peak_concurrency(fair) <= 12 < _peak_concurrency(over)
     assert _mean_duration(over) > 1.3 * _mean_duration(fair)
+
+
+def _named(space: Any, name: str, epochs: float, **settings: Any) -> Any:
+    from hypersack.grid.space import parse_space
+
+    data = space.model_dump(mode="json", exclude_defaults=True)
+    data["name"] = name
+    data["settings"] = {**data.get("settings", {}), "epochs": epochs, **settings}
+    return parse_space(data)
+
+
+def _mean(series: list[tuple[float, float]], start: float, end: float) -> float:
+    area = 0.0
+    for i, (at, share) in enumerate(series):
+        nxt = series[i + 1][0] if i + 1 < len(series) else end
+        area += share * max(0.0, min(nxt, end) - max(at, start))
+    return area / (end - start)
+
+
+def test_two_users_ten_minutes_apart_converge_to_equal_shares(sp1: Any, four_a100: Any,
+                                                              estimates: Any) -> None:
+    from xml.etree import ElementTree
+
+    from hypersack.sim.gantt import shares_svg
+
+    alice, bob = _named(sp1, "alice", 10), _named(sp1, "bob", 10, weight=1)
+    r = run(alice, four_a100, estimates, more=[(600.0, bob, "bob")])
+    assert r.completed == 192 and not r.stuck
+    a, b = "alice-1", "bob-1"
+    assert r.submitted_s == {a: 0.0, b: 600.0}
+    assert not [s for s in r.timeline if s.outcome == "KILLED"]  # nothing is stopped
+    # While both have trials waiting, after bob's first ten minutes, each holds half.
+    start, end = 1200.0, min(r.last_launch_s.values())
+    assert end > start + 300
+    assert abs(_mean(r.shares[a], start, end) - _mean(r.shares[b], start, end)) < 0.08
+    svg = shares_svg(r.shares, r.makespan_s, marks=[(600.0, "bob")])
+    lines = ElementTree.fromstring(svg).findall("{http://www.w3.org/2000/svg}polyline")
+    assert len(lines) == 2
+
+
+def test_a_high_priority_study_waits_less_and_preempting_not_at_all(
+        sp1: Any, four_a100: Any, estimates: Any) -> None:
+    waits = {}
+    for label, settings in (("peer", {}), ("high", {"priority": 5}),
+                            ("preempt", {"priority": 5, "preempt": True})):
+        bg = _named(sp1, "bg", 10, priority=0)
+        urgent = _named(sp1, "urgent", 1, **settings)
+        urgent = _named(urgent.model_copy(update={"models": ["resnet18"]}), "urgent", 1)
+        r = run(bg, four_a100, estimates, more=[(600.0, urgent, "")])
+        assert r.completed == 96 + 16 and not r.stuck
+        waits[label] = (r.first_launch_s["urgent-1"] - 600.0, r.ended_s["urgent-1"],
+                        sum(s.outcome == "KILLED" for s in r.timeline))
+    assert waits["preempt"][0] == 0.0 and waits["preempt"][2] > 0
+    assert waits["high"][0] > 0 and waits["high"][2] == 0 and waits["peer"][2] == 0
+    assert waits["preempt"][1] < waits["high"][1] <= waits["peer"][1]

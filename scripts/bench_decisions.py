@@ -1,0 +1,128 @@
+#!/usr/bin/env python3
+"""What one event costs the orchestrator itself, without gRPC: the server-side part of
+the exit-to-next-launch delay.
+
+A cluster of N nodes x 4 A100-80GB (88 cores), studies of random SP1 trials (example
+estimated profiles, ratio 3), an in-memory store. Each step ends one running trial (the
+one started first) and times `handle(TrialFinished)`, which decides again; then a Tick
+that changes nothing is timed. Reported: p50/p99 per event in ms, the decisions taken,
+and each figure against the cost of the same event with one study of 1,000 trials,
+measured in the same run.
+
+    python scripts/bench_decisions.py                        # 200 nodes, 10,000 trials
+    python scripts/bench_decisions.py --studies 4 --profile  # with cProfile's top 15
+"""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import pstats
+import statistics
+import time
+
+from _instances import EXAMPLES
+
+from hypersack.core.clock import ManualClock
+from hypersack.core.cluster import parse_shorthand
+from hypersack.core.types import TrialState
+from hypersack.grid.space import parse_space
+from hypersack.orchestrator import (
+    LaunchGroup,
+    LaunchTrial,
+    NodeJoined,
+    Orchestrator,
+    OrchestratorConfig,
+    StudySubmitted,
+    Tick,
+    TrialFinished,
+)
+from hypersack.sampler.profiles import load_profiles
+from hypersack.store.memory import MemoryStore
+
+MODELS = ["shufflenet", "mobilenet_v2", "vit_tiny", "deit_tiny", "resnet18", "resnet34"]
+
+
+def space(name: str, trials: int, seed: int) -> object:
+    return parse_space({
+        "name": name, "models": MODELS,
+        "hyperparameters": {"batch_size": [64, 128, 256, 512],
+                            "lr": {"distribution": "loguniform", "low": 1e-5, "high": 0.1}},
+        "search": {"type": "random", "samples": trials, "seed": seed},
+        "settings": {"epochs": 1, "policy": "wfd", "fusion": "off"},
+        "program": {"builtin": "sleep"},
+    })
+
+
+def run(nodes: int, trials: int, studies: int, exits: int, profile: bool
+        ) -> dict[str, float]:
+    store = MemoryStore()
+    for p in load_profiles(EXAMPLES / "profiles-estimates.yaml"):
+        store.put_profile(p)
+    clock = ManualClock(0.0)
+    orch = Orchestrator(store, clock, OrchestratorConfig())
+    for node in parse_shorthand(f"{nodes}x4xA100-80GB@88").nodes:
+        orch.handle(NodeJoined(node))
+    started: dict[str, tuple[float, str, int]] = {}
+
+    def note(cmds: list[object]) -> None:
+        for c in cmds:
+            launches = c.members if isinstance(c, LaunchGroup) else (c,)
+            for m in launches:
+                if isinstance(m, LaunchTrial):
+                    started[m.trial_id] = (clock.now(), m.node, m.attempt)
+
+    for i in range(studies):
+        note(orch.handle(StudySubmitted(space(f"s{i}", trials // studies, i), owner=f"u{i}")))
+    exit_ms: list[float] = []
+    tick_ms: list[float] = []
+    decisions = orch.decision_count
+    profiler = cProfile.Profile() if profile else None
+    for _ in range(exits):
+        if not started:
+            break
+        tid = min(started, key=lambda t: (started[t][0], t))
+        _, node, attempt = started.pop(tid)
+        clock.advance(0.01)
+        if profiler:
+            profiler.enable()
+        t0 = time.perf_counter()
+        cmds = orch.handle(TrialFinished(tid, node, attempt=attempt))
+        exit_ms.append((time.perf_counter() - t0) * 1000)
+        t0 = time.perf_counter()
+        note(cmds + orch.handle(Tick()))
+        tick_ms.append((time.perf_counter() - t0) * 1000)
+        if profiler:
+            profiler.disable()
+    pending = sum(t.state == TrialState.PENDING for t in orch.trials())
+    if profiler:
+        pstats.Stats(profiler).sort_stats("cumulative").print_stats(15)
+    return {"exit_p50": statistics.median(exit_ms),
+            "exit_p99": statistics.quantiles(exit_ms, n=100)[98],
+            "tick_p50": statistics.median(tick_ms),
+            "tick_p99": statistics.quantiles(tick_ms, n=100)[98],
+            "decisions": orch.decision_count - decisions, "pending": pending}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--nodes", type=int, default=200)
+    parser.add_argument("--trials", type=int, default=10_000)
+    parser.add_argument("--studies", type=int, default=1)
+    parser.add_argument("--exits", type=int, default=400)
+    parser.add_argument("--profile", action="store_true")
+    args = parser.parse_args()
+    base = run(20, 1_000, 1, args.exits, False)
+    big = run(args.nodes, args.trials, args.studies, args.exits, args.profile)
+    print(f"{'':28}{'exit p50':>10}{'exit p99':>10}{'tick p50':>10}{'tick p99':>10}"
+          f"{'decisions':>11}{'pending':>9}")
+    for label, r in ((f"20 nodes, 1,000 trials", base),
+                     (f"{args.nodes} nodes, {args.trials:,} trials x{args.studies}", big)):
+        print(f"{label:28}{r['exit_p50']:10.2f}{r['exit_p99']:10.2f}{r['tick_p50']:10.2f}"
+              f"{r['tick_p99']:10.2f}{r['decisions']:11.0f}{r['pending']:9.0f}")
+    print(f"ratio to the small case (p50): exit {big['exit_p50'] / base['exit_p50']:.1f}x, "
+          f"tick {big['tick_p50'] / base['tick_p50']:.1f}x   (ms per event)")
+
+
+if __name__ == "__main__":
+    main()
