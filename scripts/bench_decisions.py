@@ -116,7 +116,7 @@ def main() -> None:
     big = run(args.nodes, args.trials, args.studies, args.exits, args.profile)
     print(f"{'':28}{'exit p50':>10}{'exit p99':>10}{'tick p50':>10}{'tick p99':>10}"
           f"{'decisions':>11}{'pending':>9}")
-    for label, r in ((f"20 nodes, 1,000 trials", base),
+    for label, r in (("20 nodes, 1,000 trials", base),
                      (f"{args.nodes} nodes, {args.trials:,} trials x{args.studies}", big)):
         print(f"{label:28}{r['exit_p50']:10.2f}{r['exit_p99']:10.2f}{r['tick_p50']:10.2f}"
               f"{r['tick_p99']:10.2f}{r['decisions']:11.0f}{r['pending']:9.0f}")
