@@ -38,6 +38,7 @@ from hypersack.orchestrator import (
     TrialFinished,
 )
 from hypersack.sampler.profiles import load_profiles
+from hypersack.server.service import keep_out_of_gc
 from hypersack.store.memory import MemoryStore
 
 MODELS = ["shufflenet", "mobilenet_v2", "vit_tiny", "deit_tiny", "resnet18", "resnet34"]
@@ -74,6 +75,7 @@ def run(nodes: int, trials: int, studies: int, exits: int, profile: bool
 
     for i in range(studies):
         note(orch.handle(StudySubmitted(space(f"s{i}", trials // studies, i), owner=f"u{i}")))
+    keep_out_of_gc()  # as the server does after a submission
     exit_ms: list[float] = []
     tick_ms: list[float] = []
     decisions = orch.decision_count

@@ -7,6 +7,7 @@ work is retried. Nothing here decides what runs where: that is the orchestrator'
 
 from __future__ import annotations
 
+import gc
 import json
 import logging
 import queue
@@ -117,6 +118,16 @@ class Snapshot:
     gpus: list[tuple[str, int, int, float]]
 
 
+def keep_out_of_gc() -> None:
+    """Move every object alive now out of the cyclic collector's reach. A study's trial
+    records live long: a full collection walking 10,000 of them paused decisions for
+    100-150 ms (scripts/bench_decisions.py, p99). Reference counting still frees them
+    when they are replaced; only cycles among them would stay, and records have none.
+    Garbage already there is collected first, so that freezing leaks none of it."""
+    gc.collect()
+    gc.freeze()
+
+
 class SchedulerService:
     def __init__(self, store: Store, config: OrchestratorConfig | None = None, *,
                  clock: Clock | None = None, heartbeat_interval_s: float = 5.0,
@@ -150,6 +161,7 @@ class SchedulerService:
 
     # ----------------------------------------------------------------- lifecycle
     def start(self) -> None:
+        keep_out_of_gc()  # what the orchestrator restored
         self._ticker = threading.Thread(target=self._supervised, args=(self._tick_loop,),
                                         name="hypersack-ticker", daemon=True)
         self._ticker.start()
@@ -291,6 +303,7 @@ class SchedulerService:
                 # Refused by the orchestrator (and undone): never answer with another study.
                 raise InvalidInput(f"{source}: the study could not be created (see the "
                                    "server's log)")
+            keep_out_of_gc()
             return self.orch.studies()[-1]
 
     def cancel(self, study_id: str) -> StudyRecord:
