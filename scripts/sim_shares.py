@@ -24,7 +24,7 @@ from hypersack.grid.space import load_space, parse_space
 from hypersack.orchestrator import OrchestratorConfig
 from hypersack.sampler.profiles import load_profiles
 from hypersack.sim.gantt import shares_svg
-from hypersack.sim.simulator import SimResult, Simulation
+from hypersack.sim.simulator import SimResult, Simulation, time_mean
 
 
 def variant(name: str, epochs: float, models: list[str] | None = None,
@@ -56,16 +56,6 @@ def share_at(series: list[tuple[float, float]], t: float) -> float:
     return value
 
 
-def mean_share(series: list[tuple[float, float]], start: float, end: float) -> float:
-    area = 0.0
-    for i, (at, share) in enumerate(series):
-        nxt = series[i + 1][0] if i + 1 < len(series) else end
-        lo, hi = max(at, start), min(nxt, end)
-        if hi > lo:
-            area += share * (hi - lo)
-    return area / (end - start) if end > start else 0.0
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--epochs", type=float, default=15.0)
@@ -91,8 +81,8 @@ def main() -> None:
         print(f"bob reaches 45 % at {reached:.0f} s ({reached - 600:.0f} s after submitting);"
               f" mean shares from then until {both_wait:.0f} s (the last launch of the "
               f"first to run out of waiting trials): alice "
-              f"{mean_share(r.shares[a], reached, both_wait):.1%}, bob "
-              f"{mean_share(r.shares[b], reached, both_wait):.1%}")
+              f"{time_mean(r.shares[a], reached, both_wait):.1%}, bob "
+              f"{time_mean(r.shares[b], reached, both_wait):.1%}")
     print(f"alice ends at {r.ended_s[a]:.0f} s, bob at {r.ended_s[b]:.0f} s")
     args.svg.write_text(shares_svg(
         r.shares, r.makespan_s, title="Two users' SP1 studies, 600 s apart: share of the "

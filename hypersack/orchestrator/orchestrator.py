@@ -922,7 +922,7 @@ class Orchestrator:
                 return
             _, where, arch = best
             reserved[where] = claim.study_id
-            budget -= shares.share_of(item.needs[arch].compute, self._gpu_units(arch))
+            budget -= self._cost(item.needs[arch].compute, arch)
 
     def _user_weight(self, user: str) -> float:
         return self.config.share_rule(user).weight
@@ -931,14 +931,19 @@ class Orchestrator:
         """One GPU's scaled compute at the server's ratio: the unit of shares."""
         return compute_capacity(self.config.ratio(arch, {}))
 
+    def _cost(self, compute: int, arch: str) -> float:
+        """What holding `compute` units on a GPU of `arch` counts in a share."""
+        return shares.share_of(compute, self._gpu_units(arch))
+
     def _claims(self, active: list[StudyRecord]
                 ) -> tuple[list[shares.Claim], dict[str, shares.Quota]]:
         """Each active study's standing (what it holds, whether it waits) and each of
         their users' quota left."""
         claims: dict[str, shares.Claim] = {}
-        if len(active) == 1 and self.config.share_rule(active[0].owner) == _DEFAULT_SHARE:
-            # Alone and unlimited: what it holds changes nothing (its decision finds out
-            # whether anything waits).
+        rule = self.config.share_rule(active[0].owner)
+        if len(active) == 1 and rule.max_gpus is None and rule.max_compute is None:
+            # Alone and without a quota: what it holds changes nothing (its decision
+            # finds out whether anything waits).
             s = active[0]
             settings = self._spaces[s.id].settings
             return ([shares.Claim(s.id, s.owner, settings.priority, settings.weight, s.seq,
@@ -952,13 +957,12 @@ class Orchestrator:
         held: dict[str, set[tuple[str, int]]] = {}
         for node in self._cluster:
             for idx, gpu in node.gpus.items():
-                units = self._gpu_units(gpu.arch)
                 for tid in gpu.trials:
                     t = self._trials[tid]
                     c = claims.get(t.study_id)
                     if c is None or t.demand is None:
                         continue
-                    cost = shares.share_of(Need.of(t.demand).compute, units)
+                    cost = self._cost(Need.of(t.demand).compute, gpu.arch)
                     c.used += cost
                     used[c.user] = used.get(c.user, 0.0) + cost
                     held.setdefault(c.user, set()).add((node.name, idx))
@@ -1024,8 +1028,7 @@ class Orchestrator:
             taken: list[Placement] = []
             for p in plan.placements:
                 gpu = self._cluster.live(p.node).gpus[p.gpu_index]
-                cost = shares.share_of(by_id[p.item_id].needs[gpu.arch].compute,
-                                       self._gpu_units(gpu.arch))
+                cost = self._cost(by_id[p.item_id].needs[gpu.arch].compute, gpu.arch)
                 if room is not None and room <= shares.EPS:
                     cut = True
                     continue
@@ -1098,7 +1101,7 @@ class Orchestrator:
         first, then the latest started: the least work lost) for each trial to fit."""
         space = self._spaces[claim.study_id]
         ratios = space.settings.oversubscription
-        view = _freed(self._cluster.view(open_nodes, ratios), self._trials, victims)
+        view = _freed(self._cluster.view(open_nodes, ratios), victims)
         pending = self._pending_of(claim.study_id)
         batch = self._plain_items(pending, archs, view)
         if not batch:
@@ -1115,11 +1118,12 @@ class Orchestrator:
             gpu = node.gpus[p.gpu_index]
             need = by_id[p.item_id].needs[gpu.arch]
             cap = compute_capacity(self.config.ratio(gpu.arch, ratios))
-            cost = shares.share_of(need.compute, self._gpu_units(gpu.arch))
+            cost = self._cost(need.compute, gpu.arch)
             if not quota.allows((p.node, p.gpu_index), cost):
                 continue
             while not self._fits(node, gpu, need, cap):
-                victim = _victim(node, gpu, need, cap, victims, priority)
+                victim = _victim(node, gpu, not self._gpu_fits(gpu, need, cap), victims,
+                                 priority)
                 if victim is None:
                     break
                 for member in self._with_group(victim):
@@ -1136,12 +1140,16 @@ class Orchestrator:
         claim.pending = self._has_pending(claim.study_id)
         return stops + launches  # the stops first: the agent frees the GPU, then launches
 
-    def _fits(self, node: Node, gpu: Gpu, need: Need, cap: int) -> bool:
+    def _gpu_fits(self, gpu: Gpu, need: Need, cap: int) -> bool:
+        """Whether the GPU itself takes the need now (`cap`: its scaled compute)."""
         return (gpu.profiling is None and gpu.reserved_for is None
                 and not (self.config.exclusive and gpu.trials)
                 and gpu.used_compute + need.compute <= cap
-                and gpu.used_memory + need.memory <= gpu.memory_mib
-                and node.used_cores + need.cores <= core_units(node.spec.cores))
+                and gpu.used_memory + need.memory <= gpu.memory_mib)
+
+    def _fits(self, node: Node, gpu: Gpu, need: Need, cap: int) -> bool:
+        return self._gpu_fits(gpu, need, cap) and \
+            node.used_cores + need.cores <= core_units(node.spec.cores)
 
     def _with_group(self, t: TrialRecord) -> list[TrialRecord]:
         """A trial and the other members of its fused group: a group stops whole (its
@@ -1319,9 +1327,8 @@ class Orchestrator:
             if not self._fusion(space):
                 continue
             counts: dict[WorkloadKey, int] = {}
-            for tid in self._by_study[study.id]:
-                t = self._trials[tid]
-                if t.state == TrialState.PENDING and fusion.class_of(t) is not None:
+            for t in self._pending_of(study.id):
+                if fusion.class_of(t) is not None:
                     counts[t.key] = counts.get(t.key, 0) + 1
             for key, n in counts.items():
                 widths = fusion.candidate_widths(space.settings.max_fusion_width, n)
@@ -1369,14 +1376,7 @@ class Orchestrator:
                     self._set(t, state=TrialState.PROFILING)
         wanted += [s for s in self._fused_profiles_wanted(active, open_nodes, archs)
                    if s not in in_flight and s not in wanted]
-        slots = self._cluster.gpu_slots(open_nodes)
-        plan = planning.plan_profiles(wanted, slots)
-        # Run again at the next exit while a wanted profile has no GPU yet or waits for
-        # a reserved one to drain.
-        self._profiling_waiting = bool(plan.reserve) or \
-            len(plan.start) + len(plan.reserve) < len(wanted) or any(
-                g.reserved_for is not None and (g.reserved_for, g) not in plan.start
-                for g in slots)
+        plan = planning.plan_profiles(wanted, self._cluster.gpu_slots(open_nodes))
         for slot, g in plan.reserve:
             node = self._cluster.live(g.node)
             self._cluster.reserve(node, node.gpus[g.index], slot)
@@ -1388,6 +1388,11 @@ class Orchestrator:
                                             gpu_index=g.index,
                                             iterations=self.config.profile_iterations,
                                             warmup=self.config.profile_warmup))
+        # Run again at the next exit while a wanted profile found no GPU or a reserved
+        # GPU has yet to drain.
+        assigned = {slot for slot, _ in (*plan.start, *plan.reserve)}
+        self._profiling_waiting = any(s not in assigned for s in wanted) or any(
+            g.reserved_for is not None for n in open_nodes for g in n.gpus.values())
         return commands
 
 
@@ -1441,8 +1446,7 @@ def _fit_bound(needs: Mapping[str, Need], view: ClusterView) -> int:
     return total + 1
 
 
-def _freed(view: ClusterView, trials: Mapping[str, TrialRecord],
-           victims: Mapping[str, TrialRecord]) -> ClusterView:
+def _freed(view: ClusterView, victims: Mapping[str, TrialRecord]) -> ClusterView:
     """The view as if the victims' trials held nothing."""
     gpu_back: dict[tuple[str, int], Need] = {}
     node_back: dict[str, int] = {}
@@ -1468,13 +1472,11 @@ def _freed(view: ClusterView, trials: Mapping[str, TrialRecord],
     return ClusterView(nodes=tuple(nodes))
 
 
-def _victim(node: Node, gpu: Gpu, need: Need, cap: int, victims: Mapping[str, TrialRecord],
+def _victim(node: Node, gpu: Gpu, gpu_short: bool, victims: Mapping[str, TrialRecord],
             priority: Mapping[str, int]) -> TrialRecord | None:
-    """The next trial to stop for `need` to fit on `gpu`: on that GPU while the GPU is
+    """The next trial to stop for a need to fit on `gpu`: on that GPU while the GPU is
     short, anywhere on the node while only its cores are; lowest priority first, then the
     latest started."""
-    gpu_short = (gpu.used_compute + need.compute > cap
-                 or gpu.used_memory + need.memory > gpu.memory_mib or bool(gpu.profiling))
     where = gpu.trials if gpu_short else {tid for g in node.gpus.values() for tid in g.trials}
     found = [victims[tid] for tid in where if tid in victims]
     if not found:

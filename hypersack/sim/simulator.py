@@ -14,7 +14,14 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from hypersack.core.clock import ManualClock
-from hypersack.core.types import ClusterSpec, Profile, StudyState, TrialState, WorkloadKey
+from hypersack.core.types import (
+    ClusterSpec,
+    Profile,
+    StudyState,
+    TrialState,
+    WorkloadKey,
+    ceil_units,
+)
 from hypersack.grid.space import SearchSpace
 from hypersack.orchestrator.commands import (
     Command,
@@ -34,6 +41,8 @@ from hypersack.orchestrator.events import (
 )
 from hypersack.orchestrator.fusion import fused_key
 from hypersack.orchestrator.orchestrator import Orchestrator, OrchestratorConfig
+from hypersack.orchestrator.shares import share_of
+from hypersack.policies.base import COMPUTE_SCALE, compute_capacity
 from hypersack.sim.fused import fused_estimate
 from hypersack.sim.interference import Interference, SharedTrial
 from hypersack.store.base import Store
@@ -361,8 +370,9 @@ class Simulation:
         out: dict[str, float] = {}
         for r in running.values():
             if (r.node, r.gpu_index) in live:
-                cap = 100.0 * self.config.ratio(self._arch[r.node, r.gpu_index], {})
-                out[r.study_id] = out.get(r.study_id, 0.0) + max(r.compute_pct, 1.0) / cap
+                cap = compute_capacity(self.config.ratio(self._arch[r.node, r.gpu_index], {}))
+                out[r.study_id] = out.get(r.study_id, 0.0) + share_of(
+                    ceil_units(r.compute_pct, COMPUTE_SCALE), cap)
         return out
 
     def _occupancy(self, running: dict[str, _Running], live: set[tuple[str, int]]) -> float:
@@ -377,6 +387,15 @@ class Simulation:
                                                 self.space.settings.oversubscription)
                 total += min(1.0, pct / cap)
         return total
+
+
+def time_mean(series: Sequence[tuple[float, float]], start: float, end: float) -> float:
+    """The time-mean of a step function [(from time, value), ...] over [start, end]."""
+    area = 0.0
+    for i, (at, value) in enumerate(series):
+        nxt = series[i + 1][0] if i + 1 < len(series) else end
+        area += value * max(0.0, min(nxt, end) - max(at, start))
+    return area / (end - start) if end > start else 0.0
 
 
 def baseline_config(config: OrchestratorConfig) -> OrchestratorConfig:

@@ -8,7 +8,7 @@ from typing import Any
 from hypersack.core.cluster import parse_shorthand
 from hypersack.orchestrator import NodeJoined, NodeLost, OrchestratorConfig
 from hypersack.sim.interference import Interference, SharedTrial
-from hypersack.sim.simulator import Simulation
+from hypersack.sim.simulator import Simulation, time_mean
 
 SHARED = SharedTrial(compute_pct=40, cores=2, data_fraction=0.3)
 
@@ -122,14 +122,6 @@ def _named(space: Any, name: str, epochs: float, **settings: Any) -> Any:
     return parse_space(data)
 
 
-def _mean(series: list[tuple[float, float]], start: float, end: float) -> float:
-    area = 0.0
-    for i, (at, share) in enumerate(series):
-        nxt = series[i + 1][0] if i + 1 < len(series) else end
-        area += share * max(0.0, min(nxt, end) - max(at, start))
-    return area / (end - start)
-
-
 def test_two_users_ten_minutes_apart_converge_to_equal_shares(sp1: Any, four_a100: Any,
                                                               estimates: Any) -> None:
     from xml.etree import ElementTree
@@ -145,7 +137,7 @@ def test_two_users_ten_minutes_apart_converge_to_equal_shares(sp1: Any, four_a10
     # While both have trials waiting, after bob's first ten minutes, each holds half.
     start, end = 1200.0, min(r.last_launch_s.values())
     assert end > start + 300
-    assert abs(_mean(r.shares[a], start, end) - _mean(r.shares[b], start, end)) < 0.08
+    assert abs(time_mean(r.shares[a], start, end) - time_mean(r.shares[b], start, end)) < 0.08
     svg = shares_svg(r.shares, r.makespan_s, marks=[(600.0, "bob")])
     lines = ElementTree.fromstring(svg).findall("{http://www.w3.org/2000/svg}polyline")
     assert len(lines) == 2
