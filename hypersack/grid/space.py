@@ -267,10 +267,8 @@ MetricName = Annotated[str, StringConstraints(min_length=1, max_length=64,
 class Settings(_Spec):
     epochs: Epochs = 1.0
     retries: int = Field(default=2, ge=0, le=MAX_RETRIES)
-    # Still the paper's rule: `pack` places more work per decision, but the simulator's
-    # studies finish later with it (fuller GPUs interfere more), until decisions weigh
-    # expected progress rather than work placed.
-    policy: str = "wfd"
+    # The paper's wfd, unless pack places clearly more work (policies/auto.py).
+    policy: str = "auto"
     oversubscription: dict[str, float] = Field(default_factory=dict)
     max_trials: int = Field(default=100_000, ge=1, le=MAX_TRIALS_CAP)
     objective: Objective = Field(default_factory=Objective)

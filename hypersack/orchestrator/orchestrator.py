@@ -1177,20 +1177,23 @@ class Orchestrator:
         fit, so do the rest. Each group passes only as many as could fit in the free
         compute, plus one, so a decision costs what is placeable, not what is pending."""
         batch: list[Item] = []
-        # group -> (how many more to pass, needs, expected run time)
-        groups: dict[tuple[int, int | None], tuple[int, dict[str, Need], float]] = {}
+        # group -> (how many more to pass, needs, expected run time, relative speeds)
+        groups: dict[tuple[int, int | None, float],
+                     tuple[int, dict[str, Need], float, dict[str, float]]] = {}
         for t in trials:
-            group = (self._key_number(t), t.memory_override_mib)
+            group = (self._key_number(t), t.memory_override_mib, t.epochs)
             entry = groups.get(group)
             if entry is None:
                 needs = self._needs(t, archs)
-                run_time = max((self._profiles[t.key, a].run_time_s(t.epochs)
-                                for a in needs), default=0.0)
-                entry = (_fit_bound(needs, view) if needs else 0, needs, run_time)
-            left, needs, run_time = entry
-            groups[group] = (left - 1, needs, run_time)
+                times = {a: self._profiles[t.key, a].run_time_s(t.epochs) for a in needs}
+                run_time = max(times.values(), default=0.0)
+                speed = ({a: run_time / s for a, s in times.items() if s > 0}
+                         if len(times) > 1 and run_time > 0 else {})
+                entry = (_fit_bound(needs, view) if needs else 0, needs, run_time, speed)
+            left, needs, run_time, speed = entry
+            groups[group] = (left - 1, needs, run_time, speed)
             if left > 0:
-                batch.append(Item(t.id, needs, run_time))
+                batch.append(Item(t.id, needs, run_time, speed=speed))
         return batch
 
     def _key_number(self, t: TrialRecord) -> int:

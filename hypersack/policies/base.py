@@ -15,7 +15,9 @@ smaller demand).
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+import math
+import time
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import NamedTuple, Protocol
 
@@ -48,13 +50,15 @@ def core_units(cores: float) -> int:
 @dataclass(frozen=True)
 class Item:
     """One placement item (a trial or a fused group), its need per architecture, its
-    expected run time (the longest over architectures) and its value (see above; -1:
-    derived from the needs)."""
+    expected run time (the longest over architectures), its value (see above; -1:
+    derived from the needs) and its relative speed per architecture (its run time on
+    the slowest architecture over its run time on this one; empty where unknown)."""
 
     id: str
     needs: Mapping[str, Need]
     run_time_s: float = 0.0
     value: int = -1
+    speed: Mapping[str, float] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if self.value < 0:
@@ -157,6 +161,104 @@ class Plan:
         return max(0.0, (self.bound - self.objective) / self.bound)
 
 
+# An item prefers the architectures where its comparative advantage is within this
+# factor of its best (so profiles that differ by noise express no preference).
+ADVANTAGE_TOLERANCE = 1.1
+
+
+def advantages(items: Sequence[Item]) -> list[Mapping[str, float]] | None:
+    """Each item's comparative advantage per architecture, or None where no item has a
+    preference (every advantage within ADVANTAGE_TOLERANCE of the item's best).
+
+    An item's advantage on an architecture is its relative speed there over the mean
+    relative speed (weighted by value) of all the items profiled there, as Gavel
+    normalizes throughput: when one model gains 3x from an H100 and another 1.2x, the
+    first has the advantage on the H100s and the second on the A100s, whatever the
+    absolute speeds; when every model gains alike, nobody has one. An architecture
+    without a speed for the item counts as 1."""
+    sums: dict[str, list[float]] = {}
+    for it in items:
+        if len(it.speed) < 2:
+            continue
+        for a, v in it.speed.items():
+            if a in it.needs and v > 0:
+                acc = sums.setdefault(a, [0.0, 0.0])
+                acc[0] += v * it.value
+                acc[1] += it.value
+    mean = {a: s / w for a, (s, w) in sums.items() if w > 0}
+    if len(mean) < 2:
+        return None
+    cache: dict[tuple[int, int], Mapping[str, float]] = {}
+    out: list[Mapping[str, float]] = []
+    any_preference = False
+    for it in items:
+        key = (id(it.needs), id(it.speed))
+        adv = cache.get(key)
+        if adv is None:
+            adv = {a: (it.speed[a] / mean[a] if a in mean and it.speed.get(a, 0.0) > 0
+                       else 1.0) for a in it.needs}
+            if adv and min(adv.values()) * ADVANTAGE_TOLERANCE < max(adv.values()):
+                any_preference = True
+            cache[key] = adv
+        out.append(adv)
+    return out if any_preference else None
+
+
+def arch_weights(items: Sequence[Item]) -> list[Mapping[str, float]] | None:
+    """What worst fit multiplies a GPU's free share by, per item and architecture: the
+    item's comparative advantage there times the square root of its speed there (the
+    fastest GPU also finishes the trial soonest, which matters most for the longest
+    trials at the end of a study). None where no item has a comparative preference.
+    The mix was chosen on scripts/sim_hetero.py's scenarios, where comparative
+    advantage alone and speed alone each lost to the blind rule on one of six."""
+    adv = advantages(items)
+    if adv is None:
+        return None
+    return [{a: w * math.sqrt(max(it.speed.get(a, 1.0), 1e-9)) for a, w in x.items()}
+            for it, x in zip(items, adv, strict=True)]
+
+
+def preferred(items: Sequence[Item]) -> list[Item] | None:
+    """Each item with its needs cut to the architectures where its comparative advantage
+    (`advantages`) is within ADVANTAGE_TOLERANCE of its best, or None where no item has
+    a preference."""
+    adv = advantages(items)
+    if adv is None:
+        return None
+    cut: dict[tuple[int, int], Mapping[str, Need]] = {}
+    out: list[Item] = []
+    for it, a in zip(items, adv, strict=True):
+        key = (id(it.needs), id(it.speed))
+        needs = cut.get(key)
+        if needs is None:
+            top = max(a.values(), default=1.0)
+            keep = {arch: n for arch, n in it.needs.items()
+                    if a[arch] * ADVANTAGE_TOLERANCE >= top}
+            needs = cut[key] = keep if len(keep) < len(it.needs) else it.needs
+        out.append(it if needs is it.needs else replace(it, needs=needs))
+    return out
+
+
+def arch_aware(place: Callable[[Sequence[Item], ClusterView], Plan], items: Sequence[Item],
+               cluster: ClusterView,
+               alone: Callable[[Sequence[Item], ClusterView], Plan] | None = None) -> Plan:
+    """A policy made heterogeneity-aware: it first places every item only where it has
+    the most comparative advantage (`preferred`), then what is left anywhere it fits,
+    so no capacity stays idle for a preference. Where no item has a preference, one
+    pass of `alone` (default: `place`) decides."""
+    start = time.perf_counter()
+    cut = preferred(items)
+    if cut is None:
+        return (alone or place)(items, cluster)
+    first = place(cut, cluster)
+    placed = {p.item_id for p in first.placements}
+    rest = [it for it in items if it.id not in placed]
+    second = place(rest, cluster.after(cut, first))
+    return Plan(placements=first.placements + second.placements, unplaced=second.unplaced,
+                solve_time_s=time.perf_counter() - start,
+                objective=first.objective + second.objective)
+
+
 class Policy(Protocol):
     name: str
 
@@ -212,21 +314,23 @@ class Flat:
 
 
 def classes(items: Sequence[Item]) -> tuple[list[Item], list[list[int]]]:
-    """Interchangeable items (identical value and needs), in first-seen order: one
+    """Interchangeable items (identical value, needs and speeds), in first-seen order: one
     representative item per class and the indices of its members, longest run first."""
-    index: dict[tuple[int, int], int] = {}
-    sig: dict[int, tuple[tuple[str, Need], ...]] = {}
-    by_sig: dict[tuple[int, tuple[tuple[str, Need], ...]], int] = {}
+    index: dict[tuple[int, int, int], int] = {}
+    sig: dict[tuple[int, int], tuple[object, ...]] = {}
+    by_sig: dict[tuple[int, tuple[object, ...]], int] = {}
     reps: list[Item] = []
     members: list[list[int]] = []
     for i, it in enumerate(items):
-        # Items of one workload share one needs mapping: sorted once per mapping.
-        quick = (it.value, id(it.needs))
+        # Items of one workload share one needs (and speed) mapping: sorted once per
+        # mapping.
+        quick = (it.value, id(it.needs), id(it.speed))
         c = index.get(quick)
         if c is None:
-            s = sig.get(id(it.needs))
+            s = sig.get(quick[1:])
             if s is None:
-                s = sig[id(it.needs)] = tuple(sorted(it.needs.items()))
+                s = sig[quick[1:]] = (tuple(sorted(it.needs.items())),
+                                      tuple(sorted(it.speed.items())))
             c = by_sig.get((it.value, s))
             if c is None:
                 c = by_sig[(it.value, s)] = len(reps)

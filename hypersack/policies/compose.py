@@ -21,6 +21,11 @@
              none      nothing
              swap      local search: place what now fits, and swap a placed item for a
                        pending one of more value where that fits
+             repack    swap, then re-solve each GPU that took items (as Martello and
+                       Toth's MTHM improves a multiple-knapsack plan): its own items
+                       and the pending ones are a small knapsack (compute, memory, the
+                       node's free cores, slots) solved by branch and bound over item
+                       classes with a node limit; the GPU keeps the better filling
 
 Items with identical needs and value form a class; a class's GPUs are kept in a heap by
 score, so a decision costs about (classes x GPUs + items) x log(GPUs), not items x GPUs.
@@ -39,11 +44,20 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from hypersack.policies.base import ClusterView, Flat, Item, Need, Placement, Plan, classes
+from hypersack.policies.base import (
+    ClusterView,
+    Flat,
+    Item,
+    Need,
+    Placement,
+    Plan,
+    arch_aware,
+    classes,
+)
 
 Order = Literal["given", "longest", "value", "density"]
 Score = Literal["first", "worst", "best", "dot", "norm"]
-Improve = Literal["none", "swap"]
+Improve = Literal["none", "swap", "repack"]
 
 
 class ComposedOptions(BaseModel):
@@ -51,10 +65,15 @@ class ComposedOptions(BaseModel):
     `--policy-option key=value`)."""
 
     model_config = ConfigDict(extra="forbid")
-    order: Order = "density"
-    score: Score = "best"
-    improve: Improve = "swap"
-    budget_ms: float = Field(default=4.0, ge=0.0, le=60_000.0)
+    order: Order = "value"
+    score: Score = "worst"
+    improve: Improve = "repack"
+    budget_ms: float = Field(default=50.0, ge=0.0, le=60_000.0)
+    effort: int = Field(default=20_000, ge=0, le=100_000_000)
+    portfolio: bool = True
+    # Place each item first where it has the most comparative advantage (base.arch_aware;
+    # each of the two passes may use half the budget); false: architecture-blind.
+    hetero: bool = True
 
 
 class _Scales:
@@ -118,10 +137,21 @@ def _scorer(score: Score, flat: Flat, sc: _Scales) -> Callable[[int, Need], floa
     return norm
 
 
+# Further (order, score) pairs tried while the budget lasts, when `portfolio` is on: on
+# the benches' instances each is the best on some where the others are not.
+_PORTFOLIO: tuple[tuple[Order, Score], ...] = (("density", "best"), ("density", "worst"),
+                                               ("longest", "worst"))
+
+
 class ComposedPolicy:
-    def __init__(self, name: str = "pack", *, order: Order = "density", score: Score = "best",
-                 improve: Improve = "swap", budget_ms: float = 4.0) -> None:
-        opts = ComposedOptions(order=order, score=score, improve=improve, budget_ms=budget_ms)
+    def __init__(self, name: str = "pack", *, order: Order = "value", score: Score = "worst",
+                 improve: Improve = "repack", budget_ms: float = 50.0,
+                 effort: int = 20_000, portfolio: bool = True, hetero: bool = True) -> None:
+        opts = ComposedOptions(order=order, score=score, improve=improve, budget_ms=budget_ms,
+                               effort=effort, portfolio=portfolio, hetero=hetero)
+        self.effort = opts.effort
+        self.portfolio = opts.portfolio
+        self.hetero = opts.hetero
         self.name = name
         self.order = opts.order
         self.score = opts.score
@@ -129,44 +159,66 @@ class ComposedPolicy:
         self.budget_s = opts.budget_ms / 1000.0
 
     def place(self, items: Sequence[Item], cluster: ClusterView) -> Plan:
+        if self.hetero:
+            return arch_aware(lambda i, c: self._place(i, c, self.budget_s / 2), items, cluster,
+                              alone=lambda i, c: self._place(i, c, self.budget_s))
+        return self._place(items, cluster, self.budget_s)
+
+    def _place(self, items: Sequence[Item], cluster: ClusterView, budget_s: float) -> Plan:
         start = time.perf_counter()
-        flat = Flat(cluster)
-        sc = _Scales(cluster, flat, items)
+        deadline = start + budget_s
         # Within a class, the longest run first (it starts early and overlaps with the
         # short ones).
         reps, members = classes(items)
-        order = self._class_order(reps, members, items, flat, sc)
-        on: list[dict[int, list[int]]] = [{} for _ in range(len(flat))]
-        left: list[list[int]] = [[] for _ in reps]
-        scorer = _scorer(self.score, flat, sc)
-        for c in order:
-            self._greedy(c, reps[c], members[c], flat, scorer, on, left)
-        if self.improve == "swap":
-            _swap(reps, flat, on, left, start + self.budget_s)
+        variants = [(self.order, self.score)]
+        if self.portfolio:
+            variants += [v for v in _PORTFOLIO if v not in variants]
+        best: tuple[int, Flat, list[dict[int, list[int]]], list[int]] | None = None
+        for k, (order_by, score) in enumerate(variants):
+            # Another variant only if, at the pace so far, it ends within the budget.
+            if k and start + (time.perf_counter() - start) * (k + 1) / k > deadline:
+                break
+            flat = Flat(cluster)
+            sc = _Scales(cluster, flat, items)
+            order = self._class_order(order_by, reps, members, items, flat, sc)
+            on: list[dict[int, list[int]]] = [{} for _ in range(len(flat))]
+            left: list[list[int]] = [[] for _ in reps]
+            scorer = _scorer(score, flat, sc)
+            for c in order:
+                self._greedy(c, reps[c], members[c], flat, scorer, on, left)
+            if self.improve in ("swap", "repack"):
+                _swap(reps, flat, on, left, deadline)
+            if self.improve == "repack":
+                _repack(reps, flat, on, left, deadline, self.effort)
+            value = sum(reps[c].value * len(its) for by_class in on
+                        for c, its in by_class.items())
+            if best is None or value > best[0]:
+                best = (value, flat, on, order)
+        assert best is not None
+        objective, flat, on, order = best
         placements: list[Placement] = []
-        objective = 0
         placed: set[int] = set()
         for g, by_class in enumerate(on):
-            for c, its in by_class.items():
+            for its in by_class.values():
                 for i in its:
                     placements.append(flat.placement(items[i].id, g))
                     placed.add(i)
-                    objective += reps[c].value
         unplaced = tuple(items[i].id for c in order for i in members[c] if i not in placed)
         return Plan(placements=tuple(placements), unplaced=unplaced,
                     solve_time_s=time.perf_counter() - start, objective=objective)
 
-    def _class_order(self, classes: list[Item], members: list[list[int]],
+    @staticmethod
+    def _class_order(order: Order, classes: list[Item], members: list[list[int]],
                      items: Sequence[Item], flat: Flat, sc: _Scales) -> list[int]:
         """Classes in the policy's order, ties in first-seen order."""
         first_gpu: dict[str, int] = {}
         for g, a in enumerate(flat.arch):
             first_gpu.setdefault(a, g)
-        if self.order == "given":
+        if order == "given":
             return list(range(len(classes)))
-        if self.order == "longest":
+        if order == "longest":
             return sorted(range(len(classes)), key=lambda c: -items[members[c][0]].run_time_s)
-        if self.order == "value":
+        if order == "value":
             return sorted(range(len(classes)), key=lambda c: -classes[c].value)
 
         def density(c: int) -> float:
@@ -249,3 +301,136 @@ def _swap(classes: list[Item], flat: Flat, on: list[dict[int, list[int]]],
                         break
                     if swapped:
                         break
+
+
+_REPACK_CLASSES = 64  # the densest pending classes a GPU's knapsack considers
+_REPACK_NODES = 300  # branch-and-bound nodes per GPU
+_REPACK_ROUNDS = 3
+
+
+def _repack(classes: list[Item], flat: Flat, on: list[dict[int, list[int]]],
+            left: list[list[int]], deadline: float, effort: int) -> None:
+    """Re-solve, one GPU at a time, the knapsack of its own items and the pending ones,
+    and keep the filling of most value (never less than the GPU had). Repeats while a
+    round improves, up to three rounds, or until the deadline. Only GPUs that took items
+    in this decision are re-solved: after the greedy pass and `_swap`, no pending item
+    fits anywhere as the plan stands."""
+    node_of = flat.node_of
+    # Per architecture, the classes densest first (value over size, each resource
+    # normalized by the largest need of it): one sort per decision, not per GPU.
+    by_arch: dict[str, list[tuple[int, Need, int]]] = {}
+    for a in set(flat.arch):
+        rows = [(c, rep.needs[a], rep.value) for c, rep in enumerate(classes) if a in rep.needs]
+        top_c = max((n.compute for _, n, _ in rows), default=1) or 1
+        top_m = max((n.memory for _, n, _ in rows), default=1) or 1
+        top_k = max((n.cores for _, n, _ in rows), default=1) or 1
+        rows.sort(key=lambda r: -r[2] / (r[1].compute / top_c + r[1].memory / top_m
+                                         + r[1].cores / top_k + 1e-9))
+        by_arch[a] = rows
+    changes = 0  # GPUs improved so far: the pending pool changed
+    solved_at = [-1] * len(flat)  # `changes` when a GPU was last solved without gain
+    for _ in range(_REPACK_ROUNDS):
+        improved = False
+        for g in range(len(flat)):
+            if not any(on[g].values()) or solved_at[g] == changes:
+                continue
+            if effort <= 0 or time.perf_counter() > deadline:
+                return
+            better, nodes = _repack_gpu(g, by_arch[flat.arch[g]], classes, flat, on[g], left,
+                                        node_of[g], min(effort, _REPACK_NODES))
+            effort -= nodes
+            if better:
+                changes += 1
+                improved = True
+            else:
+                solved_at[g] = changes
+        if not improved:
+            return
+
+
+def _repack_gpu(g: int, rows: list[tuple[int, Need, int]], classes: list[Item], flat: Flat,
+                own: dict[int, list[int]], left: list[list[int]], node: int,
+                limit: int) -> tuple[bool, int]:
+    """One GPU's knapsack, in at most `limit` nodes: whether it improved, and the nodes
+    it took."""
+    a = flat.arch[g]
+    old_value = 0
+    for c, its in own.items():
+        need = classes[c].needs[a]
+        for _ in its:
+            flat.give(g, need)
+        old_value += classes[c].value * len(its)
+    cap_c, cap_m, cap_k = flat.compute[g], flat.memory[g], flat.node_cores[node]
+    cap_s = flat.slots[g]
+    cand: list[tuple[int, Need, int, int]] = []
+    mine: list[tuple[int, Need, int, int]] = []
+    for c, want, v in rows:
+        avail = len(left[c])
+        held = len(own.get(c, ()))
+        if (avail or held) and want.compute <= cap_c and want.memory <= cap_m \
+                and want.cores <= cap_k:
+            if len(cand) < _REPACK_CLASSES:
+                cand.append((c, want, v, avail + held))
+            elif held:
+                # The GPU's own classes always stay candidates: the old filling stays
+                # reachable.
+                mine.append((c, want, v, avail + held))
+    cand += mine
+    m = len(cand)
+    # Upper bound from position i on: what the tightest resource left could hold at the
+    # best value per unit of it among the remaining classes.
+    inf = float("inf")
+    per_c = [0.0] * (m + 1)
+    per_m = [0.0] * (m + 1)
+    per_k = [0.0] * (m + 1)
+    for i in range(m - 1, -1, -1):
+        _, n, v, _ = cand[i]
+        per_c[i] = max(per_c[i + 1], v / n.compute if n.compute else inf)
+        per_m[i] = max(per_m[i + 1], v / n.memory if n.memory else inf)
+        per_k[i] = max(per_k[i + 1], v / n.cores if n.cores else inf)
+    best_value = old_value
+    best: list[int] | None = None
+    counts = [0] * m
+    nodes = 0
+    # Depth-first over classes, most of each first; an explicit stack (no recursion).
+    stack: list[tuple[int, int, int, int, int, int, int]] = [(0, 0, cap_c, cap_m, cap_k, cap_s, -1)]
+    while stack and nodes < limit:
+        i, value, rc, rm, rk, rs, k = stack.pop()
+        if k >= 0:
+            counts[i - 1] = k
+            for j in range(i, m):
+                counts[j] = 0
+        nodes += 1
+        if value > best_value:
+            best_value = value
+            best = counts[:i] + [0] * (m - i)
+        if i == m:
+            continue
+        bound = min(rc * per_c[i], rm * per_m[i], rk * per_k[i])
+        if value + bound <= best_value:
+            continue
+        _, n, v, avail = cand[i]
+        q = min(avail, rs)
+        if n.compute:
+            q = min(q, rc // n.compute)
+        if n.memory:
+            q = min(q, rm // n.memory)
+        if n.cores:
+            q = min(q, rk // n.cores)
+        for k in range(0, q + 1):  # pushed last is explored first: the most of it
+            stack.append((i + 1, value + k * v, rc - k * n.compute, rm - k * n.memory,
+                          rk - k * n.cores, rs - k, k))
+    if best is None:
+        for c, its in own.items():
+            need = classes[c].needs[a]
+            for _ in its:
+                flat.take(g, need)
+        return False, nodes
+    for c, its in own.items():
+        left[c].extend(reversed(its))
+        its.clear()
+    for (c, n, _, _), k in zip(cand, best, strict=True):
+        for _ in range(k):
+            flat.take(g, n)
+            own.setdefault(c, []).append(left[c].pop())
+    return True, nodes

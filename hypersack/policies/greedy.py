@@ -19,7 +19,18 @@ import heapq
 import time
 from collections.abc import Mapping, Sequence
 
-from hypersack.policies.base import ClusterView, Flat, Item, Need, Placement, Plan
+from pydantic import BaseModel, ConfigDict
+
+from hypersack.policies.base import (
+    ClusterView,
+    Flat,
+    Item,
+    Need,
+    Placement,
+    Plan,
+    arch_aware,
+    arch_weights,
+)
 
 
 def _order(items: Sequence[Item], decreasing: bool) -> list[int]:
@@ -29,17 +40,38 @@ def _order(items: Sequence[Item], decreasing: bool) -> list[int]:
     return sorted(range(len(items)), key=lambda i: -items[i].run_time_s)
 
 
+class GreedyOptions(BaseModel):
+    """The greedy rules' option (`policy_options` in the server's settings, or
+    `--policy-option key=value`)."""
+
+    model_config = ConfigDict(extra="forbid")
+    # Place each trial first on the architectures where it has the most comparative
+    # advantage (base.arch_aware); false: the paper's architecture-blind rule.
+    hetero: bool = True
+
+
 class GreedyPolicy:
-    def __init__(self, name: str, *, decreasing: bool, worst: bool) -> None:
+    def __init__(self, name: str, *, decreasing: bool, worst: bool, hetero: bool = True) -> None:
         self.name = name
         self.decreasing = decreasing
         self.worst = worst
+        self.hetero = GreedyOptions(hetero=hetero).hetero
 
     def place(self, items: Sequence[Item], cluster: ClusterView) -> Plan:
+        if not self.hetero:
+            return self._place(items, cluster)
+        if not self.worst:
+            return arch_aware(self._place, items, cluster)
+        return self._place(items, cluster, arch_weights(items))
+
+    def _place(self, items: Sequence[Item], cluster: ClusterView,
+               adv: list[Mapping[str, float]] | None = None) -> Plan:
         start = time.perf_counter()
         flat = Flat(cluster)
         order = _order(items, self.decreasing)
-        if self.worst:
+        if self.worst and adv is not None:
+            chosen = _worst_fit_aware(items, order, flat, cluster, adv)
+        elif self.worst:
             chosen = _worst_fit(items, order, flat)
         else:
             chosen = _first_fit(items, order, flat)
@@ -146,4 +178,58 @@ def _worst_fit(items: Sequence[Item], order: list[int], flat: Flat) -> list[tupl
         chosen.append((i, pick))
         if flat.slots[pick] > 0 and flat.memory[pick] >= low.memory:
             heapq.heappush(heap, (-flat.compute[pick], pick))
+    return chosen
+
+
+def _worst_fit_aware(items: Sequence[Item], order: list[int], flat: Flat, cluster: ClusterView,
+                     adv: list[Mapping[str, float]]) -> list[tuple[int, int]]:
+    """Worst fit that weighs each GPU's free share of its scaled compute by the item's
+    weight on its architecture (base.arch_weights): a trial that gains most from an
+    H100 takes an H100 while H100s are about as free as the A100s, and an A100 once the
+    H100s are fuller by more than its weight says. One heap per architecture (free
+    share, then position), so the choice costs a pop per architecture."""
+    full = [g.full_compute for n in cluster.nodes for g in n.gpus]
+    heaps: dict[str, list[tuple[float, int]]] = {}
+    for g in range(len(flat)):
+        if flat.slots[g] > 0:
+            heaps.setdefault(flat.arch[g], []).append((-flat.compute[g] / max(1, full[g]), g))
+    for h in heaps.values():
+        heapq.heapify(h)
+    chosen: list[tuple[int, int]] = []
+    failed: set[int] = set()  # needs that fitted nowhere (capacity only shrinks)
+    for i in order:
+        needs = items[i].needs
+        if id(needs) in failed:
+            continue
+        best = (0.0, -1)
+        tops: list[tuple[str, tuple[float, int]]] = []
+        for a, need in needs.items():
+            heap = heaps.get(a)
+            if heap is None:
+                continue
+            aside: list[tuple[float, int]] = []
+            while heap:
+                entry = heapq.heappop(heap)
+                g = entry[1]
+                if flat.fits(g, need):
+                    tops.append((a, entry))
+                    key = entry[0] * adv[i].get(a, 1.0)
+                    if best[1] < 0 or (key, g) < best:
+                        best = (key, g)
+                    break
+                if flat.slots[g] > 0 and flat.memory[g] > 0:
+                    aside.append(entry)
+            for entry in aside:
+                heapq.heappush(heap, entry)
+        g = best[1]
+        for a, entry in tops:
+            if entry[1] != g:
+                heapq.heappush(heaps[a], entry)
+        if g < 0:
+            failed.add(id(needs))
+            continue
+        flat.take(g, needs[flat.arch[g]])
+        chosen.append((i, g))
+        if flat.slots[g] > 0:
+            heapq.heappush(heaps[flat.arch[g]], (-flat.compute[g] / max(1, full[g]), g))
     return chosen

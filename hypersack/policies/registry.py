@@ -1,8 +1,9 @@
 """The policy registry: names to factories and their options, failing loudly on anything
 unknown.
 
-Built in: the paper's greedy rules (ff, ffd, wf, wfd, no options; wfd is the default),
-`pack` (a composed policy, see `compose`; options order, score, improve, budget_ms) and
+Built in: `auto` (the default: wfd unless pack places clearly more; see `auto`), the
+paper's greedy rules (ff, ffd, wf, wfd; option hetero), `pack` (a composed policy, see
+`compose`; options order, score, improve, budget_ms, effort, portfolio, hetero) and
 `optimal` (CP-SAT; options time_limit_s, workers, seed).
 
 A user adds a policy without editing the project, in Python:
@@ -33,9 +34,10 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from hypersack.core.errors import InvalidInput, UnknownName
 from hypersack.core.validation import format_validation_error
+from hypersack.policies.auto import AutoOptions
 from hypersack.policies.base import Policy
 from hypersack.policies.compose import ComposedOptions, ComposedPolicy
-from hypersack.policies.greedy import GreedyPolicy
+from hypersack.policies.greedy import GreedyOptions, GreedyPolicy
 
 log = logging.getLogger(__name__)
 
@@ -66,16 +68,23 @@ def _optimal(**options: Any) -> Policy:
 
 
 def _greedy(name: str, decreasing: bool, worst: bool) -> Callable[..., Policy]:
-    def make() -> Policy:
-        return GreedyPolicy(name, decreasing=decreasing, worst=worst)
+    def make(**options: Any) -> Policy:
+        return GreedyPolicy(name, decreasing=decreasing, worst=worst, **options)
     return make
 
 
+def _auto(**options: Any) -> Policy:
+    from hypersack.policies.auto import AutoPolicy
+
+    return AutoPolicy(**options)
+
+
 _REGISTRY: dict[str, _Entry] = {
-    "ff": _Entry(_greedy("ff", False, False), NoOptions),
-    "ffd": _Entry(_greedy("ffd", True, False), NoOptions),
-    "wf": _Entry(_greedy("wf", False, True), NoOptions),
-    "wfd": _Entry(_greedy("wfd", True, True), NoOptions),
+    "auto": _Entry(_auto, AutoOptions),
+    "ff": _Entry(_greedy("ff", False, False), GreedyOptions),
+    "ffd": _Entry(_greedy("ffd", True, False), GreedyOptions),
+    "wf": _Entry(_greedy("wf", False, True), GreedyOptions),
+    "wfd": _Entry(_greedy("wfd", True, True), GreedyOptions),
     "pack": _Entry(lambda **o: ComposedPolicy("pack", **o), ComposedOptions),
     "optimal": _Entry(_optimal, OptimalOptions),
 }

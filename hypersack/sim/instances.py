@@ -9,6 +9,7 @@ from pathlib import Path
 
 from hypersack.core.clock import ManualClock
 from hypersack.core.cluster import parse_shorthand
+from hypersack.core.types import Profile
 from hypersack.grid.space import load_space, parse_space
 from hypersack.orchestrator import NodeJoined, Orchestrator, StudySubmitted
 from hypersack.policies.base import (
@@ -88,3 +89,21 @@ def heterogeneous(mix: str, seed: int, scale: int = 1) -> tuple[list[Item], Clus
             items.append(Item(f"t{len(items)}", needs, run_time_s=run))
             total += needs["A100"].compute
     return items, ClusterView(tuple(nodes))
+
+
+TRANSFORMERS = ("vit_tiny", "deit_tiny")
+
+
+def speedup_profiles(fast: float, slow: float) -> list[Profile]:
+    """The example estimates with each H100 iteration time set from the A100's by model
+    family: the transformers (TRANSFORMERS) run `fast` times faster on an H100 than on
+    an A100, every other model `slow` times. Demands stay the estimates'."""
+    base = load_profiles(EXAMPLES / "profiles-estimates.yaml")
+    a100 = {p.key: p for p in base if p.arch == "A100"}
+    out = []
+    for p in base:
+        if p.arch == "H100" and p.key in a100:
+            gain = fast if p.key.model in TRANSFORMERS else slow
+            p = p.model_copy(update={"iter_time_s": a100[p.key].iter_time_s / gain})
+        out.append(p)
+    return out

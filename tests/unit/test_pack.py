@@ -130,6 +130,158 @@ def test_pack_is_within_one_percent_of_the_optimum_on_the_papers_spaces() -> Non
     assert pack.objective > make_policy("wfd").place(items, view).objective
 
 
+def test_repack_fills_a_gpu_that_one_for_one_swaps_cannot() -> None:
+    # Greedy takes the 60 % trial first; no single pending trial is worth more, so a
+    # swap cannot help, but two 50 % trials fill the GPU.
+    view = ClusterView((node("a", 8000, gpu("a", 0, "A100", 10000, 40960)),))
+    items = [Item("big", {"A100": Need(6000, 100, 1000)})]
+    items += [Item(f"half{i}", {"A100": Need(5000, 100, 1000)}) for i in range(2)]
+    swap = make_policy("pack", improve="swap", portfolio=False).place(items, view)
+    repack = make_policy("pack", improve="repack", portfolio=False).place(items, view)
+    check_plan(items, view, swap)
+    check_plan(items, view, repack)
+    assert swap.objective == 6000
+    assert repack.objective == 10000
+    assert set(repack.unplaced) == {"big"}
+
+
+@pytest.mark.parametrize("mix", ["compute", "memory", "cpu", "mixed"])
+def test_each_improvement_stage_keeps_what_the_one_before_placed(mix: str) -> None:
+    from hypersack.sim.instances import heterogeneous
+
+    for seed in range(2):
+        items, view = heterogeneous(mix, seed)
+        plans = {}
+        for improve in ("none", "swap", "repack"):
+            plans[improve] = make_policy("pack", improve=improve, portfolio=False,
+                                         budget_ms=60_000).place(items, view)
+            check_plan(items, view, plans[improve])
+        both = make_policy("pack", budget_ms=60_000).place(items, view)
+        check_plan(items, view, both)
+        assert plans["none"].objective <= plans["swap"].objective
+        assert plans["swap"].objective <= plans["repack"].objective <= both.objective
+
+
+def gains(h100: float) -> dict[str, float]:
+    return {"A100": 1.0, "H100": h100}
+
+
+def two_gpus() -> ClusterView:
+    # The H100 first and both as free, so the blind rules' ties go to the H100.
+    return ClusterView((node("h", 8000, gpu("h", 0, "H100", 30000, 81920)),
+                        node("a", 8000, gpu("a", 0, "A100", 30000, 81920))))
+
+
+@pytest.mark.parametrize("name", ["ff", "ffd", "wf", "wfd", "pack"])
+def test_each_trial_goes_where_it_gains_most(name: str) -> None:
+    # Each GPU holds one trial. The long convolutional trial gains 1.2x from the H100,
+    # the transformer 3x: blind, the first placed takes the H100; aware, each takes the
+    # architecture where its comparative advantage lies.
+    need = {"A100": Need(20000, 1024, 1000), "H100": Need(20000, 1024, 1000)}
+    items = [Item("conv", need, run_time_s=900.0, speed=gains(1.2)),
+             Item("vit", need, run_time_s=300.0, speed=gains(3.0))]
+    view = two_gpus()
+    blind = make_policy(name, hetero=False).place(items, view)
+    aware = make_policy(name).place(items, view)
+    check_plan(items, view, blind)
+    check_plan(items, view, aware)
+    where = {p.item_id: p.node for p in aware.placements}
+    assert where == {"conv": "a", "vit": "h"}
+    assert {p.item_id: p.node for p in blind.placements} == {"conv": "h", "vit": "a"}
+
+
+@pytest.mark.parametrize("name", ["ff", "ffd", "wf", "wfd", "pack"])
+def test_a_preference_never_leaves_a_gpu_idle(name: str) -> None:
+    # Both trials gain most from the H100, which holds one: the other takes the A100.
+    need = {"A100": Need(20000, 1024, 1000), "H100": Need(20000, 1024, 1000)}
+    items = [Item("vit0", need, run_time_s=300.0, speed=gains(3.0)),
+             Item("vit1", need, run_time_s=300.0, speed=gains(3.0)),
+             Item("conv", need, run_time_s=300.0, speed=gains(1.0))]
+    view = ClusterView((node("h", 8000, gpu("h", 0, "H100", 30000, 81920)),
+                        node("a", 8000, gpu("a", 0, "A100", 30000, 81920)),
+                        node("b", 8000, gpu("b", 0, "A100", 30000, 81920))))
+    plan = make_policy(name).place(items, view)
+    check_plan(items, view, plan)
+    assert len(plan.placements) == 3
+    assert {p.item_id for p in plan.placements if p.node == "h"} <= {"vit0", "vit1"}
+
+
+def test_no_preference_when_every_model_gains_alike() -> None:
+    from hypersack.policies.base import advantages, arch_weights, preferred
+    from hypersack.sim.instances import heterogeneous
+
+    items, view = heterogeneous("mixed", 0)
+    alike = [Item(it.id, it.needs, it.run_time_s, speed=gains(1.67)) for it in items]
+    assert advantages(alike) is None and arch_weights(alike) is None
+    assert preferred(alike) is None
+    for name in ("ff", "wfd"):
+        assert (make_policy(name).place(alike, view).placements
+                == make_policy(name, hetero=False).place(items, view).placements)
+    # Within the tolerance (profiles that differ by noise) is no preference either.
+    noisy = [Item(it.id, it.needs, it.run_time_s, speed=gains(1.6 + 0.01 * (i % 7)))
+             for i, it in enumerate(items)]
+    assert advantages(noisy) is None
+
+
+def test_auto_keeps_the_spreading_rule_where_compute_binds() -> None:
+    from hypersack.sim.instances import EXAMPLES, first_decision
+
+    items, view = first_decision(EXAMPLES / "sp3.yaml", "1x4xA100-80GB@88")
+    auto = make_policy("auto").place(items, view)
+    wfd = make_policy("wfd").place(items, view)
+    pack = make_policy("pack").place(items, view)
+    check_plan(items, view, auto)
+    assert pack.objective > wfd.objective  # pack would place more, by under the margin
+    assert auto.placements == wfd.placements and auto.info["packed"] == 0.0
+
+
+@pytest.mark.parametrize("mix", ["memory", "cpu", "mixed"])
+def test_auto_packs_where_memory_or_cores_bind(mix: str) -> None:
+    from hypersack.sim.instances import heterogeneous
+
+    items, view = heterogeneous(mix, 1)
+    auto = make_policy("auto").place(items, view)
+    wfd = make_policy("wfd").place(items, view)
+    pack = make_policy("pack").place(items, view)
+    check_plan(items, view, auto)
+    assert auto.info["packed"] == 1.0
+    assert auto.objective == pack.objective > 1.3 * wfd.objective
+
+
+def test_auto_never_places_less_than_wfd_and_leaves_a_plan_that_fits_alone() -> None:
+    from hypersack.sim.instances import MIXES, heterogeneous
+
+    view = ClusterView((node("a", 8000, gpu("a", 0, "A100", 30000, 40960)),))
+    items = [Item("one", {"A100": Need(5000, 1024, 1000)})]
+    alone = make_policy("auto").place(items, view)
+    assert alone.info["packed"] == 0.0 and len(alone.placements) == 1
+    for mix in MIXES:
+        for seed in range(3):
+            items, big = heterogeneous(mix, seed)
+            plan = make_policy("auto").place(items, big)
+            check_plan(items, big, plan)
+            assert plan.objective >= make_policy("wfd").place(items, big).objective
+
+
+def test_auto_does_not_run_pack_when_the_free_compute_cannot_hold_the_margin(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    # One freed GPU among 40: whatever pack placed, it could not beat wfd by 5 % of the
+    # cluster, so the refill decision costs wfd alone.
+    from hypersack.policies.compose import ComposedPolicy
+
+    def boom(*_: Any) -> Plan:
+        raise AssertionError("pack ran")
+
+    gpus = [gpu("a", g, "A100", 0, 0, 30000, 81920) for g in range(39)]
+    gpus.append(gpu("a", 39, "A100", 30000, 81920))
+    view = ClusterView((node("a", 400_000, *gpus),))
+    items = [Item(f"t{i}", {"A100": Need(4000, 1024, 1000)}) for i in range(50)]
+    monkeypatch.setattr(ComposedPolicy, "place", boom)
+    plan = make_policy("auto").place(items, view)
+    check_plan(items, view, plan)
+    assert len(plan.placements) == 7 and plan.info["packed"] == 0.0
+
+
 class Reverse:
     """A user's policy: first fit over the GPUs in reverse order."""
 

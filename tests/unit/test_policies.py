@@ -182,11 +182,12 @@ def test_why_unplaced_explains() -> None:
 
 
 def test_registry_fails_loudly() -> None:
-    with pytest.raises(UnknownName, match="unknown policy 'bestfit'; valid: ff, ffd, optimal"):
+    with pytest.raises(UnknownName,
+                       match="unknown policy 'bestfit'; valid: auto, ff, ffd, optimal"):
         make_policy("bestfit")
     with pytest.raises(InvalidInput, match="has no option 'depth'; valid: time_limit_s"):
         make_policy("optimal", depth=3)
-    with pytest.raises(InvalidInput, match=r"policy 'wfd' has no option 'x'; valid: \(none\)"):
+    with pytest.raises(InvalidInput, match=r"policy 'wfd' has no option 'x'; valid: hetero"):
         make_policy("wfd", x=1)
     with pytest.raises(InvalidInput, match="time_limit_s: Input should be greater than 0"):
         make_policy("optimal", time_limit_s=0)
