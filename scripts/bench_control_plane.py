@@ -1,8 +1,10 @@
 """Control-plane load: N simulated agents on one hypersack-server, one big study.
 
 The server runs as its own process (its memory is measured alone); the agents are
-gRPC streams from this process, each with fake GPUs. A launched trial "runs" for a
-random time, then its agent reports the exit. Reported: decisions per second,
+gRPC streams, each with fake GPUs, from `--agent-procs` worker processes (4; 0: from
+this process), so the clients' own Python does not share a core's GIL with one another
+or with the server. A launched trial "runs" for a random time, then its agent reports
+the exit. Reported: decisions per second,
 heartbeats handled per second, the delay from the latest exit reported on a GPU to the
 next launch the agent receives for that GPU (agent-side, round trip included; counted
 while trials are pending), and the server's peak RSS. A GPU whose freed capacity fits
@@ -11,6 +13,7 @@ no pending trial waits for more exits, which shows in the tail of that delay.
     python scripts/bench_control_plane.py                  # 200 agents, 10,000 trials
     python scripts/bench_control_plane.py --agents 20 --trials 1000 --min-s 1 --max-s 3
     python scripts/bench_control_plane.py --tls both       # plain, then TLS: the ratios
+    python scripts/bench_control_plane.py --sweep 20,100,200   # p50/p99 per agent count
 
 With `--tls on` the server runs secured as a cluster would: TLS for the client with an
 admin's token, mutual TLS for each agent with its own node certificate. Every agent has
@@ -102,12 +105,12 @@ class SimAgent:
 
 
 class Bench:
-    def __init__(self, min_s: float, max_s: float) -> None:
+    def __init__(self, min_s: float, max_s: float, seed: int = 0) -> None:
         self.min_s, self.max_s = min_s, max_s
         self.timers: list[tuple[float, int, SimAgent, str]] = []
         self.cv = threading.Condition()
         self.seq = 0
-        self.rng = random.Random(0)
+        self.rng = random.Random(seed)
         self.waiting: dict[tuple[str, int], float] = {}  # GPU -> when a trial on it exited
         self.delays: list[float] = []
         self.launches = 0
@@ -150,9 +153,56 @@ class Bench:
             agent.finish(tid)
 
 
+def worker(args: argparse.Namespace) -> int:
+    """Agents `--first` .. `--first + --agents - 1` in this process: prints "ready" once
+    they are registered, heartbeats until stdin closes, then prints one JSON line with
+    what it measured. Exits stop counting once the file `--no-pending` exists."""
+    bench = Bench(args.min_s, args.max_s, seed=args.first)
+    stop = threading.Event()
+    threading.Thread(target=bench.run_timers, args=(stop,), daemon=True).start()
+    agents = []
+    for i in range(args.first, args.first + args.agents):
+        name = f"a{i:03d}"
+        if args.certs:
+            paths = _tls.leaf_paths(Path(args.certs), _tls.NODE, name)
+            channel = grpc.secure_channel(args.address, _tls.channel_credentials(
+                Path(args.certs) / "ca.crt", paths.cert, paths.key))
+        else:
+            channel = grpc.insecure_channel(args.address)
+        agents.append(SimAgent(name, channel, args.gpus, bench))
+    for a in agents:
+        a.registered.wait(60)
+    print("ready", flush=True)
+    flag = Path(args.no_pending)
+
+    def beat() -> None:
+        while not stop.wait(args.heartbeat_s):
+            for a in agents:
+                a.heartbeat()
+            if bench.pending_left and flag.exists():
+                bench.pending_left = False
+
+    threading.Thread(target=beat, daemon=True).start()
+    sys.stdin.read()  # until the parent closes it
+    stop.set()
+    print(json.dumps({"delays": bench.delays, "launches": bench.launches,
+                      "heartbeats": bench.heartbeats_sent}), flush=True)
+    return 0
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--agents", type=int, default=200)
+    ap.add_argument("--agent-procs", type=int, default=4,
+                    help="worker processes the agents are split over (0: this process)")
+    ap.add_argument("--sweep", default="",
+                    help="agent counts to run one after another, e.g. 20,100,200 (trials "
+                         "scale with them: --trials per 200 agents)")
+    ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--first", type=int, default=0, help=argparse.SUPPRESS)
+    ap.add_argument("--address", default="", help=argparse.SUPPRESS)
+    ap.add_argument("--certs", default="", help=argparse.SUPPRESS)
+    ap.add_argument("--no-pending", default="", help=argparse.SUPPRESS)
     ap.add_argument("--gpus", type=int, default=4, help="GPUs per agent")
     ap.add_argument("--trials", type=int, default=10_000)
     ap.add_argument("--min-s", type=float, default=4.0, help="shortest simulated trial")
@@ -165,6 +215,31 @@ def main() -> int:
     ap.add_argument("--tls", choices=["off", "on", "both"], default="off",
                     help="run plain, secured, or both in one run (then the ratios)")
     args = ap.parse_args()
+    if args.worker:
+        return worker(args)
+    if args.sweep:
+        rows = []
+        base = args.trials
+        for n in (int(x) for x in args.sweep.split(",")):
+            one = argparse.Namespace(**{**vars(args), "agents": n,
+                                        "trials": max(1, base * n // 200)})
+            rows.append(run_once(one, args.tls == "on"))
+        if args.json:
+            print(json.dumps(rows, indent=2))
+        else:
+            print("relaunch delay as the agents see it (p50, p99), and the server's own share:"
+                  " an exit's arrival to the end of the batch that handled it")
+            print(f"{'agents':>7}{'gpus':>6}{'trials':>8}{'p50 ms':>9}{'p99 ms':>9}"
+                  f"{'server p50':>12}{'server p99':>12}{'decisions/s':>13}"
+                  f"{'decision ms':>13}{'RSS MiB':>9}")
+            for r in rows:
+                print(f"{r['agents']:>7}{r['gpus']:>6}{r['trials']:>8}"
+                      f"{r['relaunch_delay_p50_ms']!s:>9}{r['relaunch_delay_p99_ms']!s:>9}"
+                      f"{r['server_exit_handled_p50_ms']!s:>12}"
+                      f"{r['server_exit_handled_p99_ms']!s:>12}"
+                      f"{r['decisions_per_s']!s:>13}{r['decision_mean_ms']!s:>13}"
+                      f"{r['server_peak_rss_mib']!s:>9}")
+        return 0
     modes = {"off": [False], "on": [True], "both": [False, True]}[args.tls]
     results = {("tls" if secured else "plain"): run_once(args, secured) for secured in modes}
     if len(results) == 2:
@@ -183,7 +258,8 @@ def main() -> int:
     return 0
 
 
-def _secure(tmp: Path, agents: int) -> tuple[list[str], str, list[grpc.ChannelCredentials]]:
+def _secure(tmp: Path, agents: int, creds_here: bool = True
+            ) -> tuple[list[str], str, list[grpc.ChannelCredentials | None]]:
     """Certificates for the server and every agent, and an admin's token."""
     certs = tmp / "certs"
     _tls.init_ca(certs)
@@ -193,10 +269,11 @@ def _secure(tmp: Path, agents: int) -> tuple[list[str], str, list[grpc.ChannelCr
     auth.add_user(LOCAL, "bench", "admin")
     token = auth.create_token(LOCAL, "bench")[1]
     store.close()
-    creds = []
+    creds: list[grpc.ChannelCredentials | None] = []
     for i in range(agents):
         paths = _tls.issue(certs, _tls.NODE, f"a{i:03d}")
-        creds.append(_tls.channel_credentials(paths.ca, paths.cert, paths.key))
+        creds.append(_tls.channel_credentials(paths.ca, paths.cert, paths.key)
+                     if creds_here else None)
     return ["--tls-dir", str(certs)], token, creds
 
 
@@ -211,8 +288,8 @@ def run_once(args: argparse.Namespace, secured: bool) -> dict[str, object]:
     tmp = Path(tempfile.mkdtemp(prefix="hs-bench-"))
     address = f"127.0.0.1:{_free_port()}"
     agent_address = f"127.0.0.1:{_free_port()}" if secured else address
-    tls_flags, token, agent_creds = (_secure(tmp, args.agents) if secured
-                                     else ([], "", [None] * args.agents))
+    tls_flags, token, agent_creds = (_secure(tmp, args.agents, args.agent_procs == 0)
+                                     if secured else ([], "", [None] * args.agents))
     if secured:
         tls_flags += ["--agent-listen", agent_address]
     env = {k: v for k, v in os.environ.items() if not k.startswith("HYPERSACK_")}
@@ -224,6 +301,7 @@ def run_once(args: argparse.Namespace, secured: bool) -> dict[str, object]:
          *tls_flags],
         env=env, stdout=open(tmp / "server.log", "wb"), stderr=subprocess.STDOUT)
     proc = psutil.Process(server.pid)
+    workers: list[subprocess.Popen[str]] = []
     peak_rss = [0]
     stop = threading.Event()
 
@@ -250,21 +328,39 @@ def run_once(args: argparse.Namespace, secured: bool) -> dict[str, object]:
                     raise
                 time.sleep(0.2)
         bench = Bench(args.min_s, args.max_s)
-        threading.Thread(target=bench.run_timers, args=(stop,), daemon=True).start()
         t0 = time.monotonic()
-        agents = [SimAgent(f"a{i:03d}", grpc.insecure_channel(agent_address) if c is None
-                           else grpc.secure_channel(agent_address, c), args.gpus, bench)
-                  for i, c in enumerate(agent_creds)]
-        for a in agents:
-            a.registered.wait(30)
+        no_pending = tmp / "no-pending"
+        if args.agent_procs > 0:
+            procs = args.agent_procs
+            cuts = [args.agents * k // procs for k in range(procs + 1)]
+            for k in range(procs):
+                workers.append(subprocess.Popen(
+                    [sys.executable, __file__, "--worker", "--first", str(cuts[k]),
+                     "--agents", str(cuts[k + 1] - cuts[k]), "--gpus", str(args.gpus),
+                     "--address", agent_address, "--min-s", str(args.min_s),
+                     "--max-s", str(args.max_s), "--heartbeat-s", str(args.heartbeat_s),
+                     "--no-pending", str(no_pending),
+                     *(["--certs", str(tmp / "certs")] if secured else [])],
+                    stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env))
+            for w in workers:
+                assert w.stdout is not None
+                if w.stdout.readline().strip() != "ready":
+                    raise RuntimeError("an agent worker did not start")
+        else:
+            threading.Thread(target=bench.run_timers, args=(stop,), daemon=True).start()
+            agents = [SimAgent(f"a{i:03d}", grpc.insecure_channel(agent_address) if c is None
+                               else grpc.secure_channel(agent_address, c), args.gpus, bench)
+                      for i, c in enumerate(agent_creds)]
+            for a in agents:
+                a.registered.wait(30)
+
+            def beat() -> None:
+                while not stop.wait(args.heartbeat_s):
+                    for a in agents:
+                        a.heartbeat()
+
+            threading.Thread(target=beat, daemon=True).start()
         connect_s = time.monotonic() - t0
-
-        def beat() -> None:
-            while not stop.wait(args.heartbeat_s):
-                for a in agents:
-                    a.heartbeat()
-
-        threading.Thread(target=beat, daemon=True).start()
         t_submit = time.monotonic()
         study = client.submit(SPACE.format(
             trials=args.trials,
@@ -278,6 +374,8 @@ def run_once(args: argparse.Namespace, secured: bool) -> dict[str, object]:
             s = client.study(study.id)
             done = s.counts.get("COMPLETED", 0) + s.counts.get("FAILED", 0)
             bench.pending_left = s.counts.get("PENDING", 0) > 0
+            if not bench.pending_left and not no_pending.exists():
+                no_pending.touch()
             if time.monotonic() - last_print > 5:
                 print(f"  {time.monotonic() - t_submit:6.1f} s: {done}/{total} done, "
                       f"{s.counts.get('RUNNING', 0)} running", file=sys.stderr)
@@ -287,6 +385,12 @@ def run_once(args: argparse.Namespace, secured: bool) -> dict[str, object]:
             time.sleep(0.5)
         wall = time.monotonic() - t_submit
         stop.set()
+        for w in workers:
+            out, _ = w.communicate(timeout=60)  # closes its stdin: it reports and exits
+            got = json.loads(out.strip().splitlines()[-1])
+            bench.delays += got["delays"]
+            bench.launches += got["launches"]
+            bench.heartbeats_sent += got["heartbeats"]
         server.send_signal(signal.SIGTERM)
         server.wait(30)
         stats = {}
@@ -295,12 +399,17 @@ def run_once(args: argparse.Namespace, secured: bool) -> dict[str, object]:
                 stats = json.loads(line)
         d = sorted(bench.delays)
         result = {
-            "tls": secured, "agents": args.agents, "gpus": args.agents * args.gpus, "trials": total,
+            "tls": secured, "agents": args.agents, "agent_procs": args.agent_procs,
+            "gpus": args.agents * args.gpus, "trials": total,
             "connect_s": round(connect_s, 2), "submit_s": round(submit_s, 3),
             "study_wall_s": round(wall, 1), "launches": bench.launches,
             "decisions": stats.get("decisions"),
             "decisions_per_s": round(stats.get("decisions", 0) / wall, 1),
             "decision_mean_ms": stats.get("decision_mean_ms"),
+            "server_exit_handled_p50_ms": stats.get("exit_handled_p50_ms"),
+            "server_exit_handled_p99_ms": stats.get("exit_handled_p99_ms"),
+            "server_batch_p50_ms": stats.get("batch_p50_ms"),
+            "server_batch_p99_ms": stats.get("batch_p99_ms"),
             "heartbeats_handled": stats.get("heartbeats"),
             "heartbeats_per_s": round(stats.get("heartbeats", 0) / wall, 1),
             "relaunch_delay_samples": len(d),
@@ -310,6 +419,9 @@ def run_once(args: argparse.Namespace, secured: bool) -> dict[str, object]:
         }
     finally:
         stop.set()
+        for w in workers:
+            if w.poll() is None:
+                w.kill()
         if server.poll() is None:
             server.kill()
     return result

@@ -19,6 +19,7 @@ import math
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
+from types import MappingProxyType
 from typing import NamedTuple, Protocol
 
 from hypersack.core.types import Demand, ceil_units, floor_units
@@ -47,6 +48,9 @@ def core_units(cores: float) -> int:
     return floor_units(cores, CORE_SCALE)
 
 
+NO_SPEED: Mapping[str, float] = MappingProxyType({})
+
+
 @dataclass(frozen=True)
 class Item:
     """One placement item (a trial or a fused group), its need per architecture, its
@@ -58,7 +62,8 @@ class Item:
     needs: Mapping[str, Need]
     run_time_s: float = 0.0
     value: int = -1
-    speed: Mapping[str, float] = field(default_factory=dict)
+    # One shared empty mapping by default: items are grouped by their mappings' identity.
+    speed: Mapping[str, float] = field(default_factory=lambda: NO_SPEED)
 
     def __post_init__(self) -> None:
         if self.value < 0:

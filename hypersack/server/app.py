@@ -275,9 +275,17 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 1
     # One JSON line of counters for operators and benchmarks.
     orch = server.service.orch
+    exits = sorted(server.service.exit_latency)
+    batches = sorted(server.service.batch_time)
+
+    def at(q: float, xs: list[float] = exits) -> float | None:
+        return round(1000 * xs[int(q * (len(xs) - 1))], 3) if xs else None
     print(json.dumps({**server.service.stats, "decisions": orch.decision_count,
                       "decision_mean_ms": round(1000 * orch.decision_time_s
-                                                / max(1, orch.decision_count), 3)}), flush=True)
+                                                / max(1, orch.decision_count), 3),
+                      "exit_handled_p50_ms": at(0.5), "exit_handled_p99_ms": at(0.99),
+                      "batch_p50_ms": at(0.5, batches), "batch_p99_ms": at(0.99, batches)}),
+          flush=True)
     return 0
 
 

@@ -7,6 +7,7 @@ work is retried. Nothing here decides what runs where: that is the orchestrator'
 
 from __future__ import annotations
 
+import collections
 import gc
 import json
 import logging
@@ -148,7 +149,13 @@ class SchedulerService:
         self._ticker: threading.Thread | None = None
         self.stats = {"events": 0, "heartbeats": 0, "stale": 0, "refused": 0, "batches": 0,
                       "failed_batches": 0, "profile_jobs": 0, "profiles_failed": 0}
-        self._inbox: queue.Queue[tuple[AgentSession, pb.AgentMessage]] = queue.Queue()
+        self._inbox: queue.Queue[tuple[AgentSession, pb.AgentMessage, float]] = queue.Queue()
+        # Seconds from an exit's arrival to the end of the batch that handled it (its
+        # decision taken, committed and the launches queued to the streams): the server's
+        # own share of the exit-to-relaunch delay. The latest 100,000.
+        self.exit_latency: collections.deque[float] = collections.deque(maxlen=100_000)
+        # Seconds each batch took, lock held (the latest 100,000).
+        self.batch_time: collections.deque[float] = collections.deque(maxlen=100_000)
         self.max_watches = max_watches
         self.max_watches_per_client = max(1, max_watches // 4)
         self._watches: dict[str, int] = {}
@@ -464,7 +471,7 @@ class SchedulerService:
     def agent_message(self, session: AgentSession, msg: pb.AgentMessage) -> None:
         """Queue one message from an agent; the event worker applies queued messages in
         batches and decides once per batch."""
-        self._inbox.put((session, msg))
+        self._inbox.put((session, msg, time.monotonic()))
 
     def _event_loop(self) -> None:
         while not self._stop.is_set():
@@ -479,8 +486,9 @@ class SchedulerService:
                 except queue.Empty:
                     break
             with self._lock:
+                began = time.monotonic()
                 events = []
-                for session, msg in items:
+                for session, msg, _ in items:
                     try:
                         event = self._event_of(session, msg)
                     except HyperSackError as exc:
@@ -493,6 +501,10 @@ class SchedulerService:
                     if event is not None:
                         events.append(event)
                 self._apply(*events)
+            done = time.monotonic()
+            self.batch_time.append(done - began)
+            self.exit_latency.extend(done - at for _, msg, at in items
+                                     if msg.WhichOneof("body") == "exited")
 
     def _event_of(self, session: AgentSession, msg: pb.AgentMessage) -> Event | None:
         kind = msg.WhichOneof("body")

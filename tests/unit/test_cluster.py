@@ -42,3 +42,40 @@ def test_duplicate_node_names_are_rejected(tmp_path: Any) -> None:
     f.write_text("nodes:\n  - {name: a, cores: -1, gpus: 2xA100-80GB}\n")
     with pytest.raises(InvalidInput, match=r"nodes\.0\.cores"):
         load_cluster(str(f))
+
+
+def test_the_cached_view_follows_every_change_rollback_and_ratio() -> None:
+    # The orchestrator's view keeps a node's bins until the node changes; it must never
+    # show a stale one: not after an allocation, a release, a rollback, nor for a study
+    # with other ratios.
+    from hypersack.core.types import Demand, NodeRecord
+    from hypersack.orchestrator.cluster import ClusterState
+    from hypersack.orchestrator.journal import Journal
+
+    journal = Journal()
+    state = ClusterState(journal, lambda arch, study: study.get(arch, 3.0))
+    for spec in parse_shorthand("2x2xA100-80GB@16").nodes:
+        state.add(NodeRecord(spec=spec), 0.0)
+    nodes = state.open_nodes()
+
+    def free(ratios: dict[str, float] | None = None) -> list[tuple[int, int, int]]:
+        view = state.view(nodes, ratios or {})
+        return [(g.compute, g.memory, n.cores) for n in view.nodes for g in n.gpus]
+
+    empty = free()
+    assert free() == empty and state.view(nodes, {}).nodes[0] is state.view(nodes, {}).nodes[0]
+    node = nodes[0]
+    state.allocate("t1", node, node.gpus[0], Demand(compute_pct=40.0, memory_mib=1000, cores=2))
+    after = free()
+    assert after[0] == (30000 - 4000, 81920 - 1000, 16000 - 2000)
+    assert after[1][2] == 16000 - 2000 and after[2:] == empty[2:]
+    journal.begin()
+    mark = journal.mark()
+    state.release("t1", node.name, 0, Demand(compute_pct=40.0, memory_mib=1000, cores=2))
+    assert free() == empty
+    journal.rollback_to(mark)
+    journal.end()
+    assert free() == after
+    assert free({"A100": 2.0})[0][0] == 20000 - 4000 and free()[0][0] == 30000 - 4000
+    state.seen(node, 5.0)  # a heartbeat changes nothing the view shows
+    assert free() == after
