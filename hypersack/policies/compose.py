@@ -16,8 +16,8 @@
              best      the least free capacity left after placing it
              dot       the largest dot product of its need and the GPU's free capacity
              norm      the smallest norm of what is left after placing it
-    improve  after the greedy pass, until the decision has taken `budget_ms` (the
-             greedy pass always completes; the local search uses what is left)
+    improve  after the greedy pass (which always completes), until `budget_ms` caps
+             the decision
              none      nothing
              swap      local search: place what now fits, and swap a placed item for a
                        pending one of more value where that fits
@@ -25,9 +25,15 @@
                        Toth's MTHM improves a multiple-knapsack plan): its own items
                        and the pending ones are a small knapsack (compute, memory, the
                        node's free cores, slots) solved by branch and bound over item
-                       classes with a node limit; the GPU keeps the better filling
+                       classes with a node limit; the GPU keeps the better filling.
+                       `effort` bounds the nodes searched per variant, so the plan does
+                       not depend on the machine's speed (unless the cap cuts it)
+    portfolio  the same for three more (order, score) pairs, each started only if it
+             would end within the cap at the pace so far; the plan placing most wins
+             (ties: the first, this policy's own order and score)
+    hetero   each item first where its comparative advantage is largest (base.arch_aware)
 
-Items with identical needs and value form a class; a class's GPUs are kept in a heap by
+Items with identical needs, value and speeds form a class; a class's GPUs are kept in a heap by
 score, so a decision costs about (classes x GPUs + items) x log(GPUs), not items x GPUs.
 The heap is lazy: a GPU whose score changed since it was pushed is pushed again with its
 new score when it comes out, and the choice is a heuristic's, never checked against a
