@@ -47,6 +47,7 @@ class Node:
     # Bumped by every change that the view shows (and by a rollback), never lowered: the
     # view keeps each node's bins until it changes.
     version: int = 0
+    _archs: tuple[str, ...] | None = None
 
     def save(self) -> tuple[Any, ...]:
         """What the journal keeps to undo changes made in place."""
@@ -65,6 +66,13 @@ class Node:
     @property
     def name(self) -> str:
         return self.spec.name
+
+    def archs(self) -> tuple[str, ...]:
+        """Its GPUs' architectures, in index order (fixed for the node's life)."""
+        archs = self._archs
+        if archs is None:
+            archs = self._archs = tuple(self.gpus[i].arch for i in sorted(self.gpus))
+        return archs
 
     def record(self) -> NodeRecord:
         return NodeRecord(spec=self.spec, draining=self.draining)
@@ -190,10 +198,14 @@ class ClusterState:
                 cap = caps[arch] = compute_capacity(self._ratio(arch, study_ratios))
             return cap
 
+        capkeys: dict[tuple[str, ...], tuple[int, ...]] = {}
         out = []
         for node in nodes:
             # The scaled capacities are part of the key: the ratios may differ by study.
-            capkey = tuple(cap_of(g.arch) for g in node.gpus.values())
+            archs = node.archs()
+            capkey = capkeys.get(archs)
+            if capkey is None:
+                capkey = capkeys[archs] = tuple(cap_of(a) for a in archs)
             cached = self._bins.get(node.name)
             if (cached is not None and cached[0] is node and cached[1] == node.version
                     and cached[2] == capkey):

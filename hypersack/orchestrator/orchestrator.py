@@ -167,6 +167,11 @@ class Orchestrator:
         # PENDING trials per study (trial id -> its place in the study), so a decision
         # costs what waits, not the study's size.
         self._waiting: dict[str, JournaledDict[str, int]] = journaled(j)
+        # Per study, every workload group (see `_group`) any of its trials had while
+        # PENDING: a superset of the groups waiting now (it only grows, so a rollback
+        # cannot make it miss one). `_plain_items` stops scanning once every group in it
+        # has passed what could fit.
+        self._groups_seen: dict[str, set[tuple[int, int | None, float]]] = {}
         self._place: dict[str, int] = {}  # trial id -> its place in its study
         self._key_numbers: dict[WorkloadKey, int] = {}  # caches: never undone, never wrong
         self._key_of_trial: dict[str, int] = {}
@@ -235,6 +240,7 @@ class Orchestrator:
             self._place[t.id] = len(self._by_study[t.study_id])
             if t.state == TrialState.PENDING:
                 self._waiting_in(t.study_id)[t.id] = self._place[t.id]
+                self._groups_seen.setdefault(t.study_id, set()).add(self._group(t))
             self._open[t.study_id] = self._open.get(t.study_id, 0) + (not t.state.terminal)
             if t.state == TrialState.RUNNING:
                 node = self._cluster.get(t.node)
@@ -466,11 +472,13 @@ class Orchestrator:
         self._by_study[study_id] = [t.id for t in trials]
         self._open[study_id] = len(trials)
         waiting = self._waiting_in(study_id)
+        seen = self._groups_seen.setdefault(study_id, set())
         for i, t in enumerate(trials):
             self._trials[t.id] = t
             self._place[t.id] = i
             if t.state == TrialState.PENDING:
                 waiting[t.id] = i
+                seen.add(self._group(t))
         # A new study profiles again what failed before: its user may have fixed the
         # program since (the failure is not the workload's for good).
         keys = {t.key for t in trials}
@@ -728,6 +736,8 @@ class Orchestrator:
         if "state" in changes and changes["state"] != t.state:
             check_transition(t.id, t.state, changes["state"])
         new = t.model_copy(update=changes)
+        if new.state == TrialState.PENDING:
+            self._groups_seen.setdefault(t.study_id, set()).add(self._group(new))
         if new.state.terminal != t.state.terminal:
             self._open[t.study_id] += -1 if new.state.terminal else 1
         if (new.state == TrialState.PENDING) != (t.state == TrialState.PENDING):
@@ -1175,13 +1185,20 @@ class Orchestrator:
                      view: ClusterView) -> list[Item]:
         """Trials alone. Trials with equal needs are interchangeable: once one fails to
         fit, so do the rest. Each group passes only as many as could fit in the free
-        compute, plus one, so a decision costs what is placeable, not what is pending."""
+        compute, plus one, so a decision costs what is placeable, not what is pending;
+        the scan stops once every group the study may have waiting has passed its
+        share (with 10,000 pending, most decisions look at a few dozen)."""
         batch: list[Item] = []
+        if not trials:
+            return batch
+        seen = self._groups_seen.get(trials[0].study_id)
+        open_groups = len(seen) if seen is not None else -1
+        fits = _FitBounds(view)
         # group -> (how many more to pass, needs, expected run time, relative speeds)
         groups: dict[tuple[int, int | None, float],
                      tuple[int, dict[str, Need], float, dict[str, float]]] = {}
         for t in trials:
-            group = (self._key_number(t), t.memory_override_mib, t.epochs)
+            group = self._group(t)
             entry = groups.get(group)
             if entry is None:
                 needs = self._needs(t, archs)
@@ -1189,12 +1206,23 @@ class Orchestrator:
                 run_time = max(times.values(), default=0.0)
                 speed = ({a: run_time / s for a, s in times.items() if s > 0}
                          if len(times) > 1 and run_time > 0 else {})
-                entry = (_fit_bound(needs, view) if needs else 0, needs, run_time, speed)
+                entry = (fits.bound(needs) if needs else 0, needs, run_time, speed)
+                if entry[0] <= 0 and seen is not None and group in seen:
+                    open_groups -= 1  # passes nothing
             left, needs, run_time, speed = entry
             groups[group] = (left - 1, needs, run_time, speed)
             if left > 0:
                 batch.append(Item(t.id, needs, run_time, speed=speed))
+                if left == 1 and seen is not None and group in seen:
+                    open_groups -= 1  # its share is passed
+            if open_groups == 0:
+                break
         return batch
+
+    def _group(self, t: TrialRecord) -> tuple[int, int | None, float]:
+        """Trials of one group are interchangeable for placement: one workload, one
+        memory correction, one length."""
+        return (self._key_number(t), t.memory_override_mib, t.epochs)
 
     def _key_number(self, t: TrialRecord) -> int:
         """A small number per workload key, kept per trial: comparing keys themselves
@@ -1435,18 +1463,40 @@ def _short(text: str, limit: int = 300) -> str:
 
 def _fit_bound(needs: Mapping[str, Need], view: ClusterView) -> int:
     """An upper bound on how many items with these needs fit in the view, plus one."""
-    total = 0
-    for node in view.nodes:
-        for gpu in node.gpus:
-            need = needs.get(gpu.arch)
-            if need is None:
+    return _FitBounds(view).bound(needs)
+
+
+class _FitBounds:
+    """`_fit_bound` for many needs on one view: each architecture's GPUs sorted by free
+    compute, most first, so a need stops at the first GPU too full for one item (those
+    add nothing to the sum) instead of walking every GPU of the cluster."""
+
+    def __init__(self, view: ClusterView) -> None:
+        self._free: dict[str, list[tuple[int, int]]] = {}
+        for node in view.nodes:
+            for gpu in node.gpus:
+                self._free.setdefault(gpu.arch, []).append((gpu.compute, gpu.memory))
+        for gpus in self._free.values():
+            gpus.sort(reverse=True)
+
+    def bound(self, needs: Mapping[str, Need]) -> int:
+        total = 0
+        big = 1 << 30
+        for arch, need in needs.items():
+            gpus = self._free.get(arch)
+            if not gpus:
                 continue
             if need.compute <= 0 and need.memory <= 0:
-                return 1 << 30
-            by_compute = gpu.compute // need.compute if need.compute > 0 else 1 << 30
-            by_memory = gpu.memory // need.memory if need.memory > 0 else 1 << 30
-            total += min(by_compute, by_memory)
-    return total + 1
+                return big
+            for compute, memory in gpus:
+                if need.compute > 0:
+                    if compute < need.compute:
+                        break  # sorted: no GPU after this holds one
+                    by_compute = compute // need.compute
+                else:
+                    by_compute = big
+                total += min(by_compute, memory // need.memory if need.memory > 0 else big)
+        return total + 1
 
 
 def _freed(view: ClusterView, victims: Mapping[str, TrialRecord]) -> ClusterView:

@@ -311,3 +311,40 @@ def test_study_ids_are_numbered_per_name() -> None:
     for name in ("sp1", "sp2", "sp1", "sp1-1", "sp1"):
         orch.handle(StudySubmitted(named(name)))
     assert [s.id for s in orch.studies()] == ["sp1-1", "sp2-1", "sp1-2", "sp1-1-1", "sp1-3"]
+
+
+@pytest.mark.parametrize("shorthand", ["1x4xA100-80GB@88", "2x4xA100-80GB@88,1x2xH100-80GB@96",
+                                       "1x1xA100-80GB@8"])
+def test_the_pending_scan_stops_early_and_passes_the_same_trials(shorthand: str) -> None:
+    # `_plain_items` stops once every workload group the study may have waiting has
+    # passed what could fit; the batch must be what a scan of every pending trial gives.
+    from hypersack.orchestrator import NodeJoined, Orchestrator, StudySubmitted
+    from hypersack.sampler.profiles import load_profiles
+    from hypersack.store import MemoryStore
+    from tests.conftest import EXAMPLES
+
+    store = MemoryStore()
+    for p in load_profiles(EXAMPLES / "profiles-estimates.yaml"):
+        store.put_profile(p)
+    orch = Orchestrator(store, ManualClock(0.0))
+    for n in parse_shorthand(shorthand).nodes:
+        orch.handle(NodeJoined(n))
+    from hypersack.grid.space import load_space
+
+    data = load_space(EXAMPLES / "sp1.yaml").model_dump(mode="json", exclude_defaults=True)
+    data["settings"] = {**data.get("settings", {}), "fusion": "off"}
+    space = parse_space(data)
+    orch.handle(StudySubmitted(space))
+    study_id = orch.decisions[-1].study_id
+    pending = orch._pending_of(study_id)
+    assert pending
+    archs = frozenset(g.arch for n in parse_shorthand(shorthand).nodes for g in n.gpus)
+    view = orch._cluster.view(orch._cluster.open_nodes(), {})
+    early = orch._plain_items(pending, archs, view)
+    seen = orch._groups_seen.pop(study_id)
+    full = orch._plain_items(pending, archs, view)
+    orch._groups_seen[study_id] = seen
+    assert len(full) < len(pending)  # groups hold trials back: the scan may stop early
+    assert [it.id for it in early] == [it.id for it in full]
+    assert [(it.needs, it.run_time_s) for it in early] == [(it.needs, it.run_time_s)
+                                                           for it in full]
