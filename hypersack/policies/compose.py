@@ -74,7 +74,7 @@ class ComposedOptions(BaseModel):
     order: Order = "value"
     score: Score = "worst"
     improve: Improve = "repack"
-    budget_ms: float = Field(default=50.0, ge=0.0, le=60_000.0)
+    budget_ms: float = Field(default=500.0, ge=0.0, le=60_000.0)
     effort: int = Field(default=20_000, ge=0, le=100_000_000)
     portfolio: bool = True
     # Place each item first where it has the most comparative advantage (base.arch_aware;
@@ -151,7 +151,7 @@ _PORTFOLIO: tuple[tuple[Order, Score], ...] = (("density", "best"), ("density", 
 
 class ComposedPolicy:
     def __init__(self, name: str = "pack", *, order: Order = "value", score: Score = "worst",
-                 improve: Improve = "repack", budget_ms: float = 50.0,
+                 improve: Improve = "repack", budget_ms: float = 500.0,
                  effort: int = 20_000, portfolio: bool = True, hetero: bool = True) -> None:
         opts = ComposedOptions(order=order, score=score, improve=improve, budget_ms=budget_ms,
                                effort=effort, portfolio=portfolio, hetero=hetero)
