@@ -21,7 +21,14 @@ from typing import IO, Any
 import psutil
 
 from hypersack.agent.accounts import Account
-from hypersack.agent.procs import ENV_AGENT_DIR, ENV_JOB, die_with_parent, signal_all, tree
+from hypersack.agent.procs import (
+    ENV_AGENT_DIR,
+    ENV_JOB,
+    die_with_parent,
+    signal_all,
+    switches_user,
+    tree,
+)
 from hypersack.core import optim
 from hypersack.core import trial_env as sdk
 from hypersack.core.errors import InvalidInput
@@ -140,14 +147,19 @@ class Job:
         self._log.write(f"$ {shlex.join(self.argv)}\n".encode())
         self._log.flush()
         who: dict[str, Any] = {}
+        argv = die_with_parent(self.argv)
         if self.account is not None:
             # The directory becomes the trial user's own; the log stays the agent's (the
             # trial writes it through its stdout only).
             self.give_workdir()
-            who = {"user": self.account.uid, "group": self.account.gid,
-                   "extra_groups": list(self.account.groups)}
+            if switches_user():  # setpriv switches user in the exec'd wrapper
+                argv = die_with_parent(self.argv, (self.account.uid, self.account.gid,
+                                                   list(self.account.groups)))
+            else:
+                who = {"user": self.account.uid, "group": self.account.gid,
+                       "extra_groups": list(self.account.groups)}
         try:
-            self.proc = subprocess.Popen(die_with_parent(self.argv), cwd=self.workdir,
+            self.proc = subprocess.Popen(argv, cwd=self.workdir,
                                          env=env, stdin=subprocess.DEVNULL, stdout=self._log,
                                          stderr=subprocess.STDOUT, start_new_session=True,
                                          **who)

@@ -51,13 +51,30 @@ _SHIM = ("import ctypes, ctypes.util, os, sys; "
          f"{int(signal.SIGKILL)}, 0, 0, 0); os.execvp(sys.argv[1], sys.argv[1:])")
 
 
-def die_with_parent(argv: list[str]) -> list[str]:
+def switches_user() -> bool:
+    """Whether `die_with_parent` can also switch to a trial's user (with setpriv)."""
+    return _SETPRIV is not None
+
+
+def die_with_parent(argv: list[str],
+                    as_user: tuple[int, int, Iterable[int]] | None = None) -> list[str]:
     """`argv` wrapped so that the process gets SIGKILL when the agent dies: util-linux's
     `setpriv --pdeathsig` where it is installed, else a Python one-liner; both set the
     signal and exec the program (same pid). Not a preexec function: forking a process
-    that runs gRPC threads without exec crashes now and then."""
+    that runs gRPC threads without exec crashes now and then.
+
+    `as_user` (uid, gid, supplementary groups; setpriv only, see `switches_user`):
+    setpriv switches to that user too, before the signal is set (a change of user
+    clears it) and the exec. Popen's own user= and group= fork without vfork, and the
+    forked copy of the agent, gRPC threads and all, crashed now and then (SIGSEGV)."""
     if _SETPRIV is not None:
-        return [_SETPRIV, "--pdeathsig", "KILL", "--", *argv]
+        who: list[str] = []
+        if as_user is not None:
+            uid, gid, groups = as_user
+            extra = ",".join(str(g) for g in groups)
+            who = [f"--reuid={uid}", f"--regid={gid}",
+                   f"--groups={extra}" if extra else "--clear-groups"]
+        return [_SETPRIV, *who, "--pdeathsig", "KILL", "--", *argv]
     if _libc is not None:
         return [sys.executable, "-c", _SHIM, *argv]
     return argv

@@ -35,14 +35,14 @@ class AutoOptions(BaseModel):
     margin: float = Field(default=0.05, ge=0.0, le=10.0, allow_inf_nan=False)
     hetero: bool = True
     budget_ms: float = Field(default=500.0, ge=0.0, le=60_000.0, allow_inf_nan=False)
-    effort: int = Field(default=20_000, ge=0, le=100_000_000)
+    effort: int = Field(default=80_000, ge=0, le=100_000_000)
 
 
 class AutoPolicy:
     name = "auto"
 
     def __init__(self, *, margin: float = 0.05, hetero: bool = True, budget_ms: float = 500.0,
-                 effort: int = 20_000) -> None:
+                 effort: int = 80_000) -> None:
         opts = AutoOptions(margin=margin, hetero=hetero, budget_ms=budget_ms, effort=effort)
         self.margin = opts.margin
         self.spread = GreedyPolicy("wfd", decreasing=True, worst=True, hetero=opts.hetero)

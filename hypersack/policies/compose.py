@@ -26,8 +26,11 @@
                        and the pending ones are a small knapsack (compute, memory, the
                        node's free cores, slots) solved by branch and bound over item
                        classes with a node limit; the GPU keeps the better filling.
-                       `effort` bounds the nodes searched per variant, so the plan does
-                       not depend on the machine's speed (unless the cap cuts it)
+                       `effort` bounds a decision's work (each greedy pass and swap
+                       search counts classes x GPUs, each knapsack its candidate classes
+                       and nodes), so the plan does not depend on the machine's speed
+                       (unless the time cap cuts it), and at scale, where one greedy pass
+                       costs the whole effort, it is all that runs
     portfolio  the same for three more (order, score) pairs, each started only if it
              would end within the cap at the pace so far; the plan placing most wins
              (ties: the first, this policy's own order and score)
@@ -75,7 +78,7 @@ class ComposedOptions(BaseModel):
     score: Score = "worst"
     improve: Improve = "repack"
     budget_ms: float = Field(default=500.0, ge=0.0, le=60_000.0)
-    effort: int = Field(default=20_000, ge=0, le=100_000_000)
+    effort: int = Field(default=80_000, ge=0, le=100_000_000)
     portfolio: bool = True
     # Place each item first where it has the most comparative advantage (base.arch_aware;
     # each of the two passes may use half the budget); false: architecture-blind.
@@ -152,7 +155,7 @@ _PORTFOLIO: tuple[tuple[Order, Score], ...] = (("density", "best"), ("density", 
 class ComposedPolicy:
     def __init__(self, name: str = "pack", *, order: Order = "value", score: Score = "worst",
                  improve: Improve = "repack", budget_ms: float = 500.0,
-                 effort: int = 20_000, portfolio: bool = True, hetero: bool = True) -> None:
+                 effort: int = 80_000, portfolio: bool = True, hetero: bool = True) -> None:
         opts = ComposedOptions(order=order, score=score, improve=improve, budget_ms=budget_ms,
                                effort=effort, portfolio=portfolio, hetero=hetero)
         self.effort = opts.effort
@@ -180,9 +183,12 @@ class ComposedPolicy:
         if self.portfolio:
             variants += [v for v in _PORTFOLIO if v not in variants]
         best: tuple[int, Flat, list[dict[int, list[int]]], list[int]] | None = None
+        effort = self.effort  # for the whole decision, in the units described above
         for k, (order_by, score) in enumerate(variants):
-            # Another variant only if, at the pace so far, it ends within the budget.
-            if k and start + (time.perf_counter() - start) * (k + 1) / k > deadline:
+            # Another variant only while effort is left and, at the pace so far, it would
+            # end within the time cap.
+            if k and (effort <= 0
+                      or start + (time.perf_counter() - start) * (k + 1) / k > deadline):
                 break
             flat = Flat(cluster)
             sc = _Scales(cluster, flat, items)
@@ -192,10 +198,12 @@ class ComposedPolicy:
             scorer = _scorer(score, flat, sc)
             for c in order:
                 self._greedy(c, reps[c], members[c], flat, scorer, on, left)
-            if self.improve in ("swap", "repack"):
+            effort -= len(reps) * len(flat)
+            if self.improve in ("swap", "repack") and effort > 0:
                 _swap(reps, flat, on, left, deadline)
-            if self.improve == "repack":
-                _repack(reps, flat, on, left, deadline, self.effort)
+                effort -= len(reps) * len(flat)
+            if self.improve == "repack" and effort > 0:
+                effort -= _repack(reps, flat, on, left, deadline, effort)
             value = sum(reps[c].value * len(its) for by_class in on
                         for c, its in by_class.items())
             if best is None or value > best[0]:
@@ -315,7 +323,7 @@ _REPACK_ROUNDS = 3
 
 
 def _repack(classes: list[Item], flat: Flat, on: list[dict[int, list[int]]],
-            left: list[list[int]], deadline: float, effort: int) -> None:
+            left: list[list[int]], deadline: float, effort: int) -> int:
     """Re-solve, one GPU at a time, the knapsack of its own items and the pending ones,
     and keep the filling of most value (never less than the GPU had). Repeats while a
     round improves, up to three rounds, or until the deadline. Only GPUs that took items
@@ -333,6 +341,7 @@ def _repack(classes: list[Item], flat: Flat, on: list[dict[int, list[int]]],
         rows.sort(key=lambda r: -r[2] / (r[1].compute / top_c + r[1].memory / top_m
                                          + r[1].cores / top_k + 1e-9))
         by_arch[a] = rows
+    spent = 0
     changes = 0  # GPUs improved so far: the pending pool changed
     solved_at = [-1] * len(flat)  # `changes` when a GPU was last solved without gain
     for _ in range(_REPACK_ROUNDS):
@@ -340,25 +349,26 @@ def _repack(classes: list[Item], flat: Flat, on: list[dict[int, list[int]]],
         for g in range(len(flat)):
             if not any(on[g].values()) or solved_at[g] == changes:
                 continue
-            if effort <= 0 or time.perf_counter() > deadline:
-                return
-            better, nodes = _repack_gpu(g, by_arch[flat.arch[g]], classes, flat, on[g], left,
-                                        node_of[g], min(effort, _REPACK_NODES))
-            effort -= nodes
+            if spent >= effort or time.perf_counter() > deadline:
+                return spent
+            better, cost = _repack_gpu(g, by_arch[flat.arch[g]], classes, flat, on[g], left,
+                                       node_of[g], min(effort - spent, _REPACK_NODES))
+            spent += cost
             if better:
                 changes += 1
                 improved = True
             else:
                 solved_at[g] = changes
         if not improved:
-            return
+            break
+    return spent
 
 
 def _repack_gpu(g: int, rows: list[tuple[int, Need, int]], classes: list[Item], flat: Flat,
                 own: dict[int, list[int]], left: list[list[int]], node: int,
                 limit: int) -> tuple[bool, int]:
-    """One GPU's knapsack, in at most `limit` nodes: whether it improved, and the nodes
-    it took."""
+    """One GPU's knapsack, in at most `limit` nodes: whether it improved, and its cost
+    (the nodes searched plus the candidate classes it weighed)."""
     a = flat.arch[g]
     old_value = 0
     for c, its in own.items():
@@ -431,7 +441,7 @@ def _repack_gpu(g: int, rows: list[tuple[int, Need, int]], classes: list[Item], 
             need = classes[c].needs[a]
             for _ in its:
                 flat.take(g, need)
-        return False, nodes
+        return False, nodes + m
     for c, its in own.items():
         left[c].extend(reversed(its))
         its.clear()
@@ -439,4 +449,4 @@ def _repack_gpu(g: int, rows: list[tuple[int, Need, int]], classes: list[Item], 
         for _ in range(k):
             flat.take(g, n)
             own.setdefault(c, []).append(left[c].pop())
-    return True, nodes
+    return True, nodes + m

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -134,3 +135,38 @@ def test_a_chatty_trial_keeps_its_log_under_the_cap_and_its_tail(tmp_path: Path)
     assert tail.rstrip().endswith("THE END") and "line 00399" in tail
     kept = job.kept_log_path.read_text()
     assert kept.startswith("[hypersack: the log passed 524288 bytes;")
+
+
+@pytest.mark.skipif(os.geteuid() != 0 or shutil.which("setpriv") is None,
+                    reason="switching users needs root and util-linux's setpriv")
+def test_a_trial_switched_to_its_user_by_setpriv_still_dies_with_the_agent() -> None:
+    # The user switch happens in the exec'd wrapper (Popen's user= forks without vfork,
+    # and a forked copy of a gRPC process crashed now and then); the parent-death signal
+    # must survive it: a change of user clears the signal unless it is set afterwards.
+    import pwd
+    import signal
+    import time
+
+    import psutil
+
+    from hypersack.agent.procs import die_with_parent
+
+    nobody = pwd.getpwnam("nobody")
+    argv = die_with_parent(["sleep", "60"], (nobody.pw_uid, nobody.pw_gid, []))
+    parent = subprocess.Popen(
+        [sys.executable, "-c", "import subprocess, sys, time; "
+         f"p = subprocess.Popen({argv!r}); print(p.pid, flush=True); time.sleep(60)"],
+        stdout=subprocess.PIPE, text=True)
+    assert parent.stdout is not None
+    proc = psutil.Process(int(parent.stdout.readline()))
+    deadline = time.monotonic() + 10
+    while proc.username() != "nobody" and time.monotonic() < deadline:
+        time.sleep(0.05)  # setpriv execs sleep as nobody
+    assert proc.username() == "nobody" and proc.uids().real == nobody.pw_uid
+    parent.send_signal(signal.SIGKILL)
+    parent.wait()
+    deadline = time.monotonic() + 10
+    while proc.is_running() and proc.status() != psutil.STATUS_ZOMBIE \
+            and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not proc.is_running() or proc.status() == psutil.STATUS_ZOMBIE
