@@ -182,7 +182,7 @@ def test_each_trial_goes_where_it_gains_most(name: str) -> None:
              Item("vit", need, run_time_s=300.0, speed=gains(3.0))]
     view = two_gpus()
     blind = make_policy(name, hetero=False).place(items, view)
-    aware = make_policy(name).place(items, view)
+    aware = make_policy(name, hetero=True).place(items, view)
     check_plan(items, view, blind)
     check_plan(items, view, aware)
     where = {p.item_id: p.node for p in aware.placements}
@@ -200,7 +200,7 @@ def test_a_preference_never_leaves_a_gpu_idle(name: str) -> None:
     view = ClusterView((node("h", 8000, gpu("h", 0, "H100", 30000, 81920)),
                         node("a", 8000, gpu("a", 0, "A100", 30000, 81920)),
                         node("b", 8000, gpu("b", 0, "A100", 30000, 81920))))
-    plan = make_policy(name).place(items, view)
+    plan = make_policy(name, hetero=True).place(items, view)
     check_plan(items, view, plan)
     assert len(plan.placements) == 3
     assert {p.item_id for p in plan.placements if p.node == "h"} <= {"vit0", "vit1"}
