@@ -1252,6 +1252,7 @@ class Orchestrator:
                 cap = self.config.ratio(g.arch, space.settings.oversubscription) * 100.0
                 gpus[g.arch] = (cap, max(g.full_memory, gpus.get(g.arch, (0.0, 0))[1]))
         fused: dict[str, _Fused] = {}
+        fits = _FitBounds(view)
         for (key, epochs, _), members in classes.items():
             widths: dict[int, dict[str, Need]] = {}
             run_times: dict[int, float] = {}
@@ -1271,7 +1272,7 @@ class Orchestrator:
                 continue
             # Only as many as could fit, widest first, plus one group.
             widest = max(widths)
-            limit = min(len(members), _fit_bound(widths[widest], view) * widest)
+            limit = min(len(members), fits.bound(widths[widest]) * widest)
             for chunk in fusion.chunks(members[:limit], list(widths)):
                 if len(chunk) == 1:
                     alone.append(chunk[0])
@@ -1461,15 +1462,11 @@ def _short(text: str, limit: int = 300) -> str:
     return text if len(text) <= limit else text[:limit] + "..."
 
 
-def _fit_bound(needs: Mapping[str, Need], view: ClusterView) -> int:
-    """An upper bound on how many items with these needs fit in the view, plus one."""
-    return _FitBounds(view).bound(needs)
-
-
 class _FitBounds:
-    """`_fit_bound` for many needs on one view: each architecture's GPUs sorted by free
-    compute, most first, so a need stops at the first GPU too full for one item (those
-    add nothing to the sum) instead of walking every GPU of the cluster."""
+    """Upper bounds on how many items of given needs fit in one view (`bound`, plus
+    one). Each architecture's GPUs are sorted by free compute, most first, so a need
+    stops at the first GPU too full for one item (those add nothing to the sum) instead
+    of walking every GPU of the cluster."""
 
     def __init__(self, view: ClusterView) -> None:
         self._free: dict[str, list[tuple[int, int]]] = {}

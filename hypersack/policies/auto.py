@@ -16,6 +16,7 @@ of the cluster, and there the spreading rule finished the simulator's studies so
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Sequence
 from dataclasses import replace
@@ -77,11 +78,7 @@ def _most(items: Sequence[Item], cluster: ClusterView) -> float:
             r = it.value / need.compute if need.compute > 0 else float("inf")
             if r > rate.get(arch, 0.0):
                 rate[arch] = r
-    free = 0.0
-    for node in cluster.nodes:
-        for g in node.gpus:
-            if g.arch in rate:
-                free += g.compute * rate[g.arch] if g.compute else 0.0
-                if rate[g.arch] == float("inf"):
-                    return float(total)
-    return min(float(total), free)
+    gpus = [g for n in cluster.nodes for g in n.gpus if g.arch in rate]
+    if any(math.isinf(rate[g.arch]) for g in gpus):  # trials that need no compute
+        return float(total)
+    return min(float(total), sum(g.compute * rate[g.arch] for g in gpus))

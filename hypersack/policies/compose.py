@@ -183,6 +183,9 @@ class ComposedPolicy:
         variants = [(self.order, self.score)]
         if self.portfolio:
             variants += [v for v in _PORTFOLIO if v not in variants]
+        # The resources' weights depend on the items and the free capacity only: the
+        # same for every variant.
+        sc = _Scales(cluster, Flat(cluster), items)
         best: tuple[int, Flat, list[dict[int, list[int]]], list[int]] | None = None
         effort = self.effort  # for the whole decision, in the units described above
         for k, (order_by, score) in enumerate(variants):
@@ -192,7 +195,6 @@ class ComposedPolicy:
                       or start + (time.perf_counter() - start) * (k + 1) / k > deadline):
                 break
             flat = Flat(cluster)
-            sc = _Scales(cluster, flat, items)
             order = self._class_order(order_by, reps, members, items, flat, sc)
             on: list[dict[int, list[int]]] = [{} for _ in range(len(flat))]
             left: list[list[int]] = [[] for _ in reps]

@@ -45,8 +45,9 @@ class GreedyOptions(BaseModel):
     `--policy-option key=value`)."""
 
     model_config = ConfigDict(extra="forbid")
-    # Place each trial first on the architectures where it has the most comparative
-    # advantage (base.arch_aware); false: the paper's architecture-blind rule.
+    # Heterogeneity-aware: worst fit weighs GPUs by each trial's comparative advantage
+    # and speed (base.arch_weights); first fit places each trial first where its
+    # advantage is largest (base.arch_aware). False: the paper's architecture-blind rule.
     hetero: bool = True
 
 
@@ -65,12 +66,12 @@ class GreedyPolicy:
         return self._place(items, cluster, arch_weights(items))
 
     def _place(self, items: Sequence[Item], cluster: ClusterView,
-               adv: list[Mapping[str, float]] | None = None) -> Plan:
+               weights: list[Mapping[str, float]] | None = None) -> Plan:
         start = time.perf_counter()
         flat = Flat(cluster)
         order = _order(items, self.decreasing)
-        if self.worst and adv is not None:
-            chosen = _worst_fit_aware(items, order, flat, cluster, adv)
+        if self.worst and weights is not None:
+            chosen = _worst_fit_aware(items, order, flat, cluster, weights)
         elif self.worst:
             chosen = _worst_fit(items, order, flat)
         else:
@@ -182,7 +183,7 @@ def _worst_fit(items: Sequence[Item], order: list[int], flat: Flat) -> list[tupl
 
 
 def _worst_fit_aware(items: Sequence[Item], order: list[int], flat: Flat, cluster: ClusterView,
-                     adv: list[Mapping[str, float]]) -> list[tuple[int, int]]:
+                     weights: list[Mapping[str, float]]) -> list[tuple[int, int]]:
     """Worst fit that weighs each GPU's free share of its scaled compute by the item's
     weight on its architecture (base.arch_weights): a trial that gains most from an
     H100 takes an H100 while H100s are about as free as the A100s, and an A100 once the
@@ -213,7 +214,7 @@ def _worst_fit_aware(items: Sequence[Item], order: list[int], flat: Flat, cluste
                 g = entry[1]
                 if flat.fits(g, need):
                     tops.append((a, entry))
-                    key = entry[0] * adv[i].get(a, 1.0)
+                    key = entry[0] * weights[i].get(a, 1.0)
                     if best[1] < 0 or (key, g) < best:
                         best = (key, g)
                     break

@@ -32,6 +32,14 @@ def first_decision(space_data: object, cluster: str, ratio: float | None = None,
                    fusion: bool = False) -> tuple[list[Item], ClusterView]:
     """The pending trials and the empty cluster of a study's first decision (trials
     alone, as the paper packs them, unless `fusion`)."""
+    decision = submitted(space_data, cluster, ratio, fusion).decisions[-1]
+    return list(decision.batch), decision.view
+
+
+def submitted(space_data: object, cluster: str, ratio: float | None = None,
+              fusion: bool = False) -> Orchestrator:
+    """An orchestrator (example estimated profiles, manual clock) with the cluster's
+    nodes joined and the study submitted, its first decision taken."""
     space = (load_space(space_data) if isinstance(space_data, (str, Path))
              else parse_space(space_data))
     if not fusion:
@@ -47,8 +55,7 @@ def first_decision(space_data: object, cluster: str, ratio: float | None = None,
     for node in parse_shorthand(cluster).nodes:
         orch.handle(NodeJoined(node))
     orch.handle(StudySubmitted(space))
-    decision = orch.decisions[-1]
-    return list(decision.batch), decision.view
+    return orch
 
 
 # Heterogeneous instances: A100-40GB and H100-80GB nodes mixed, oversubscription 3 and

@@ -318,23 +318,9 @@ def test_study_ids_are_numbered_per_name() -> None:
 def test_the_pending_scan_stops_early_and_passes_the_same_trials(shorthand: str) -> None:
     # `_plain_items` stops once every workload group the study may have waiting has
     # passed what could fit; the batch must be what a scan of every pending trial gives.
-    from hypersack.orchestrator import NodeJoined, Orchestrator, StudySubmitted
-    from hypersack.sampler.profiles import load_profiles
-    from hypersack.store import MemoryStore
-    from tests.conftest import EXAMPLES
+    from hypersack.sim.instances import EXAMPLES, submitted
 
-    store = MemoryStore()
-    for p in load_profiles(EXAMPLES / "profiles-estimates.yaml"):
-        store.put_profile(p)
-    orch = Orchestrator(store, ManualClock(0.0))
-    for n in parse_shorthand(shorthand).nodes:
-        orch.handle(NodeJoined(n))
-    from hypersack.grid.space import load_space
-
-    data = load_space(EXAMPLES / "sp1.yaml").model_dump(mode="json", exclude_defaults=True)
-    data["settings"] = {**data.get("settings", {}), "fusion": "off"}
-    space = parse_space(data)
-    orch.handle(StudySubmitted(space))
+    orch = submitted(EXAMPLES / "sp1.yaml", shorthand)  # trials alone: fusion off
     study_id = orch.decisions[-1].study_id
     pending = orch._pending_of(study_id)
     assert pending
