@@ -3,16 +3,18 @@
 from typing import Any
 
 __version__ = "0.1.0"
-__all__ = ["Client", "Results", "Study", "Trial", "__version__", "report"]
+__all__ = ["Client", "Results", "Study", "Trial", "__version__", "checkpoint_dir", "report",
+           "should_stop"]
+_SDK = ("report", "checkpoint_dir", "should_stop")
 
 
 def __getattr__(name: str) -> Any:
     # Loaded on first use: `hypersack.report` is the trial side's, `hypersack.Client`
     # the Python API's; importing the package for the server or the agent loads neither.
-    if name == "report":
-        from hypersack.runner.sdk import report
+    if name in _SDK:
+        from hypersack.runner import sdk
 
-        return report
+        return getattr(sdk, name)
     if name in ("Client", "Results", "Study", "Trial"):
         from hypersack.cli import api
 

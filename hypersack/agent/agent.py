@@ -400,8 +400,8 @@ class Agent:
             mps_env = self.mps.client_env(m.gpu_index, m.compute_pct, m.memory_mib) \
                 if self.mps is not None else {}
             job, _ = self._job(m.trial_id, m.study_id, m.study_id, m.gpu_index, m.program,
-                               m.params_json, m.epochs, mps_env, attempt=m.attempt,
-                               owner=m.owner)
+                               m.params_json, m.epochs, {**mps_env, **self._rung_env(m)},
+                               attempt=m.attempt, owner=m.owner)
             job.start()
         except (HyperSackError, ValueError, OSError) as exc:
             self._send(outbox, pb.AgentMessage(exited=pb.TrialExited(
@@ -416,6 +416,16 @@ class Agent:
                  m.gpu_index, " ".join(job.argv))
         outbox.put(pb.AgentMessage(started=pb.TrialStarted(trial_id=m.trial_id,
                                                            attempt=m.attempt)))
+
+    def _rung_env(self, m: pb.LaunchTrial) -> dict[str, str]:
+        """A trial's checkpoint folder (kept across its attempts on this node) and the
+        epoch its attempt stops at to be ranked, where the study's pruner pauses trials."""
+        stop_at = sdk.epoch_count(m.stop_at_epoch)
+        folder = job_dir(self.node_dir, m.study_id, m.trial_id) / "checkpoint"
+        env = {sdk.ENV_CHECKPOINT_DIR: str(folder.resolve())}
+        if stop_at > 0:
+            env[sdk.ENV_STOP_AT_EPOCH] = repr(stop_at)
+        return env
 
     def _launch_group(self, g: pb.LaunchGroup, outbox: queue.Queue[pb.AgentMessage | None]
                       ) -> None:

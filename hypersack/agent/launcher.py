@@ -148,6 +148,12 @@ class Job:
         self._log.flush()
         who: dict[str, Any] = {}
         argv = die_with_parent(self.argv)
+        checkpoint = self.env.get(sdk.ENV_CHECKPOINT_DIR)
+        if checkpoint:
+            # Beside the attempts' folders: every attempt of the trial on this node finds it.
+            Path(checkpoint).mkdir(mode=0o700, parents=True, exist_ok=True)
+            if self.account is not None:
+                self.account.own(Path(checkpoint))
         if self.account is not None:
             # The directory becomes the trial user's own; the log stays the agent's (the
             # trial writes it through its stdout only).

@@ -33,7 +33,7 @@ from hypersack.grid.space import read_space_file
 from hypersack.wire.tls import channel_credentials
 
 TERMINAL = frozenset({"COMPLETED", "FAILED", "CANCELLED"})
-TRIAL_TERMINAL = frozenset({"COMPLETED", "FAILED", "DIVERGED", "CANCELLED"})
+TRIAL_TERMINAL = frozenset({"COMPLETED", "FAILED", "DIVERGED", "CANCELLED", "PRUNED"})
 
 
 @dataclass(frozen=True)

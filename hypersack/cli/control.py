@@ -27,8 +27,8 @@ from hypersack.grid.space import read_space_file
 
 STATE_STYLE = {"PENDING": "dim", "PROFILING": "cyan", "RUNNING": "yellow",
                "COMPLETED": "green", "FAILED": "bold red", "DIVERGED": "red",
-               "CANCELLED": "magenta"}
-TERMINAL = ("COMPLETED", "FAILED", "DIVERGED", "CANCELLED")
+               "CANCELLED": "magenta", "PAUSED": "blue", "PRUNED": "dim green"}
+TERMINAL = ("COMPLETED", "FAILED", "DIVERGED", "CANCELLED", "PRUNED")
 TABLE_ROWS = 20  # the results table's default length
 
 
@@ -208,19 +208,23 @@ def watch(client: Client, study_id: str, console: Console) -> pb.Study:
                TimeElapsedColumn())
     first = client.study(study_id)  # the total from the start, not "0/None"
     with Progress(*columns, console=console, transient=False) as progress:
-        task = progress.add_task(safe(study_id), total=sum(first.counts.values()) or None,
+        task = progress.add_task(safe(study_id),
+                                 total=max(first.planned, sum(first.counts.values())) or None,
                                  completed=sum(first.counts.get(k, 0) for k in TERMINAL),
                                  detail="")
         for update in client.watch(study_id):
             s = update.study
             last = s
             done = sum(s.counts.get(k, 0) for k in TERMINAL)
-            total = sum(s.counts.values())
+            total = max(s.planned, sum(s.counts.values()))
             shares = [g.compute_share for g in update.gpus]
             occupancy = sum(shares) / len(shares) if shares else 0.0
+            early = (f", paused {s.counts.get('PAUSED', 0)}, pruned "
+                     f"{s.counts.get('PRUNED', 0)}") if any(
+                s.counts.get(k) for k in ("PAUSED", "PRUNED")) else ""
             detail = (f"running {s.counts.get('RUNNING', 0)}, pending "
-                      f"{s.counts.get('PENDING', 0) + s.counts.get('PROFILING', 0)}, failed "
-                      f"{s.counts.get('FAILED', 0)}; occupancy now {occupancy:.0%} of "
+                      f"{s.counts.get('PENDING', 0) + s.counts.get('PROFILING', 0)}{early}, "
+                      f"failed {s.counts.get('FAILED', 0)}; occupancy now {occupancy:.0%} of "
                       f"{len(shares)} devices")
             progress.update(task, completed=done, total=total, detail=detail)
     if last is None:

@@ -14,6 +14,11 @@ ENV_PROFILE = "HYPERSACK_PROFILE_FILE"
 ENV_PROFILE_ITERATIONS = "HYPERSACK_PROFILE_ITERATIONS"
 ENV_PROFILE_WARMUP = "HYPERSACK_PROFILE_WARMUP"
 ENV_FUSED = "HYPERSACK_FUSED"  # a fused group's members (hypersack.runner.fused_train)
+# Early stopping: the folder a trial keeps its checkpoint in (the same for every attempt
+# of the trial on a node), and the epoch this attempt stops at to be ranked (unset: its
+# last epoch).
+ENV_CHECKPOINT_DIR = "HYPERSACK_CHECKPOINT_DIR"
+ENV_STOP_AT_EPOCH = "HYPERSACK_STOP_AT_EPOCH"
 OOM_EXIT_CODE = 86
 
 
@@ -24,3 +29,8 @@ def as_text(value: object) -> str:
     if isinstance(value, float) and value.is_integer() and abs(value) < 2**53:
         return str(int(value))
     return str(value)
+
+
+def epoch_count(value: float, limit: float = 1_000_000.0) -> float:
+    """An epoch count from a message: finite, 0 to `limit`; anything else is 0 (unset)."""
+    return value if isinstance(value, float) and 0.0 <= value <= limit else 0.0

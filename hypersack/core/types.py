@@ -12,6 +12,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 from hypersack.core.bounds import (
     INT32_MAX,
     MAX_BATCH_SIZE,
+    MAX_EPOCHS,
     MAX_FUSION_WIDTH,
     MAX_GPUS_PER_NODE,
     MAX_MEMORY_MIB,
@@ -31,6 +32,7 @@ from hypersack.core.bounds import (
 )
 
 MAX_KEY_PARAMS = 16
+MAX_RUNG_VALUES = 4096  # objective values kept per trial for its pruner
 _KEY_PARAM_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,63}")
 KEY_VALUE_CHARS = "A-Za-z0-9_.:@+-"  # what a demand key's value in a workload key may hold
 _KEY_PARAM_VALUE = re.compile(f"[{KEY_VALUE_CHARS}]{{1,64}}")
@@ -155,11 +157,15 @@ class TrialState(str, Enum):
     FAILED = "FAILED"
     DIVERGED = "DIVERGED"  # stopped early: a non-finite objective, or past a stop_if bound
     CANCELLED = "CANCELLED"
+    PRUNED = "PRUNED"  # stopped early by the study's pruner (it ranked too low at a rung)
+    # Stopped at a rung with its checkpoint, holding no GPU: the pruner promotes it (it
+    # resumes, PENDING again) or prunes it.
+    PAUSED = "PAUSED"
 
     @property
     def terminal(self) -> bool:
         return self in (TrialState.COMPLETED, TrialState.FAILED, TrialState.DIVERGED,
-                        TrialState.CANCELLED)
+                        TrialState.CANCELLED, TrialState.PRUNED)
 
 
 class StudyState(str, Enum):
@@ -195,6 +201,12 @@ class TrialRecord(Frozen):
     objective: float | None = None
     reason: str = ""
     log_tail: str = ""
+    # Early stopping (a study with a pruner): the objective at each rung it reached (the
+    # median pruner: at each epoch from its first), the epochs its checkpoint holds, and
+    # the epoch its current attempt stops at to be ranked (None: its last).
+    rungs: dict[int, float] = Field(default_factory=dict, max_length=MAX_RUNG_VALUES)
+    done_epochs: float = Field(default=0.0, ge=0, le=MAX_EPOCHS)
+    stop_at: float | None = Field(default=None, ge=0, le=MAX_EPOCHS)
 
 
 class StudyRecord(Frozen):

@@ -76,6 +76,8 @@ def expand(space: SearchSpace, study_id: str) -> list[TrialRecord]:
     """
     epochs = space.settings.epochs
     trials: list[TrialRecord] = []
+    if space.search.adaptive:
+        return trials  # asked of the sampler as capacity frees (see `grid.adaptive`)
     if space.search.type == "grid":
         axes = space.axes()
         names = [name for name, _ in axes]
@@ -94,6 +96,12 @@ def expand(space: SearchSpace, study_id: str) -> list[TrialRecord]:
                 drawn[name] = _sample(hp, rng)
             trials.append(_trial(space, study_id, ordinal, (ordinal,), drawn, epochs))
     return trials
+
+
+def asked_trial(space: SearchSpace, study_id: str, ordinal: int, params: dict[str, Any]
+                ) -> TrialRecord:
+    """A trial an adaptive search asked for: its ordinal is its number in the search."""
+    return _trial(space, study_id, ordinal, (ordinal,), params, space.settings.epochs)
 
 
 def _trial(space: SearchSpace, study_id: str, ordinal: int, coords: tuple[int, ...],

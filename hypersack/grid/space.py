@@ -212,9 +212,18 @@ Hyperparameter = Annotated[
 ]
 
 
+SAMPLERS = ("tpe", "gp", "cmaes", "random", "qmc")
+
+
 class Search(_Spec):
-    type: Literal["grid", "random"] = "grid"
+    """How the space is searched: `grid` (every point), `random` (`samples` points), or
+    `optuna` (`trials` points asked of an Optuna sampler as capacity frees, each told
+    its outcome)."""
+
+    type: Literal["grid", "random", "optuna"] = "grid"
     samples: int | None = Field(default=None, ge=1, le=MAX_TRIALS_CAP)
+    trials: int | None = Field(default=None, ge=1, le=MAX_TRIALS_CAP)
+    sampler: Literal["tpe", "gp", "cmaes", "random", "qmc"] = "tpe"
     seed: int = Field(default=0, ge=0, le=INT64_MAX)
 
     @model_validator(mode="after")
@@ -223,6 +232,56 @@ class Search(_Spec):
             raise ValueError("random search needs samples")
         if self.type == "grid" and self.samples is not None:
             raise ValueError("samples is for random search; grid search takes every point")
+        if self.type == "optuna" and self.trials is None:
+            raise ValueError("optuna search needs trials (how many to ask for)")
+        if self.type != "optuna" and self.trials is not None:
+            raise ValueError("trials is for optuna search (random search takes samples)")
+        if self.type == "optuna" and self.samples is not None:
+            raise ValueError("samples is for random search; optuna search takes trials")
+        if self.type != "optuna" and self.sampler != "tpe":
+            raise ValueError("sampler is for optuna search")
+        if self.type == "optuna" and self.seed >= 2**32:
+            raise ValueError("seed: optuna's samplers take seeds below 2**32")
+        return self
+
+    @property
+    def adaptive(self) -> bool:
+        """Trials are made as the search goes (asked of a sampler), not all up front."""
+        return self.type == "optuna"
+
+
+MAX_REDUCTION = 100
+
+
+class Pruner(_Spec):
+    """Early stopping: trials are ranked on the objective at rungs and the worst stop
+    (PRUNED), freeing their capacity.
+
+    - `asha`: rungs at `min_epochs` x `reduction_factor`^k epochs; at each rung the best
+      1/`reduction_factor` of the trials ranked there go on (asynchronous successive
+      halving).
+    - `hyperband`: several ASHA brackets, each starting at a later rung; trials are
+      dealt to the brackets in turn.
+    - `median`: from `min_epochs` on, a trial whose objective at an epoch is worse than
+      the median of the others' at that epoch stops, once `min_trials` others have one.
+
+    `mode`: `pause` stops a trial at each rung with a checkpoint (the built-in programs
+    write one; a command program uses `hypersack.checkpoint_dir()` and
+    `hypersack.should_stop()`) and resumes the promoted ones, so a rung's trials are
+    ranked together and promoted trials can share GPUs; `stop` lets trials run on and
+    stops the ones that rank too low when they reach a rung; `auto`: `pause` for the
+    built-in programs, `stop` for a command."""
+
+    type: Literal["asha", "hyperband", "median"]
+    min_epochs: int = Field(default=1, ge=1, le=int(MAX_EPOCHS))
+    reduction_factor: int = Field(default=3, ge=2, le=MAX_REDUCTION)
+    min_trials: int = Field(default=5, ge=1, le=MAX_TRIALS_CAP)
+    mode: Literal["auto", "pause", "stop"] = "auto"
+
+    @model_validator(mode="after")
+    def _check(self) -> Pruner:
+        if self.type == "median" and self.mode == "pause":
+            raise ValueError("the median pruner decides at every epoch: mode stop (or auto)")
         return self
 
 
@@ -379,6 +438,7 @@ class SearchSpace(_Spec):
     hyperparameters: dict[Annotated[str, Field(pattern=HP_NAME)], Hyperparameter] = Field(
         max_length=MAX_HYPERPARAMETERS)
     search: Search = Field(default_factory=Search)
+    pruner: Pruner | None = None
     settings: Settings = Field(default_factory=Settings)
     program: Program = Field(default_factory=lambda: Program(builtin="train"))
 
@@ -415,6 +475,8 @@ class SearchSpace(_Spec):
             raise ValueError(f"hyperparameters.{reserved[0]}: a reserved name (the agent fills "
                              f"in {{{reserved[0]}}} itself); reserved: "
                              f"{', '.join(sorted(RESERVED_NAMES))}")
+        if self.pruner is not None:
+            self._check_pruner(self.pruner)
         if self.search.type == "grid":
             for name, hp in self.hyperparameters.items():
                 if hp.count() is None:
@@ -473,6 +535,22 @@ class SearchSpace(_Spec):
                              f"valid: {', '.join(valid)}")
         return self
 
+    def _check_pruner(self, pruner: Pruner) -> None:
+        if "epochs" in self.hyperparameters:
+            raise ValueError("pruner: trials of one study need one length to be ranked at "
+                             "the same rungs (drop the epochs hyperparameter)")
+        if pruner.min_epochs >= self.settings.epochs:
+            raise ValueError(f"pruner.min_epochs: {pruner.min_epochs} leaves no rung before "
+                             f"the last epoch (settings.epochs = {self.settings.epochs:g})")
+
+    def pause_mode(self) -> bool:
+        """Whether the pruner stops trials at rungs and resumes the promoted ones."""
+        if self.pruner is None or self.pruner.type == "median":
+            return False
+        if self.pruner.mode == "auto":
+            return self.program.builtin is not None
+        return self.pruner.mode == "pause"
+
     def axes(self) -> list[tuple[str, list[Any]]]:
         """The grid's axes in order: models first (if any), then hyperparameters as
         declared."""
@@ -488,6 +566,9 @@ class SearchSpace(_Spec):
         if self.search.type == "random":
             assert self.search.samples is not None
             return self.search.samples
+        if self.search.type == "optuna":
+            assert self.search.trials is not None
+            return self.search.trials
         size = max(1, len(self.models))
         for hp in self.hyperparameters.values():
             size *= hp.count() or 0

@@ -19,6 +19,10 @@ class LaunchTrial:
     demand: Demand
     epochs: float
     attempt: int = 1  # 1 for the first launch; events of older attempts are stale
+    # Early stopping: the epoch this attempt stops at to be ranked (0: its last), and
+    # the epochs its checkpoint holds (it resumes from them).
+    stop_at: float = 0.0
+    done_epochs: float = 0.0
 
 
 @dataclass(frozen=True)

@@ -18,6 +18,7 @@ from typing import Any, TypeVar
 from hypersack.core.clock import Clock
 from hypersack.core.errors import HyperSackError, InvalidInput, NotFound, StaleEvent
 from hypersack.core.types import (
+    MAX_RUNG_VALUES,
     Demand,
     NodeRecord,
     Profile,
@@ -28,7 +29,9 @@ from hypersack.core.types import (
     UserShare,
     WorkloadKey,
 )
-from hypersack.grid.expand import expand
+from hypersack.grid import rungs
+from hypersack.grid.adaptive import OptunaSearch, check_search
+from hypersack.grid.expand import asked_trial, expand
 from hypersack.grid.space import SearchSpace, parse_space
 from hypersack.grid.trial import check_transition
 from hypersack.orchestrator import fusion, shares
@@ -183,6 +186,10 @@ class Orchestrator:
         # fused group -> its members still running
         self._groups: dict[str, tuple[str, ...]] = journaled(j)
         self._oom_groups: dict[str, bool] = journaled(j)  # groups whose OOM was counted
+        self._paused: dict[str, int] = journaled(j)  # PAUSED trials per study
+        # Studies with an Optuna search: their Optuna study, saved whole by the journal
+        # (an undone event leaves it stale, and it is rebuilt from the trial records).
+        self._searches: dict[str, OptunaSearch] = {}
         self._needs_cache: dict[tuple[WorkloadKey, int | None, frozenset[str]],
                                 dict[str, Need]] = {}
         self._dirty: set[str] = set()
@@ -242,6 +249,8 @@ class Orchestrator:
                 self._waiting_in(t.study_id)[t.id] = self._place[t.id]
                 self._groups_seen.setdefault(t.study_id, set()).add(self._group(t))
             self._open[t.study_id] = self._open.get(t.study_id, 0) + (not t.state.terminal)
+            if t.state == TrialState.PAUSED:
+                self._paused[t.study_id] = self._paused.get(t.study_id, 0) + 1
             if t.state == TrialState.RUNNING:
                 node = self._cluster.get(t.node)
                 gpu = self._cluster.gpu(t.node, t.gpu_index)
@@ -395,7 +404,7 @@ class Orchestrator:
             return []
         why = divergence(self._spaces[t.study_id].settings, event.metrics, event.nonfinite)
         if why is None:
-            return []
+            return self._at_rung(t, event)
         # Stopped now: its capacity goes to a trial that may still converge.
         node = t.node
         self._release(t.id)
@@ -465,6 +474,7 @@ class Orchestrator:
             study_id = f"{space.name}-{number}"
         study = StudyRecord(id=study_id, name=space.name, space=space.model_dump(mode="json"),
                             submitted_at=self._clock.now(), seq=seq, owner=event.owner)
+        check_search(space)  # a sampler this server cannot run is refused now
         trials = expand(space, study_id)
         self._store.add_study(study, trials)
         self._studies[study_id] = study
@@ -486,7 +496,9 @@ class Orchestrator:
             log.info("study %s: profiling %s on %s again (it failed before: %s)", study_id,
                      slot[0].label(), slot[1], _short(self._profile_failed[slot], 200))
             del self._profile_failed[slot]
-        log.info("study %s submitted: %d trials", study_id, len(trials))
+        log.info("study %s submitted: %d trials%s", study_id, space.size(),
+                 f" (asked of Optuna's {space.search.sampler} sampler as capacity frees)"
+                 if space.search.adaptive else "")
         return self._schedule()
 
     def _on_cancelled(self, event: StudyCancelled) -> list[Command]:
@@ -584,6 +596,8 @@ class Orchestrator:
     def _on_finished(self, event: TrialFinished) -> list[Command]:
         t = self._running_on(event.trial_id, event.node, event.attempt, exit=True)
         self._release(t.id)
+        if self._paused_at_rung(t, event):
+            return self._schedule()
         settings = self._spaces[t.study_id].settings
         objective = event.objective
         if objective is None:
@@ -746,8 +760,16 @@ class Orchestrator:
                 waiting[t.id] = self._place.get(t.id, 0)
             else:
                 del waiting[t.id]
+        if (new.state == TrialState.PAUSED) != (t.state == TrialState.PAUSED):
+            self._paused[t.study_id] = self._paused.get(t.study_id, 0) + (
+                1 if new.state == TrialState.PAUSED else -1)
         self._trials[t.id] = new
         self._dirty.add(t.id)
+        if new.state.terminal and not t.state.terminal and t.study_id in self._searches:
+            search = self._searches[t.study_id]
+            if not search.stale:
+                self._journal.touch(search)
+                search.tell(new)
         return new
 
     def _waiting_in(self, study_id: str) -> JournaledDict[str, int]:
@@ -783,7 +805,12 @@ class Orchestrator:
 
     def _maybe_done(self, study_id: str) -> None:
         study = self._studies[study_id]
-        if study.state == StudyState.ACTIVE and self._open[study_id] == 0:
+        if study.state != StudyState.ACTIVE or self._asks_left(study_id):
+            return
+        if self._open[study_id] and self._open[study_id] == self._paused.get(study_id, 0):
+            # Only paused trials left: the rankings are final.
+            self._finish_rungs(study_id)
+        if self._open[study_id] == 0:
             states = [self._trials[i].state for i in self._by_study[study_id]]
             # Every trial failed or diverged: the study failed, and says so.
             done = (StudyState.COMPLETED if TrialState.COMPLETED in states
@@ -834,6 +861,214 @@ class Orchestrator:
         self._cluster.allocate(heir.id, node, gpu, demand)
         self._set(heir, demand=demand)
 
+    # ----------------------------------------------------------------- early stopping
+    def _ladder(self, t: TrialRecord) -> tuple[int, ...]:
+        """The rungs of a trial's bracket (none without a pruner)."""
+        space = self._spaces[t.study_id]
+        if space.pruner is None:
+            return ()
+        epochs = space.settings.epochs
+        return rungs.rungs(space.pruner, epochs,
+                           rungs.bracket_of(space.pruner, epochs, self._place.get(t.id, 0)))
+
+    def _segment(self, t: TrialRecord) -> float:
+        """The epochs a trial's next attempt runs: to its next rung where the pruner
+        pauses trials, else to its end; from its checkpoint."""
+        end = t.epochs
+        if self._spaces[t.study_id].pause_mode():
+            end = rungs.next_rung(self._ladder(t), t.done_epochs) or t.epochs
+        return max(end - t.done_epochs, 0.0) or t.epochs
+
+    def _at_rung(self, t: TrialRecord, event: TrialProgress) -> list[Command]:
+        """A running trial reported an epoch: where it is a rung, keep the objective for
+        the pruner and, unless the trial pauses there to be ranked, stop it now if it
+        ranks too low."""
+        space = self._spaces[t.study_id]
+        pruner = space.pruner
+        value = event.metrics.get(space.settings.objective.metric)
+        step = event.step
+        if pruner is None or value is None or step in t.rungs or \
+                len(t.rungs) >= MAX_RUNG_VALUES or step not in self._ladder(t):
+            return []
+        t = self._set(t, rungs={**t.rungs, step: value})
+        minimize = space.settings.objective.mode == "min"
+        others = [self._trials[i] for i in self._by_study[t.study_id] if i != t.id]
+        if pruner.type == "median":
+            prune = rungs.median_prunes(value, [o.rungs[step] for o in others
+                                                if step in o.rungs],
+                                        pruner.min_trials, minimize)
+        elif space.pause_mode() and t.stop_at == step:
+            return []  # it stops here by itself, and is ranked then
+        else:
+            bracket = self._ladder(t)
+            recorded = [o.rungs[step] for o in others
+                        if step in o.rungs and self._ladder(o) == bracket]
+            prune = not rungs.keeps(value, [*recorded, value], pruner.reduction_factor,
+                                    minimize)
+        if not prune:
+            return []
+        why = (f"pruned at epoch {step}: {space.settings.objective.metric} = {value:.6g} "
+               f"ranks too low ({pruner.type})")
+        node = t.node or event.node
+        self._release(t.id)
+        self._set(self._trials[t.id], state=TrialState.PRUNED, node=None, gpu_index=None,
+                  reason=why, metrics=dict(event.metrics), finished_at=self._clock.now())
+        self._maybe_done(t.study_id)
+        log.info("%s %s", t.id, why)
+        return [KillTrial(t.id, node, why, attempt=t.launches), *self._schedule()]
+
+    def _paused_at_rung(self, t: TrialRecord, event: TrialFinished) -> bool:
+        """A trial of a pausing pruner ended its attempt at its rung (with the rung's
+        objective reported): it waits, PAUSED, to be promoted or pruned."""
+        rung = t.stop_at
+        if rung is None or rung not in t.rungs or rung >= t.epochs:
+            return False
+        self._set(t, state=TrialState.PAUSED, node=None, gpu_index=None, demand=None,
+                  group="", group_width=0, done_epochs=float(rung), stop_at=None,
+                  metrics=dict(event.metrics), log_tail=event.log_tail[-4000:],
+                  reason=f"paused at rung {rung}")
+        self._rung_decisions(t.study_id)
+        self._maybe_done(t.study_id)
+        return True
+
+    def _rung_decisions(self, study_id: str) -> None:
+        """ASHA's promotions: at each rung the best n // eta of the n trials ranked there go
+        on (the paused ones among them resume); a paused trial that can never be among
+        them, however the others do, is pruned now."""
+        space = self._spaces[study_id]
+        pruner = space.pruner
+        if pruner is None or not self._paused.get(study_id):
+            return
+        minimize = space.settings.objective.mode == "min"
+        eta = pruner.reduction_factor
+        count = rungs.brackets(pruner, space.settings.epochs)
+        by_bracket: dict[tuple[int, ...], list[TrialRecord]] = {}
+        for tid in self._by_study[study_id]:
+            t = self._trials[tid]
+            by_bracket.setdefault(self._ladder(t), []).append(t)
+        for ladder, members in by_bracket.items():
+            bracket = rungs.bracket_of(pruner, space.settings.epochs,
+                                       self._place.get(members[0].id, 0))
+            total = rungs.bracket_size(space.size(), count, bracket)
+            for index, rung in enumerate(ladder):
+                values = {t.id: t.rungs[rung] for t in members if rung in t.rungs}
+                order = rungs.ranked(values, minimize)
+                go_on = rungs.promoted_count(len(order), eta)
+                for rank, tid in enumerate(order):
+                    t = self._trials[tid]
+                    if t.state != TrialState.PAUSED or t.done_epochs != rung:
+                        continue
+                    if rank < go_on:
+                        self._set(t, state=TrialState.PENDING,
+                                  reason=f"promoted at rung {rung} (ranked {rank + 1} of "
+                                         f"{len(order)})")
+                    elif rungs.never_promoted(rank, total, eta, index):
+                        self._prune_paused(t, f"pruned at rung {rung}: ranked {rank + 1} of "
+                                              f"{len(order)}, outside the best 1/{eta}")
+
+    def _finish_rungs(self, study_id: str) -> None:
+        """Nothing runs, waits or is left to ask, and trials are paused at rungs: in each
+        bracket, the best trial at the highest rung goes on where none went further;
+        otherwise the paused ones lost and are pruned."""
+        space = self._spaces[study_id]
+        minimize = space.settings.objective.mode == "min"
+        by_bracket: dict[tuple[int, ...], list[TrialRecord]] = {}
+        for tid in self._by_study[study_id]:
+            t = self._trials[tid]
+            by_bracket.setdefault(self._ladder(t), []).append(t)
+        for members in by_bracket.values():
+            paused = [t for t in members if t.state == TrialState.PAUSED]
+            if not paused:
+                continue
+            top = max(t.done_epochs for t in paused)
+            further = any(t.state == TrialState.COMPLETED or
+                          any(r > top for r in t.rungs) for t in members)
+            at_top = {t.id: t.rungs.get(int(top), math.inf if minimize else -math.inf)
+                      for t in paused if t.done_epochs == top}
+            best = None if further else rungs.ranked(at_top, minimize)[0]
+            for t in paused:
+                if t.id == best:
+                    self._set(t, state=TrialState.PENDING,
+                              reason=f"promoted at rung {int(top)}: the best there, and "
+                                     "the search has nothing else to run")
+                else:
+                    self._prune_paused(t, f"pruned at rung {int(t.done_epochs)}: the search "
+                                          "ended with better trials ahead of it")
+
+    def _prune_paused(self, t: TrialRecord, why: str) -> None:
+        self._set(t, state=TrialState.PRUNED, reason=why, finished_at=self._clock.now())
+        log.info("%s %s", t.id, why)
+
+    # ----------------------------------------------------------------- adaptive search
+    def _search(self, study_id: str) -> OptunaSearch:
+        """A study's Optuna search, rebuilt from its trials where it is new or stale."""
+        search = self._searches.get(study_id)
+        if search is None:
+            search = self._searches[study_id] = OptunaSearch(self._spaces[study_id])
+        if search.stale:
+            search.rebuild(self._trials[i] for i in self._by_study[study_id])
+        return search
+
+    def _asks_left(self, study_id: str) -> int:
+        space = self._spaces[study_id]
+        if not space.search.adaptive:
+            return 0
+        return space.size() - len(self._by_study[study_id])
+
+    def _ask(self, active: list[StudyRecord], open_nodes: list[Node],
+             archs: frozenset[str]) -> None:
+        """Ask each Optuna search for as many new trials as the free capacity could hold
+        beyond what the study already has waiting: a batch asked at once (the sampler
+        sees the ones not yet told), none while the cluster is full."""
+        for study in active:
+            left = self._asks_left(study.id)
+            if left <= 0:
+                continue
+            space = self._spaces[study.id]
+            view = self._cluster.view(open_nodes, space.settings.oversubscription)
+            gpus = view.gpus()
+            if not gpus:
+                continue
+            per_gpu = sum(g.full_compute for g in gpus) / len(gpus)
+            room = float(sum(g.compute for g in gpus))
+            for t in self._pending_of(study.id):
+                room -= self._least_compute(t, archs, per_gpu)
+            asked: list[TrialRecord] = []
+            search: OptunaSearch | None = None
+            while room > 0 and len(asked) < min(left, 2 * len(gpus) + 1):
+                if search is None:
+                    search = self._search(study.id)
+                    self._journal.touch(search)
+                number, params = search.ask()
+                t = asked_trial(space, study.id, number, params)
+                asked.append(t)
+                room -= self._least_compute(t, archs, per_gpu)
+            if asked:
+                self._add_trials(study.id, asked)
+
+    def _least_compute(self, t: TrialRecord, archs: frozenset[str], unknown: float
+                       ) -> float:
+        """The least scaled compute a trial needs on any architecture (`unknown`: not yet
+        profiled; it will hold a GPU to be profiled)."""
+        needs = self._needs(t, archs)
+        return float(min(n.compute for n in needs.values())) if needs else unknown
+
+    def _add_trials(self, study_id: str, trials: list[TrialRecord]) -> None:
+        self._store.add_trials(trials)
+        ids = self._by_study[study_id]
+        self._by_study[study_id] = [*ids, *(t.id for t in trials)]
+        self._open[study_id] += len(trials)
+        waiting = self._waiting_in(study_id)
+        seen = self._groups_seen.setdefault(study_id, set())
+        for i, t in enumerate(trials, start=len(ids)):
+            self._trials[t.id] = t
+            self._place[t.id] = i
+            waiting[t.id] = i
+            seen.add(self._group(t))
+        self._profiling_dirty = True  # a new workload key may want a profile
+        log.info("study %s: asked for %d trial(s), %d asked of %d", study_id, len(trials),
+                 len(self._by_study[study_id]), self._spaces[study_id].size())
+
     # ----------------------------------------------------------------- decisions
     def _policy(self, space: SearchSpace) -> Policy:
         name = self.config.policy or space.settings.policy
@@ -866,6 +1101,8 @@ class Orchestrator:
         open_nodes = self._cluster.open_nodes()
         archs = frozenset(g.arch for n in open_nodes for g in n.gpus.values())
         active = [s for s in self.studies() if s.state == StudyState.ACTIVE]
+        if open_nodes:
+            self._ask(active, open_nodes, archs)
         if self._profiling_dirty or self._profiling_waiting:
             commands += self._profile_missing(active, open_nodes, archs)
             self._profiling_dirty = False
@@ -1179,7 +1416,9 @@ class Orchestrator:
         return kill
 
     def _fusion(self, space: SearchSpace) -> bool:
-        return self.config.fusion and not self.config.exclusive and fusion.enabled(space)
+        # Not yet with a pruner: a fused group's members would have to pause together.
+        return self.config.fusion and not self.config.exclusive and fusion.enabled(space) \
+            and space.pruner is None
 
     def _plain_items(self, trials: list[TrialRecord], archs: frozenset[str],
                      view: ClusterView) -> list[Item]:
@@ -1202,7 +1441,8 @@ class Orchestrator:
             entry = groups.get(group)
             if entry is None:
                 needs = self._needs(t, archs)
-                times = {a: self._profiles[t.key, a].run_time_s(t.epochs) for a in needs}
+                epochs = self._segment(t)
+                times = {a: self._profiles[t.key, a].run_time_s(epochs) for a in needs}
                 run_time = max(times.values(), default=0.0)
                 speed = ({a: run_time / s for a, s in times.items() if s > 0}
                          if len(times) > 1 and run_time > 0 else {})
@@ -1222,7 +1462,7 @@ class Orchestrator:
     def _group(self, t: TrialRecord) -> tuple[int, int | None, float]:
         """Trials of one group are interchangeable for placement: one workload, one
         memory correction, one length."""
-        return (self._key_number(t), t.memory_override_mib, t.epochs)
+        return (self._key_number(t), t.memory_override_mib, self._segment(t))
 
     def _key_number(self, t: TrialRecord) -> int:
         """A small number per workload key, kept per trial: comparing keys themselves
@@ -1292,13 +1532,18 @@ class Orchestrator:
         if demand is None:
             demand = demand_with_override(self._profiles[t.key, gpu.arch],
                                           t.memory_override_mib)
+        stop_at = None
+        if self._spaces[t.study_id].pause_mode():
+            stop_at = rungs.next_rung(self._ladder(t), t.done_epochs)
         t = self._set(t, state=TrialState.RUNNING, node=node_name, gpu_index=gpu_index,
                       launched_on=node_name, demand=demand, launches=t.launches + 1,
-                      started_at=self._clock.now(), group=group, group_width=width)
+                      started_at=t.started_at if t.done_epochs else self._clock.now(),
+                      group=group, group_width=width, stop_at=stop_at)
         self._cluster.allocate(t.id, node, gpu, demand)
         return LaunchTrial(trial_id=t.id, study_id=t.study_id, node=node_name,
                            gpu_index=gpu_index, params=dict(t.params), key=t.key,
-                           demand=demand, epochs=t.epochs, attempt=t.launches)
+                           demand=demand, epochs=t.epochs, attempt=t.launches,
+                           stop_at=stop_at or 0.0, done_epochs=t.done_epochs)
 
     def _launch_group(self, members: list[TrialRecord], node_name: str, gpu_index: int
                       ) -> LaunchGroup:
@@ -1342,6 +1587,7 @@ class Orchestrator:
                     self._profiles[key, arch] = p
                     self._profile_failed.pop((key, arch), None)
                     self._store.put_profile(p)
+                    self._needs_cache.clear()  # it may hold "no profile yet" for the key
 
     def _fused_profiles_wanted(self, active: list[StudyRecord], open_nodes: list[Node],
                                archs: frozenset[str]) -> list[Slot]:

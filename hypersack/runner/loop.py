@@ -1,10 +1,15 @@
 """The iteration schedule and per-epoch bookkeeping both built-in trainers share (the
 NumPy one and the PyTorch one): shuffled batches, the split of each iteration into data
-loading and compute, the SDK's profile hook, and the report after each epoch."""
+loading and compute, the SDK's profile hook, the report after each epoch, and the
+checkpoint a trial paused by its pruner resumes from."""
 
 from __future__ import annotations
 
 import math
+import os
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -21,6 +26,7 @@ class Epochs:
         # it is never longer than the trial itself.
         self.total = max(1, round(epochs * self.iters_per_epoch))
         self._order = np.arange(samples)
+        self.start = 0  # the first iteration to run (after a checkpoint's epochs)
         self.steps = 0
         self._data_s = self._compute_s = 0.0
 
@@ -58,3 +64,32 @@ class Epochs:
             return True
         print("diverged; stopping", flush=True)
         return False
+
+    def resume(self, epoch: int) -> None:
+        """Start after `epoch` epochs (a checkpoint's)."""
+        self.start = min(self.total, epoch * self.iters_per_epoch)
+
+    def pause(self, epoch: int) -> bool:
+        """Whether to save a checkpoint and end now: the pruner ranks the trial at this
+        epoch (never at the last one, nor in a profile run)."""
+        return (not self.profiling and epoch * self.iters_per_epoch < self.total
+                and sdk.should_stop(epoch))
+
+
+CHECKPOINT = "checkpoint"
+
+
+def checkpoint_path(suffix: str) -> Path | None:
+    folder = sdk.checkpoint_dir()
+    return None if folder is None else folder / f"{CHECKPOINT}{suffix}"
+
+
+def save_checkpoint(suffix: str, write: Callable[[Path], Any]) -> None:
+    """Write a checkpoint whole or not at all: to a temporary file, then renamed."""
+    path = checkpoint_path(suffix)
+    if path is None:
+        return
+    tmp = path.with_name(path.name + ".tmp")
+    write(tmp)
+    os.replace(tmp, path)
+    print(f"checkpoint saved: {path}", flush=True)

@@ -12,6 +12,11 @@ needs no network and nothing is lost if the agent reconnects meanwhile:
   program that ends first is measured on what it ran.
 - `out_of_memory()` ends the process with the exit code the agent reports as an
   out-of-memory death, so the scheduler retries with a larger memory demand.
+- Early stopping: `checkpoint_dir()` is a folder that every attempt of the trial on this
+  node finds again; `should_stop()` turns true once the trial reported the epoch its
+  pruner ranks it at. A program that saves a checkpoint there and exits (code 0) when
+  `should_stop()` says so, and resumes from the checkpoint when it finds one, is paused
+  at each rung and resumed when promoted, instead of training from the start.
 """
 
 from __future__ import annotations
@@ -23,9 +28,11 @@ import os
 import statistics
 import sys
 import time
+from pathlib import Path
 from typing import Any, NoReturn
 
 from hypersack.core.trial_env import (  # noqa: F401  (the SDK's names for them)
+    ENV_CHECKPOINT_DIR,
     ENV_EPOCHS,
     ENV_METRICS,
     ENV_OPTIONS,
@@ -33,6 +40,7 @@ from hypersack.core.trial_env import (  # noqa: F401  (the SDK's names for them)
     ENV_PROFILE,
     ENV_PROFILE_ITERATIONS,
     ENV_PROFILE_WARMUP,
+    ENV_STOP_AT_EPOCH,
     ENV_STUDY_ID,
     ENV_TRIAL_ID,
     OOM_EXIT_CODE,
@@ -55,8 +63,14 @@ def epochs(default: float = 1.0) -> float:
     return float(os.environ.get(ENV_EPOCHS, default))
 
 
+_reported = {"step": 0}  # the last epoch reported
+
+
 def report(step: int | None = None, **metrics: float) -> None:
-    """Send metrics to the agent. Call it once per epoch (or more often)."""
+    """Send metrics to the agent. Call it once per epoch (or more often); `step`: the
+    epoch just ended (the pruner ranks trials on the objective at given epochs)."""
+    if step is not None:
+        _reported["step"] = step
     path = os.environ.get(ENV_METRICS)
     values = {k: float(v) for k, v in metrics.items()}
     line = json.dumps({"t": time.time(), "step": step, "metrics": values})
@@ -65,6 +79,35 @@ def report(step: int | None = None, **metrics: float) -> None:
         return
     with open(path, "a") as f:
         f.write(line + "\n")
+
+
+def checkpoint_dir() -> Path | None:
+    """The folder to keep this trial's checkpoint in, found again by every attempt of the
+    trial on this node (None when not run by an agent)."""
+    value = os.environ.get(ENV_CHECKPOINT_DIR)
+    if not value:
+        return None
+    path = Path(value)
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+def stop_at_epoch() -> float | None:
+    """The epoch this attempt stops at to be ranked by the pruner (None: its last)."""
+    value = os.environ.get(ENV_STOP_AT_EPOCH)
+    try:
+        stop = float(value) if value else 0.0
+    except ValueError:
+        return None
+    return stop if math.isfinite(stop) and stop > 0 else None
+
+
+def should_stop(epoch: int | None = None) -> bool:
+    """Whether the trial should save its checkpoint and exit (code 0) now: it reached
+    (`epoch`, default: the last epoch it reported) the rung its pruner ranks it at."""
+    stop = stop_at_epoch()
+    done = _reported["step"] if epoch is None else epoch
+    return stop is not None and done >= stop - 1e-9
 
 
 def profiling() -> bool:

@@ -8,6 +8,7 @@ each epoch towards a value that depends on the hyperparameters (smallest near lr
 
 from __future__ import annotations
 
+import json
 import math
 import time
 
@@ -29,14 +30,24 @@ def main() -> None:
     iters = max(1, int(opts.get("iters_per_epoch", 10)))
     total = max(1, round(sdk.epochs() * iters))
     target = target_loss(params)
-    print(f"sleep workload: {total} iterations of {per_epoch / iters:.3f} s, params {params}",
-          flush=True)
-    for i in range(1, total + 1):
+    folder = sdk.checkpoint_dir()
+    saved = folder / "epoch.json" if folder is not None else None
+    start = 0
+    if saved is not None and saved.exists():
+        start = min(total, int(json.loads(saved.read_text())["epoch"]) * iters)
+        print(f"resumed after epoch {start // iters}", flush=True)
+    print(f"sleep workload: {total - start} iterations of {per_epoch / iters:.3f} s, "
+          f"params {params}", flush=True)
+    for i in range(start + 1, total + 1):
         time.sleep(per_epoch / iters)
         sdk.iteration(iters_per_epoch=iters)
         if i % iters == 0 or i == total:
             epoch = math.ceil(i / iters)
             sdk.report(step=epoch, loss=target + 1.0 / (epoch + 1), epoch=epoch)
+            if saved is not None and i < total and sdk.should_stop(epoch):
+                saved.write_text(json.dumps({"epoch": epoch}))
+                print(f"paused after epoch {epoch}", flush=True)
+                return
     print("done", flush=True)
 
 

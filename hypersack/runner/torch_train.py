@@ -14,6 +14,7 @@ that the times are the device's, not the launch queue's.
 
 from __future__ import annotations
 
+import functools
 import math
 import platform
 import time
@@ -29,7 +30,7 @@ from hypersack.core import optim
 from hypersack.core.errors import InvalidInput
 from hypersack.core.train_options import TrainOptions
 from hypersack.runner import datasets, sdk, zoo
-from hypersack.runner.loop import Epochs
+from hypersack.runner.loop import Epochs, checkpoint_path, save_checkpoint
 
 PRECISIONS = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}
 EVAL_PROBE_BATCHES = 3
@@ -107,6 +108,15 @@ def train(model_name: str, params: dict[str, Any], epochs: float, opts: TrainOpt
     val_b = Batches(data, data.val, device, False, opts.seed)
     ep = Epochs(data.train.size, batch, epochs, np.random.default_rng(opts.seed))
     profiling = ep.profiling
+    saved = None if profiling else checkpoint_path(".pt")
+    if saved is not None and saved.exists():
+        state = torch.load(saved, map_location=device, weights_only=True)
+        model.load_state_dict(state["model"])
+        optimizer.load_state_dict(state["optimizer"])
+        scaler.load_state_dict(state["scaler"])
+        ep.resume(int(state["epoch"]))
+        print(f"resumed from {saved} after epoch {ep.start // ep.iters_per_epoch}",
+              flush=True)
     sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
 
     def autocast() -> Any:
@@ -142,7 +152,7 @@ def train(model_name: str, params: dict[str, Any], epochs: float, opts: TrainOpt
         model.train()
         loss = math.inf
         epoch_loss = torch.zeros((), device=device)  # summed on the device: no sync per step
-        for i in range(ep.total):
+        for i in range(ep.start, ep.total):
             t0 = time.perf_counter()
             x, y = train_b.get(ep.indices(i))
             if profiling:
@@ -164,6 +174,12 @@ def train(model_name: str, params: dict[str, Any], epochs: float, opts: TrainOpt
                 loss, acc = evaluate()
                 epoch_loss.zero_()
                 if not ep.report(epoch, loss, acc, train_loss):
+                    break
+                if ep.pause(epoch):
+                    state = {"epoch": epoch, "model": model.state_dict(),
+                             "optimizer": optimizer.state_dict(),
+                             "scaler": scaler.state_dict()}
+                    save_checkpoint(".pt", functools.partial(torch.save, state))
                     break
     except torch.OutOfMemoryError:
         sdk.out_of_memory(f"out of memory: {model_name} at batch size {batch} on {device}")

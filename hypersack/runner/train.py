@@ -13,9 +13,12 @@ for the zoo. Options: `hypersack.core.train_options.TrainOptions`. Each epoch re
 
 from __future__ import annotations
 
+import functools
+import json
 import math
 import sys
 import time
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -25,7 +28,7 @@ from hypersack.core.catalog import MODELS
 from hypersack.core.errors import HyperSackError
 from hypersack.core.train_options import TrainOptions, parse_train_options
 from hypersack.runner import datasets, sdk
-from hypersack.runner.loop import Epochs
+from hypersack.runner.loop import Epochs, checkpoint_path, save_checkpoint
 
 
 def train_mlp(params: dict[str, Any], epochs: float, opts: TrainOptions) -> float:
@@ -56,9 +59,18 @@ def train_mlp(params: dict[str, Any], epochs: float, opts: TrainOptions) -> floa
         return float(loss), float((p.argmax(axis=1) == data.val.y).mean())
 
     ep = Epochs(data.train.size, batch, epochs, rng)
+    saved = checkpoint_path(".npz")
+    if saved is not None and saved.exists():
+        with np.load(saved) as state:
+            ep.resume(int(state["arr_0"]))
+            rng.bit_generator.state = json.loads(str(state["arr_1"]))
+            for k, w in enumerate([*weights, *velocity]):
+                w[...] = state[f"arr_{k + 2}"]
+        print(f"resumed from {saved} after epoch {ep.start // ep.iters_per_epoch}",
+              flush=True)
     loss = math.inf
     loss_sum = 0.0
-    for i in range(ep.total):
+    for i in range(ep.start, ep.total):
         t0 = time.perf_counter()
         x, y = data.train.batch(ep.indices(i))
         t1 = time.perf_counter()
@@ -80,7 +92,18 @@ def train_mlp(params: dict[str, Any], epochs: float, opts: TrainOptions) -> floa
             loss_sum = 0.0
             if not ep.report(epoch, loss, acc, train_loss):
                 break
+            if ep.pause(epoch):
+                arrays = [np.array(epoch), np.array(json.dumps(rng.bit_generator.state)),
+                          *weights, *velocity]
+                save_checkpoint(".npz", functools.partial(_savez, arrays=arrays))
+                break
     return loss
+
+
+def _savez(path: Path, arrays: list[np.ndarray]) -> None:
+    """The epoch, the shuffling generator's state, the weights and their velocities."""
+    with open(path, "wb") as f:
+        np.savez(f, *arrays)
 
 
 def main() -> None:

@@ -253,7 +253,8 @@ class SchedulerService:
             params_json=json.dumps(c.params, sort_keys=True), key=key_to_pb(c.key),
             epochs=c.epochs, program=program_to_pb(program),
             compute_pct=c.demand.compute_pct, memory_mib=c.demand.memory_mib,
-            cores=c.demand.cores, attempt=c.attempt, owner=self.orch.study(c.study_id).owner)
+            cores=c.demand.cores, attempt=c.attempt, owner=self.orch.study(c.study_id).owner,
+            stop_at_epoch=c.stop_at, done_epochs=c.done_epochs)
 
     def _to_message(self, c: Command) -> pb.ServerMessage:
         if isinstance(c, LaunchTrial):

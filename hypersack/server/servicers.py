@@ -71,7 +71,8 @@ def translated(fn: Callable[..., T]) -> Callable[..., T]:
 
 def _study(service: SchedulerService, study: StudyRecord, counts: dict[str, int]) -> pb.Study:
     """The study's message; its objective comes from the orchestrator's parsed space."""
-    return study_to_pb(study, counts, service.orch.space(study.id).settings.objective)
+    space = service.orch.space(study.id)
+    return study_to_pb(study, counts, space.settings.objective, space.size())
 
 
 def _update(service: SchedulerService, snap: Snapshot) -> pb.StudyUpdate:

@@ -38,6 +38,7 @@ from hypersack.orchestrator.events import (
     ProfileMeasured,
     StudySubmitted,
     TrialFinished,
+    TrialProgress,
 )
 from hypersack.orchestrator.fusion import fused_key
 from hypersack.orchestrator.orchestrator import Orchestrator, OrchestratorConfig
@@ -118,11 +119,27 @@ class _Running:
     rate: float = 1.0
     members: list[str] = field(default_factory=list)  # a fused group's trials
     study_id: str = ""
+    # With a learning curve: the trial's parameters, the epoch its work reached, the
+    # epoch this attempt ends at (its rung, or its last) and the work of one epoch.
+    params: dict[str, object] = field(default_factory=dict)
+    epoch: int = 0
+    end_epoch: float = 0.0
+    epoch_work_s: float = 0.0
+
+    def next_epoch_at(self, now: float) -> float:
+        """When its work crosses the next whole epoch (or ends)."""
+        after = max(0.0, self.end_epoch - self.epoch - 1) * self.epoch_work_s
+        return now + max(0.0, self.work_left_s - after) / self.rate
 
 
 class Simulation:
     """Run one study (and any `more` studies, each (time, space, owner), submitted at
     their times) to the end on a simulated cluster.
+
+    `curve(params, epoch)`: the objective a trial reports after each epoch. With one,
+    every trial reports it at each whole epoch (so a pruner ranks it), an attempt ends at
+    the epoch its launch says to stop at, and a finished trial's objective is its last
+    value; without one, trials report only their end, with the run time as objective.
 
     `truth` is what the workloads really need (the simulated hardware's behaviour);
     `history` is what the scheduler knows beforehand (None: the same as truth; an empty
@@ -138,7 +155,8 @@ class Simulation:
                  faults: Sequence[tuple[float, Event]] = (),
                  max_time_s: float = 1e9,
                  on_event: Callable[[float, Event], None] | None = None,
-                 more: Sequence[tuple[float, SearchSpace, str]] = ()) -> None:
+                 more: Sequence[tuple[float, SearchSpace, str]] = (),
+                 curve: Callable[[dict[str, object], int], float] | None = None) -> None:
         self.space = space
         self.more = list(more)
         self.cluster = cluster
@@ -153,6 +171,7 @@ class Simulation:
         self.faults = list(faults)
         self.max_time_s = max_time_s
         self.on_event = on_event
+        self.curve = curve
         self._arch = {(n.name, g.index): g.arch for n in cluster.nodes for g in n.gpus}
         self._cores = {n.name: n.cores for n in cluster.nodes}
         for _, ev in self.faults:
@@ -205,11 +224,19 @@ class Simulation:
                         sid = cmd.study_id
                     first_launch.setdefault(sid, now)
                     last_launch[sid] = now
-                    running[job] = _Running(
+                    r = running[job] = _Running(
                         job, cmd.key.model, cmd.node, cmd.gpu_index, true.run_time_s(epochs),
                         SharedTrial(true.demand.compute_pct, true.demand.cores,
                                     true.data_fraction),
                         cmd.demand.compute_pct, now, members=members, study_id=sid)
+                    if self.curve is not None and isinstance(cmd, LaunchTrial):
+                        # From its checkpoint to its rung (or its end).
+                        end = cmd.stop_at or cmd.epochs
+                        segment = max(end - cmd.done_epochs, 1e-9)
+                        r.work_left_s = true.run_time_s(segment)
+                        r.params, r.epoch, r.end_epoch = (dict(cmd.params),
+                                                          int(cmd.done_epochs), end)
+                        r.epoch_work_s = r.work_left_s / segment
                 elif isinstance(cmd, KillTrial):
                     # A member of a fused group stops alone; the group goes on.
                     found = next((j for j, r in running.items()
@@ -273,7 +300,8 @@ class Simulation:
             if len(studies) == submissions and len(ended) == submissions:
                 break
             self._update_rates(running)
-            finish_at = {t: now + r.work_left_s / r.rate for t, r in running.items()}
+            finish_at = {t: r.next_epoch_at(now) if r.end_epoch else now + r.work_left_s / r.rate
+                         for t, r in running.items()}
             next_finish = min(finish_at.values(), default=float("inf"))
             next_event = queue[0][0] if queue else float("inf")
             nxt = min(next_finish, next_event)
@@ -302,6 +330,11 @@ class Simulation:
             if next_finish <= next_event:
                 done = sorted(t for t, at in finish_at.items() if at <= nxt + _EPS * max(1.0, nxt))
                 for tid in done:
+                    if tid not in running:
+                        continue  # killed by the report of a trial before it
+                    if running[tid].end_epoch:
+                        self._epoch(running, tid, now, handle, timeline)
+                        continue
                     r = running.pop(tid)
                     timeline.append(Segment(r.trial_id, r.model, r.node, r.gpu_index,
                                             r.start_s, now, "COMPLETED", len(r.members)))
@@ -337,6 +370,24 @@ class Simulation:
             last_launch_s=last_launch,
             ended_s=ended,
         )
+
+    def _epoch(self, running: dict[str, _Running], tid: str, now: float,
+               handle: Callable[[Event], None], timeline: list[Segment]) -> None:
+        """A trial with a learning curve ended an epoch: it reports the curve's value,
+        and its attempt ends there if that is its rung or its last epoch."""
+        assert self.curve is not None
+        r = running[tid]
+        r.epoch += 1
+        r.work_left_s = max(0.0, r.end_epoch - r.epoch) * r.epoch_work_s
+        value = self.curve(r.params, r.epoch)
+        metrics = {self.space.settings.objective.metric: value, "epoch": float(r.epoch)}
+        handle(TrialProgress(tid, r.node, r.epoch, metrics))
+        if tid not in running or r.epoch < r.end_epoch - 1e-9:
+            return  # killed (pruned; its segment is the kill's), or it goes on
+        del running[tid]
+        timeline.append(Segment(r.trial_id, r.model, r.node, r.gpu_index, r.start_s, now,
+                                "COMPLETED"))
+        handle(TrialFinished(tid, r.node, metrics, objective=value))
 
     def _true(self, key: WorkloadKey, arch: str) -> Profile | None:
         """What a workload really needs; a fused width the truth lacks is estimated from

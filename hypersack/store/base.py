@@ -37,6 +37,11 @@ class Store(ABC):
         """Raises AlreadyExists if the study id or a trial id exists."""
 
     @abstractmethod
+    def add_trials(self, trials: Sequence[TrialRecord]) -> None:
+        """Trials of existing studies (an adaptive search makes them as it goes). Raises
+        NotFound for an unknown study, AlreadyExists if a trial id exists."""
+
+    @abstractmethod
     def update_study(self, study: StudyRecord) -> None:
         """Raises NotFound for an unknown study."""
 

@@ -87,6 +87,18 @@ class MemoryStore(Store):
             for t in trials:
                 self._set(self._trials, t.id, t)
 
+    def add_trials(self, trials: Sequence[TrialRecord]) -> None:
+        unknown = [t.study_id for t in trials if t.study_id not in self._studies]
+        if unknown:
+            raise NotFound(f"no study {unknown[0]!r}")
+        ids = [t.id for t in trials]
+        clash = [i for i in ids if i in self._trials]
+        if clash or len(set(ids)) != len(ids):
+            raise AlreadyExists(f"trial ids exist or repeat: {clash[:3] or ids[:3]}")
+        with self.transaction():
+            for t in trials:
+                self._set(self._trials, t.id, t)
+
     def update_study(self, study: StudyRecord) -> None:
         if study.id not in self._studies:
             raise NotFound(f"no study {study.id!r}")

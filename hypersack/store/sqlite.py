@@ -200,6 +200,18 @@ class SqliteStore(Store):
                 raise AlreadyExists(f"study {study.id!r} or one of its trials exists: {exc}"
                                     ) from None
 
+    def add_trials(self, trials: Sequence[TrialRecord]) -> None:
+        with self.transaction():
+            for sid in sorted({t.study_id for t in trials}):
+                if self._db.execute("SELECT 1 FROM studies WHERE id=?", (sid,)).fetchone() \
+                        is None:
+                    raise NotFound(f"no study {sid!r}")
+            try:
+                self._db.executemany("INSERT INTO trials VALUES (?, ?, ?)",
+                                     [(t.id, t.study_id, t.model_dump_json()) for t in trials])
+            except sqlite3.IntegrityError as exc:
+                raise AlreadyExists(f"a trial exists: {exc}") from None
+
     def update_study(self, study: StudyRecord) -> None:
         with self.transaction():
             cur = self._db.execute("UPDATE studies SET seq=?, doc=? WHERE id=?",

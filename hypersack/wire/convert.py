@@ -109,12 +109,14 @@ def nonfinite_names(values: Any) -> tuple[str, ...]:
                  if len(name) <= MAX_METRIC_NAME and not math.isfinite(value))
 
 
-def study_to_pb(study: StudyRecord, counts: dict[str, int], objective: Objective) -> pb.Study:
+def study_to_pb(study: StudyRecord, counts: dict[str, int], objective: Objective,
+                planned: int = 0) -> pb.Study:
     return pb.Study(id=study.id, name=study.name, state=study.state.value,
                     submitted_at=study.submitted_at, counts=counts,
                     space_json=json.dumps(study.space, sort_keys=True),
                     objective_metric=objective.metric, objective_mode=objective.mode,
-                    owner=study.owner, warnings=list(study.warnings))
+                    owner=study.owner, warnings=list(study.warnings),
+                    planned=min(planned, 2**31 - 1))
 
 
 def trial_to_pb(t: TrialRecord) -> pb.Trial:

@@ -189,3 +189,46 @@ def test_heterogeneity_aware_placement_finishes_sooner_than_blind(sp1: Any) -> N
     assert aware < 0.97 * blind
     assert aware_h100 > blind_h100 + 0.2
     assert run(1.67, 1.67, True) == run(1.67, 1.67, False)
+
+
+def _curve(params: dict[str, Any], epoch: int) -> float:
+    import math
+
+    return 0.3 + 0.1 * (math.log10(float(params["lr"])) + 3) ** 2 + 1.0 / epoch ** 0.5
+
+
+def test_asha_in_the_simulator_trains_fewer_epochs_and_finds_the_best(sp1: Any,
+                                                                      four_a100: Any,
+                                                                      estimates: Any) -> None:
+    """SP1 with 9 epochs: ASHA (rungs 1 and 3) trains a fraction of the epochs and ends
+    sooner than training every trial whole, pausing (each attempt one rung's segment)
+    or stopping (trials run on, the low-ranked killed), and both keep the best trial."""
+    data = sp1.model_dump(mode="json")
+    data["settings"]["epochs"] = 9
+
+    def with_pruner(mode: str | None) -> Any:
+        from hypersack.grid.space import parse_space
+
+        extra = {} if mode is None else {"pruner": {"type": "asha", "mode": mode}}
+        return parse_space({**data, **extra})
+
+    whole = Simulation(with_pruner(None), four_a100, estimates, curve=_curve)
+    full = whole.run()
+    best = min(t.objective for t in whole.orchestrator.trials() if t.objective is not None)
+    for mode in ("pause", "stop"):
+        sim = Simulation(with_pruner(mode), four_a100, estimates, curve=_curve)
+        r = sim.run()
+        trials = sim.orchestrator.trials()
+        assert not r.stuck and r.makespan_s < 0.6 * full.makespan_s, mode
+        states = {t.state.value for t in trials}
+        assert states == {"COMPLETED", "PRUNED"}, mode
+        done = [t.objective for t in trials if t.objective is not None]
+        assert min(done) == best  # the curve's best trial trained to its end
+        if mode == "pause":
+            # Resumed attempts start from their checkpoint: launches beyond the first
+            # are rung promotions, never a restart from scratch.
+            assert r.launches > len(trials)
+            assert all(s.outcome != "KILLED" for s in r.timeline)
+        else:
+            assert r.launches == len(trials)
+            assert any(s.outcome == "KILLED" for s in r.timeline)

@@ -66,6 +66,24 @@ def test_studies_and_trials_round_trip(store: Store) -> None:
     assert len(store.list_trials()) == 6
 
 
+def test_trials_added_to_a_study_later(store: Store) -> None:
+    # An adaptive search adds its trials as it asks for them; the rung values a pruner
+    # ranks on survive the round trip (their epochs as integers again).
+    s, trials = study()
+    store.add_study(s, trials[:1])
+    later = [t.model_copy(update={"rungs": {1: 0.5, 3: 0.25}, "done_epochs": 3.0,
+                                  "state": TrialState.PAUSED}) for t in trials[1:]]
+    store.add_trials(later)
+    assert store.list_trials("s-1") == [trials[0], *later]
+    assert store.get_trial(later[0].id).rungs == {1: 0.5, 3: 0.25}
+    with pytest.raises(AlreadyExists):
+        store.add_trials(later[:1])
+    stray = trials[0].model_copy(update={"id": "x-t00000", "study_id": "x"})
+    with pytest.raises(NotFound):
+        store.add_trials([stray])
+    assert len(store.list_trials()) == 3
+
+
 def test_errors(store: Store) -> None:
     s, trials = study()
     store.add_study(s, trials)

@@ -211,7 +211,7 @@ class ImportProfilesResponse(_message.Message):
     def __init__(self, imported: _Optional[int] = ..., kept: _Optional[int] = ...) -> None: ...
 
 class Study(_message.Message):
-    __slots__ = ("id", "name", "state", "submitted_at", "counts", "space_json", "objective_metric", "objective_mode", "owner", "warnings")
+    __slots__ = ("id", "name", "state", "submitted_at", "counts", "space_json", "objective_metric", "objective_mode", "owner", "warnings", "planned")
     class CountsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -229,6 +229,7 @@ class Study(_message.Message):
     OBJECTIVE_MODE_FIELD_NUMBER: _ClassVar[int]
     OWNER_FIELD_NUMBER: _ClassVar[int]
     WARNINGS_FIELD_NUMBER: _ClassVar[int]
+    PLANNED_FIELD_NUMBER: _ClassVar[int]
     id: str
     name: str
     state: str
@@ -239,7 +240,8 @@ class Study(_message.Message):
     objective_mode: str
     owner: str
     warnings: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, id: _Optional[str] = ..., name: _Optional[str] = ..., state: _Optional[str] = ..., submitted_at: _Optional[float] = ..., counts: _Optional[_Mapping[str, int]] = ..., space_json: _Optional[str] = ..., objective_metric: _Optional[str] = ..., objective_mode: _Optional[str] = ..., owner: _Optional[str] = ..., warnings: _Optional[_Iterable[str]] = ...) -> None: ...
+    planned: int
+    def __init__(self, id: _Optional[str] = ..., name: _Optional[str] = ..., state: _Optional[str] = ..., submitted_at: _Optional[float] = ..., counts: _Optional[_Mapping[str, int]] = ..., space_json: _Optional[str] = ..., objective_metric: _Optional[str] = ..., objective_mode: _Optional[str] = ..., owner: _Optional[str] = ..., warnings: _Optional[_Iterable[str]] = ..., planned: _Optional[int] = ...) -> None: ...
 
 class Trial(_message.Message):
     __slots__ = ("id", "study_id", "state", "params_json", "workload", "node", "gpu_index", "failures", "launches", "metrics", "has_objective", "objective", "reason", "log_tail", "started_at", "finished_at", "fused_group", "fusion_width")
@@ -569,7 +571,7 @@ class Registered(_message.Message):
     def __init__(self, heartbeat_interval_s: _Optional[float] = ..., heartbeat_timeout_s: _Optional[float] = ...) -> None: ...
 
 class LaunchTrial(_message.Message):
-    __slots__ = ("trial_id", "study_id", "gpu_index", "params_json", "key", "epochs", "program", "compute_pct", "memory_mib", "cores", "attempt", "owner")
+    __slots__ = ("trial_id", "study_id", "gpu_index", "params_json", "key", "epochs", "program", "compute_pct", "memory_mib", "cores", "attempt", "owner", "stop_at_epoch", "done_epochs")
     TRIAL_ID_FIELD_NUMBER: _ClassVar[int]
     STUDY_ID_FIELD_NUMBER: _ClassVar[int]
     GPU_INDEX_FIELD_NUMBER: _ClassVar[int]
@@ -582,6 +584,8 @@ class LaunchTrial(_message.Message):
     CORES_FIELD_NUMBER: _ClassVar[int]
     ATTEMPT_FIELD_NUMBER: _ClassVar[int]
     OWNER_FIELD_NUMBER: _ClassVar[int]
+    STOP_AT_EPOCH_FIELD_NUMBER: _ClassVar[int]
+    DONE_EPOCHS_FIELD_NUMBER: _ClassVar[int]
     trial_id: str
     study_id: str
     gpu_index: int
@@ -594,7 +598,9 @@ class LaunchTrial(_message.Message):
     cores: float
     attempt: int
     owner: str
-    def __init__(self, trial_id: _Optional[str] = ..., study_id: _Optional[str] = ..., gpu_index: _Optional[int] = ..., params_json: _Optional[str] = ..., key: _Optional[_Union[WorkloadKey, _Mapping]] = ..., epochs: _Optional[float] = ..., program: _Optional[_Union[Program, _Mapping]] = ..., compute_pct: _Optional[float] = ..., memory_mib: _Optional[int] = ..., cores: _Optional[float] = ..., attempt: _Optional[int] = ..., owner: _Optional[str] = ...) -> None: ...
+    stop_at_epoch: float
+    done_epochs: float
+    def __init__(self, trial_id: _Optional[str] = ..., study_id: _Optional[str] = ..., gpu_index: _Optional[int] = ..., params_json: _Optional[str] = ..., key: _Optional[_Union[WorkloadKey, _Mapping]] = ..., epochs: _Optional[float] = ..., program: _Optional[_Union[Program, _Mapping]] = ..., compute_pct: _Optional[float] = ..., memory_mib: _Optional[int] = ..., cores: _Optional[float] = ..., attempt: _Optional[int] = ..., owner: _Optional[str] = ..., stop_at_epoch: _Optional[float] = ..., done_epochs: _Optional[float] = ...) -> None: ...
 
 class LaunchGroup(_message.Message):
     __slots__ = ("group_id", "gpu_index", "key", "compute_pct", "memory_mib", "cores", "members")

@@ -1,0 +1,373 @@
+"""Adaptive search and early stopping in the orchestrator: Optuna's samplers asked as
+capacity frees, ASHA / Hyperband / median pruning, paused trials resumed from their
+checkpoint, and all of it rebuilt after a restart."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from hypersack.core.clock import ManualClock
+from hypersack.core.cluster import parse_shorthand
+from hypersack.core.errors import InvalidInput
+from hypersack.core.types import StudyState, TrialRecord, TrialState
+from hypersack.grid import rungs
+from hypersack.grid.space import parse_space
+from hypersack.orchestrator import (
+    KillTrial,
+    LaunchTrial,
+    NodeJoined,
+    Orchestrator,
+    OrchestratorConfig,
+    StudySubmitted,
+    TrialFinished,
+    TrialProgress,
+)
+from hypersack.orchestrator.commands import Command, launched
+from hypersack.store import MemoryStore, SqliteStore, Store
+
+LRS = [0.001, 0.003, 0.01, 0.03, 0.1, 0.3, 1.0, 0.0003, 0.0001]
+
+
+def loss(params: dict[str, Any], epoch: int) -> float:
+    """Falls each epoch towards a floor set by the learning rate (best near 0.003): the
+    ranking at every rung is the ranking at the end, as the pruner hopes."""
+    return (math.log10(float(params["lr"])) + 2.5) ** 2 / 4 + 1.0 / (epoch + 1)
+
+
+def space(search: dict[str, Any] | None = None, pruner: dict[str, Any] | None = None,
+          epochs: float = 9, lrs: list[float] | None = None, command: bool = False,
+          **hyper: Any) -> Any:
+    data: dict[str, Any] = {
+        "name": "ad", "models": ["resnet18"],
+        "hyperparameters": {"batch_size": [64], "lr": lrs or LRS, **hyper},
+        "settings": {"epochs": epochs, "policy": "ff",
+                     "demand": {"compute_pct": 100, "memory_mib": 1000, "epoch_s": 10}},
+    }
+    if search is not None:
+        data["search"] = search
+    if pruner is not None:
+        data["pruner"] = pruner
+    if command:
+        data["program"] = {"command": "{python} train.py --lr {lr}"}
+        data["models"] = []
+        data["hyperparameters"].pop("batch_size")
+    return parse_space(data)
+
+
+@dataclass
+class Run:
+    launch: LaunchTrial
+    epoch: int
+
+
+@dataclass
+class Driver:
+    """Runs launched trials epoch by epoch, all in step: each reports the loss above at
+    every epoch, stops at its `stop_at` epoch (a pause) or its last (the end), and is
+    gone when killed. Keeps every launch, to check no trial ever ran twice at once."""
+
+    orch: Orchestrator
+    clock: ManualClock
+    running: dict[str, Run] = field(default_factory=dict)
+    launches: list[LaunchTrial] = field(default_factory=list)
+    kills: list[KillTrial] = field(default_factory=list)
+    most_running: int = 0
+
+    def apply(self, commands: list[Command]) -> None:
+        for c in launched(commands):
+            assert c.trial_id not in self.running, f"{c.trial_id} launched twice at once"
+            self.running[c.trial_id] = Run(c, int(c.done_epochs))
+            self.launches.append(c)
+        for c in commands:
+            if isinstance(c, KillTrial):
+                self.kills.append(c)
+                self.running.pop(c.trial_id, None)
+        self.most_running = max(self.most_running, len(self.running))
+
+    def step(self) -> None:
+        """One epoch of every running trial."""
+        self.clock.advance(10.0)
+        for tid in sorted(self.running):
+            run = self.running.get(tid)
+            if run is None:
+                continue  # killed by an earlier trial's report in this step
+            run.epoch += 1
+            value = loss(run.launch.params, run.epoch)
+            metrics = {"loss": value, "epoch": float(run.epoch)}
+            self.apply(self.orch.handle(TrialProgress(tid, run.launch.node, run.epoch,
+                                                      metrics, attempt=run.launch.attempt)))
+            if tid not in self.running:
+                continue
+            end = run.launch.stop_at or run.launch.epochs
+            if run.epoch >= end:
+                del self.running[tid]
+                self.apply(self.orch.handle(TrialFinished(tid, run.launch.node, metrics,
+                                                          attempt=run.launch.attempt)))
+
+    def until_idle(self, limit: int = 1000) -> None:
+        for _ in range(limit):
+            if not self.running:
+                return
+            self.step()
+        raise AssertionError("still running")
+
+
+def start(sp: Any, store: Store | None = None, gpus: str = "1x3xA100-80GB"
+          ) -> tuple[Orchestrator, Driver, str]:
+    store = store or MemoryStore()
+    clock = ManualClock(100.0)
+    orch = Orchestrator(store, clock, OrchestratorConfig(fusion=False))
+    driver = Driver(orch, clock)
+    driver.apply(orch.handle(NodeJoined(parse_shorthand(gpus).nodes[0])))
+    driver.apply(orch.handle(StudySubmitted(sp)))
+    return orch, driver, orch.studies()[-1].id
+
+
+def by_state(orch: Orchestrator, sid: str) -> dict[TrialState, list[TrialRecord]]:
+    out: dict[TrialState, list[TrialRecord]] = {}
+    for t in orch.trials(sid):
+        out.setdefault(t.state, []).append(t)
+    return out
+
+
+# ----------------------------------------------------------------- rungs, pure
+def test_rungs_and_brackets() -> None:
+    sp = space(pruner={"type": "asha", "min_epochs": 1, "reduction_factor": 3}, epochs=27)
+    assert rungs.first_rungs(sp.pruner, 27) == (1, 3, 9)
+    hb = space(pruner={"type": "hyperband", "min_epochs": 1, "reduction_factor": 3},
+               epochs=27).pruner
+    assert rungs.brackets(hb, 27) == 4
+    assert [rungs.rungs(hb, 27, b) for b in range(4)] == [(1, 3, 9), (3, 9), (9,), ()]
+    assert [rungs.bracket_of(hb, 27, i) for i in range(6)] == [0, 1, 2, 3, 0, 1]
+    med = space(pruner={"type": "median", "min_epochs": 2}, epochs=5).pruner
+    assert rungs.first_rungs(med, 5) == (2, 3, 4)
+    assert rungs.next_rung((1, 3, 9), 0) == 1 and rungs.next_rung((1, 3, 9), 3) == 9
+    assert rungs.next_rung((1, 3, 9), 9) is None
+
+
+def test_rung_rules() -> None:
+    # Stop mode goes on with the best max(1, n // eta) of the values recorded so far.
+    assert rungs.keeps(0.5, [0.5], 3, minimize=True)
+    assert rungs.keeps(0.1, [0.3, 0.2, 0.1], 3, minimize=True)
+    assert not rungs.keeps(0.2, [0.3, 0.2, 0.1], 3, minimize=True)
+    assert rungs.keeps(0.9, [0.9, 0.1, 0.2], 3, minimize=False)
+    # Pause mode: at most total // eta^k ever reach rung k, and n // eta of those go on.
+    assert rungs.most_ranked(27, 3, 2) == 3
+    assert not rungs.never_promoted(2, 27, 3, 0)  # 9 of 27 go on from rung 0
+    assert rungs.never_promoted(9, 27, 3, 0)
+    assert not rungs.never_promoted(0, 2, 3, 0)  # the best of a rung always may
+    assert rungs.median_prunes(0.9, [0.1, 0.2, 0.3], 3, minimize=True)
+    assert not rungs.median_prunes(0.9, [0.1, 0.2], 3, minimize=True)
+    assert not rungs.median_prunes(0.15, [0.1, 0.2, 0.3], 3, minimize=True)
+    assert rungs.ranked({"b": 1.0, "a": 1.0, "c": 0.5}, True) == ["c", "a", "b"]
+
+
+def test_pruner_settings_are_checked() -> None:
+    with pytest.raises(InvalidInput, match="min_epochs"):
+        space(pruner={"type": "asha", "min_epochs": 9}, epochs=9)
+    with pytest.raises(InvalidInput, match="one length"):
+        parse_space({"name": "x", "models": ["resnet18"], "pruner": {"type": "asha"},
+                     "settings": {"epochs": 9},
+                     "hyperparameters": {"batch_size": [64], "epochs": [3, 9]}})
+    with pytest.raises(InvalidInput, match="median"):
+        space(pruner={"type": "median", "mode": "pause"})
+    with pytest.raises(InvalidInput, match="reduction_factor"):
+        space(pruner={"type": "asha", "reduction_factor": 1})
+    with pytest.raises(InvalidInput, match="needs trials"):
+        space(search={"type": "optuna"})
+    with pytest.raises(InvalidInput, match="sampler is for optuna"):
+        space(search={"type": "random", "samples": 3, "sampler": "gp"})
+    with pytest.raises(InvalidInput, match="samplers take seeds"):
+        space(search={"type": "optuna", "trials": 3, "seed": 2**40})
+    assert space(pruner={"type": "asha"}).pause_mode()
+    assert not space(pruner={"type": "asha"}, command=True).pause_mode()
+    assert space(pruner={"type": "asha", "mode": "pause"}, command=True).pause_mode()
+    assert not space(pruner={"type": "asha", "mode": "stop"}).pause_mode()
+
+
+# ----------------------------------------------------------------- ASHA, paused trials
+def test_asha_pauses_at_rungs_and_resumes_the_promoted_from_their_checkpoint() -> None:
+    orch, d, sid = start(space(pruner={"type": "asha", "min_epochs": 1,
+                                       "reduction_factor": 3}, epochs=9))
+    # The first attempts stop at the first rung, to be ranked there.
+    assert {c.stop_at for c in d.launches} == {1.0}
+    d.until_idle()
+    states = by_state(orch, sid)
+    assert orch.study(sid).state == StudyState.COMPLETED
+    assert set(states) == {TrialState.COMPLETED, TrialState.PRUNED}
+    done = states[TrialState.COMPLETED]
+    # The best learning rate (0.003) is the one that trained to the end.
+    assert [t.params["lr"] for t in done] == [0.003]
+    # 9 trials at rung 1 promote 3 to rung 3, which promotes 1 to the end.
+    at = {r: sum(r in t.rungs for t in orch.trials(sid)) for r in (1, 3)}
+    assert at == {1: 9, 3: 3}
+    # A promoted trial resumes from its checkpoint: its next attempt starts at the
+    # rung's epochs and stops at the next rung.
+    resumed = [c for c in d.launches if c.done_epochs > 0]
+    assert sorted((c.done_epochs, c.stop_at) for c in resumed) == \
+        [(1.0, 3.0)] * 3 + [(3.0, 0.0)]
+    # Every pruned trial ranked below every trial promoted from its rung.
+    for rung in (1, 3):
+        went_on = [t.rungs[rung] for t in orch.trials(sid) if any(r > rung for r in t.rungs)
+                   or (t.state == TrialState.COMPLETED and rung in t.rungs)]
+        stayed = [t.rungs[rung] for t in states[TrialState.PRUNED]
+                  if max(t.rungs) == rung]
+        assert went_on and max(went_on) < min(stayed)
+    # Epochs trained: 9 x 1 + 3 x 2 + 1 x 6 = 21, against 81 without early stopping.
+    assert sum(c.stop_at or c.epochs for c in d.launches) - \
+        sum(c.done_epochs for c in d.launches) == 21
+    assert not d.kills  # paused trials stop by themselves
+
+
+def test_a_pruned_trial_frees_its_capacity_at_once() -> None:
+    # Stop mode: a trial that ranks too low at a rung is killed as it reports it, and
+    # a waiting trial takes its GPU in the same decision.
+    orch, d, sid = start(space(pruner={"type": "asha", "mode": "stop", "min_epochs": 1,
+                                       "reduction_factor": 3}, epochs=9), gpus="1x1xA100-80GB")
+    d.until_idle()
+    pruned = by_state(orch, sid)[TrialState.PRUNED]
+    assert pruned and all(t.reason.startswith("pruned at epoch") for t in pruned)
+    assert {k.trial_id for k in d.kills} == {t.id for t in pruned}
+    assert all(c.stop_at == 0 for c in d.launches)  # nobody pauses in stop mode
+    assert orch.study(sid).state == StudyState.COMPLETED
+    # Each kill came with the next launch: the freed GPU never waited.
+    assert len(d.launches) == 9
+
+
+def test_median_pruner_stops_the_worse_half() -> None:
+    orch, d, sid = start(space(pruner={"type": "median", "min_epochs": 2, "min_trials": 3},
+                               epochs=6), gpus="1x1xA100-80GB")
+    d.until_idle()
+    states = by_state(orch, sid)
+    # The first trials run without enough company to be judged; later worse ones stop.
+    assert TrialState.PRUNED in states and TrialState.COMPLETED in states
+    best = min(orch.trials(sid), key=lambda t: loss(t.params, 6))
+    assert best.state == TrialState.COMPLETED
+    for t in states[TrialState.PRUNED]:
+        assert max(t.rungs) < 6
+
+
+def test_hyperband_brackets_rank_apart() -> None:
+    orch, d, sid = start(space(pruner={"type": "hyperband", "min_epochs": 1,
+                                       "reduction_factor": 3}, epochs=9))
+    d.until_idle()
+    trials = orch.trials(sid)
+    # Three brackets: rungs (1, 3), (3,) and none. The last bracket's trials run whole.
+    hb = orch.space(sid).pruner
+    assert hb is not None
+    last = [t for i, t in enumerate(trials) if rungs.bracket_of(hb, 9, i) == 2]
+    assert last and all(t.state == TrialState.COMPLETED and not t.rungs for t in last)
+    first = [t for i, t in enumerate(trials) if rungs.bracket_of(hb, 9, i) == 1]
+    assert all(set(t.rungs) <= {3} for t in first)
+    assert orch.study(sid).state == StudyState.COMPLETED
+
+
+# ----------------------------------------------------------------- Optuna
+@pytest.mark.parametrize("sampler", ["tpe", "gp", "random", "qmc", "cmaes"])
+def test_optuna_search_asks_as_capacity_frees_and_is_told_every_end(sampler: str) -> None:
+    sp = space(search={"type": "optuna", "sampler": sampler, "trials": 12, "seed": 3},
+               lrs=None, epochs=2)
+    sp = parse_space({**sp.model_dump(mode="json"), "hyperparameters": {
+        "batch_size": [64], "lr": {"distribution": "loguniform", "low": 1e-4, "high": 1.0},
+        "layers": {"distribution": "int", "low": 1, "high": 4}}})
+    orch, d, sid = start(sp)
+    # Three GPUs, one trial each: three asked now, not ten.
+    assert len(orch.trials(sid)) == 3 and len(d.launches) == 3
+    d.until_idle()
+    trials = orch.trials(sid)
+    assert len(trials) == 12 and all(t.state == TrialState.COMPLETED for t in trials)
+    assert [t.coords for t in trials] == [(i,) for i in range(12)]
+    assert all(1e-4 <= t.params["lr"] <= 1.0 and 1 <= t.params["layers"] <= 4 for t in trials)
+    history = orch._search(sid).history()
+    assert [(n, s) for n, s, _ in history] == [(i, "COMPLETE") for i in range(12)]
+    assert [v for *_, v in history] == [t.objective for t in trials]
+    assert orch.study(sid).state == StudyState.COMPLETED
+
+
+def test_optuna_with_asha_tells_pruned_trials() -> None:
+    sp = parse_space({**space(pruner={"type": "asha", "min_epochs": 1, "reduction_factor": 3},
+                              epochs=9).model_dump(mode="json"),
+                      "search": {"type": "optuna", "trials": 9, "seed": 1},
+                      "hyperparameters": {"batch_size": [64], "lr": {
+                          "distribution": "loguniform", "low": 1e-4, "high": 1.0}}})
+    orch, d, sid = start(sp)
+    d.until_idle()
+    trials = orch.trials(sid)
+    assert len(trials) == 9
+    states = {t.state for t in trials}
+    assert states == {TrialState.COMPLETED, TrialState.PRUNED}
+    told = {n: s for n, s, _ in orch._search(sid).history()}
+    assert told == {t.coords[0]: "COMPLETE" if t.state == TrialState.COMPLETED else "PRUNED"
+                    for t in trials}
+
+
+def test_a_sampler_the_server_cannot_run_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
+    import builtins
+
+    real = builtins.__import__
+
+    def no_cmaes(name: str, *args: Any, **kwargs: Any) -> Any:
+        if name == "cmaes":
+            raise ImportError(name)
+        return real(name, *args, **kwargs)
+
+    monkeypatch.setattr(builtins, "__import__", no_cmaes)
+    orch = Orchestrator(MemoryStore(), ManualClock(0.0))
+    with pytest.raises(InvalidInput, match="needs cmaes"):
+        orch.handle(StudySubmitted(space(search={"type": "optuna", "trials": 3,
+                                                 "sampler": "cmaes"})))
+    assert orch.studies() == []
+
+
+def test_optuna_and_asha_survive_a_restart(tmp_path: Path) -> None:
+    """The server stops mid-study: a new orchestrator on the same database rebuilds the
+    Optuna study from the trial records and finishes the study, with no trial lost or run
+    twice, and the sampler's history holding every trial."""
+    sp = parse_space({**space(pruner={"type": "asha", "min_epochs": 1, "reduction_factor": 3},
+                              epochs=9).model_dump(mode="json"),
+                      "search": {"type": "optuna", "trials": 12, "seed": 5},
+                      "hyperparameters": {"batch_size": [64], "lr": {
+                          "distribution": "loguniform", "low": 1e-4, "high": 1.0}}})
+    db = tmp_path / "h.db"
+    store = SqliteStore(db)
+    orch, d, sid = start(sp, store, gpus="1x1xA100-80GB")
+    for _ in range(3):
+        d.step()
+    before = {t.id: t for t in orch.trials(sid)}
+    # Mid-study: trials paused at a rung, pruned, resumed past it; more to ask.
+    assert {TrialState.PAUSED, TrialState.PRUNED, TrialState.RUNNING} <= {
+        t.state for t in before.values()}
+    assert any(t.done_epochs > 0 for t in before.values()) and len(before) < 12
+    running = dict(d.running)
+    store.close()
+
+    store2 = SqliteStore(db)
+    clock = ManualClock(d.clock.now())
+    orch2 = Orchestrator(store2, clock, OrchestratorConfig(fusion=False))
+    assert {t.id: t for t in orch2.trials(sid)} == before
+    d2 = Driver(orch2, clock, running=running, launches=list(d.launches))
+    # The node comes back with what it still runs; the server adopts it.
+    from hypersack.orchestrator import RunningTrial
+
+    node = parse_shorthand("1x1xA100-80GB").nodes[0]
+    d2.apply(orch2.handle(NodeJoined(node, tuple(
+        RunningTrial(tid, r.launch.gpu_index, attempt=r.launch.attempt)
+        for tid, r in running.items()))))
+    d2.until_idle()
+    trials = orch2.trials(sid)
+    assert len(trials) == 12
+    assert all(t.state in (TrialState.COMPLETED, TrialState.PRUNED) for t in trials)
+    assert orch2.study(sid).state == StudyState.COMPLETED
+    history = orch2._search(sid).history()
+    assert [n for n, *_ in history] == list(range(12))
+    assert {n: s for n, s, _ in history} == {
+        t.coords[0]: "COMPLETE" if t.state == TrialState.COMPLETED else "PRUNED"
+        for t in trials}
+    # Params asked before the restart are the ones the rebuilt sampler knows.
+    assert all(before[t.id].params == t.params for t in trials if t.id in before)
+    store2.close()
