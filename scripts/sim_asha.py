@@ -9,6 +9,8 @@ cluster (4 A100 + 2 H100).
 - `asha-unaligned`: packed, `mode: stop`: trials run on from the start and are stopped
   where they rank too low (what Optuna's and Ray's ASHA do); a packed GPU's members reach
   rungs whenever their own speed gets them there;
+- `asha-window-30s`: as `asha-aligned`, with a rung's promotions held 30 s so that they
+  resume together (`promotion_window_s`);
 - `asha-one-per-gpu`: `mode: pause`, one trial per GPU (the usual ASHA deployment);
 - `no-pruner`: packed, every trial to its last epoch (the reference).
 
@@ -56,12 +58,13 @@ def curve(seed: int) -> Any:
     return loss
 
 
-def space(mode: str | None, epochs: int) -> Any:
+def space(mode: str | None, epochs: int, window_s: float = 0.0) -> Any:
     data = load_space(str(EXAMPLES / "sp1-sleep.yaml")).model_dump(mode="json")
     data["settings"]["epochs"] = epochs
     data["program"] = {"builtin": "train"}
     if mode is not None:
-        data["pruner"] = {"type": "asha", "min_epochs": 1, "reduction_factor": 3, "mode": mode}
+        data["pruner"] = {"type": "asha", "min_epochs": 1, "reduction_factor": 3, "mode": mode,
+                          "promotion_window_s": window_s}
     return parse_space(data)
 
 
@@ -72,8 +75,9 @@ def main() -> None:
     args = parser.parse_args()
     truth = load_profiles(EXAMPLES / "profiles-estimates.yaml")
     cluster = parse_shorthand(CLUSTER)
-    runs = (("asha-aligned", "pause", False), ("asha-unaligned", "stop", False),
-            ("asha-one-per-gpu", "pause", True), ("no-pruner", None, False))
+    runs = (("asha-aligned", "pause", False, 0.0), ("asha-window-30s", "pause", False, 30.0),
+            ("asha-unaligned", "stop", False, 0.0), ("asha-one-per-gpu", "pause", True, 0.0),
+            ("no-pruner", None, False, 0.0))
     print(f"{'seed':<5}{'run':<18}{'makespan':>12}{'ratio':>7}{'occupancy':>11}"
           f"{'epochs':>8}{'best loss':>11}{'of all':>9}")
     for seed in (int(s) for s in args.seeds.split(",")):
@@ -81,11 +85,11 @@ def main() -> None:
         loss = curve(seed)
         best_all = None
         rows = []
-        for name, mode, exclusive in runs:
+        for name, mode, exclusive, window in runs:
             config = OrchestratorConfig(fusion=False)
             if exclusive:
                 config = replace(config, exclusive=True)
-            sim = Simulation(space(mode, args.epochs), cluster, truth, config=config,
+            sim = Simulation(space(mode, args.epochs, window), cluster, truth, config=config,
                              curve=loss)
             r = sim.run()
             trials = sim.orchestrator.trials()

@@ -18,7 +18,7 @@ import json
 import math
 import os
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -135,6 +135,7 @@ class Client:
             token = env_token()
         self._rpc = _Rpc(self.address, timeout_s, token=token if credentials else None,
                          credentials=credentials, server_name=server_name)
+        self._told: dict[str, set[str]] = {}  # per study, the trials `tell` returned
 
     def close(self) -> None:
         self._rpc.close()
@@ -176,6 +177,30 @@ class Client:
 
     def cancel(self, study_id: str) -> Study:
         return _study(self._rpc.cancel(study_id))
+
+    def ask(self, study_id: str, params: Mapping[str, Any] | Sequence[Mapping[str, Any]]
+            ) -> list[Trial]:
+        """Run trials with these parameters (one mapping, or several) on the cluster, in
+        a study of `search: {type: manual, trials: N}`: your own optimizer proposes, the
+        cluster packs and runs. Each is checked against the study's space; returns the
+        new trials (PENDING), whose results `tell` (or `watch`) brings back."""
+        batch = [dict(params)] if isinstance(params, Mapping) else [dict(p) for p in params]
+        return [_trial(t) for t in self._rpc.ask(study_id, batch)]
+
+    def tell(self, study_id: str, timeout_s: float | None = None) -> list[Trial]:
+        """The study's trials that ended since the last `tell` of this client, waiting
+        until at least one has (or the study ended, or `timeout_s` passed: then the list
+        may be empty). Feed them to your optimizer, then `ask` again."""
+        told = self._told.setdefault(study_id, set())
+        deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        while True:
+            ended = [t for t in self.trials(study_id)
+                     if t.state in TRIAL_TERMINAL and t.id not in told]
+            if ended or self.study(study_id).done or (
+                    deadline is not None and time.monotonic() >= deadline):
+                told.update(t.id for t in ended)
+                return ended
+            time.sleep(0.2)
 
     def watch(self, study_id: str, min_interval_s: float = 0.5) -> Iterator[Study]:
         """The study each time it changes, until it ends (the last one is terminal)."""

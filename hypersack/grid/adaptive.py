@@ -91,7 +91,7 @@ def make_sampler(space: SearchSpace) -> Any:
 
 def check_search(space: SearchSpace) -> None:
     """Raise InvalidInput now if the space's search cannot run on this server."""
-    if space.search.adaptive:
+    if space.search.type == "optuna":
         make_sampler(space)
         distributions(space)
 

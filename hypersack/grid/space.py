@@ -216,11 +216,12 @@ SAMPLERS = ("tpe", "gp", "cmaes", "random", "qmc")
 
 
 class Search(_Spec):
-    """How the space is searched: `grid` (every point), `random` (`samples` points), or
+    """How the space is searched: `grid` (every point), `random` (`samples` points),
     `optuna` (`trials` points asked of an Optuna sampler as capacity frees, each told
-    its outcome)."""
+    its outcome), or `manual` (`trials` points that the study's owner gives with
+    `Client.ask`, from an optimizer of their own)."""
 
-    type: Literal["grid", "random", "optuna"] = "grid"
+    type: Literal["grid", "random", "optuna", "manual"] = "grid"
     samples: int | None = Field(default=None, ge=1, le=MAX_TRIALS_CAP)
     trials: int | None = Field(default=None, ge=1, le=MAX_TRIALS_CAP)
     sampler: Literal["tpe", "gp", "cmaes", "random", "qmc"] = "tpe"
@@ -232,12 +233,13 @@ class Search(_Spec):
             raise ValueError("random search needs samples")
         if self.type == "grid" and self.samples is not None:
             raise ValueError("samples is for random search; grid search takes every point")
-        if self.type == "optuna" and self.trials is None:
-            raise ValueError("optuna search needs trials (how many to ask for)")
-        if self.type != "optuna" and self.trials is not None:
-            raise ValueError("trials is for optuna search (random search takes samples)")
-        if self.type == "optuna" and self.samples is not None:
-            raise ValueError("samples is for random search; optuna search takes trials")
+        if self.adaptive and self.trials is None:
+            raise ValueError(f"{self.type} search needs trials (how many it will have)")
+        if not self.adaptive and self.trials is not None:
+            raise ValueError("trials is for optuna and manual search (random search takes "
+                             "samples)")
+        if self.adaptive and self.samples is not None:
+            raise ValueError(f"samples is for random search; {self.type} search takes trials")
         if self.type != "optuna" and self.sampler != "tpe":
             raise ValueError("sampler is for optuna search")
         if self.type == "optuna" and self.seed >= 2**32:
@@ -246,8 +248,9 @@ class Search(_Spec):
 
     @property
     def adaptive(self) -> bool:
-        """Trials are made as the search goes (asked of a sampler), not all up front."""
-        return self.type == "optuna"
+        """Trials are made as the search goes (asked of a sampler, or given by the
+        owner), not all up front."""
+        return self.type in ("optuna", "manual")
 
 
 MAX_REDUCTION = 100
@@ -277,6 +280,9 @@ class Pruner(_Spec):
     reduction_factor: int = Field(default=3, ge=2, le=MAX_REDUCTION)
     min_trials: int = Field(default=5, ge=1, le=MAX_TRIALS_CAP)
     mode: Literal["auto", "pause", "stop"] = "auto"
+    # Pause mode: a rung's promotions wait this long for more of the rung's trials to be
+    # promoted, and resume together (one decision packs them).
+    promotion_window_s: float = Field(default=0.0, ge=0, le=MAX_SECONDS)
 
     @model_validator(mode="after")
     def _check(self) -> Pruner:
@@ -551,6 +557,36 @@ class SearchSpace(_Spec):
             return self.program.builtin is not None
         return self.pruner.mode == "pause"
 
+    def point(self, params: Any) -> dict[str, Any]:
+        """A trial's parameters given from outside (`Client.ask`), checked against the
+        space: every hyperparameter named once, each value in its distribution, and the
+        model one of the study's (it may be left out where there is one). Raises
+        InvalidInput saying what is wrong."""
+        if not isinstance(params, dict):
+            raise InvalidInput("a trial's parameters are a mapping of name to value")
+        out: dict[str, Any] = {}
+        given = dict(params)
+        if self.models:
+            model = given.pop("model", self.models[0] if len(self.models) == 1 else None)
+            if model not in self.models:
+                raise InvalidInput(f"model: {str(model)[:64]!r} is not one of the study's "
+                                   f"({', '.join(self.models)})")
+            out["model"] = model
+        unknown = sorted(set(given) - set(self.hyperparameters))
+        missing = sorted(set(self.hyperparameters) - set(given))
+        if unknown or missing:
+            raise InvalidInput(
+                "parameters: " + "; ".join(
+                    ([f"unknown {', '.join(n[:64] for n in unknown[:5])}"] if unknown else [])
+                    + ([f"missing {', '.join(missing[:5])}"] if missing else []))
+                + f" (the space has: {', '.join(self.hyperparameters)})")
+        for name, hp in self.hyperparameters.items():
+            try:
+                out[name] = _in_distribution(hp, _plain_value(given[name]))
+            except ValueError as exc:
+                raise InvalidInput(f"parameters.{name}: {exc}") from None
+        return out
+
     def axes(self) -> list[tuple[str, list[Any]]]:
         """The grid's axes in order: models first (if any), then hyperparameters as
         declared."""
@@ -566,7 +602,7 @@ class SearchSpace(_Spec):
         if self.search.type == "random":
             assert self.search.samples is not None
             return self.search.samples
-        if self.search.type == "optuna":
+        if self.search.adaptive:
             assert self.search.trials is not None
             return self.search.trials
         size = max(1, len(self.models))
@@ -575,6 +611,28 @@ class SearchSpace(_Spec):
             if size > MAX_TRIALS_CAP:  # stop multiplying: already too many
                 return size
         return size
+
+
+def _in_distribution(hp: Choice | Uniform | LogUniform | IntRange, value: Any) -> Any:
+    """The value, if the distribution can give it; raises ValueError otherwise."""
+    if isinstance(hp, Choice):
+        key = json.dumps(value, sort_keys=True)
+        for v in hp.values:
+            if json.dumps(v, sort_keys=True) == key:
+                return v
+        raise ValueError(f"{str(value)[:64]!r} is not one of {hp.values[:10]}")
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ValueError(f"{str(value)[:64]!r} is not a number")
+    if isinstance(hp, IntRange):
+        if not isinstance(value, int) and not (isinstance(value, float) and value.is_integer()):
+            raise ValueError(f"{value!r} is not an integer")
+        value = int(value)
+        if not (hp.low <= value <= hp.high and (value - hp.low) % hp.step == 0):
+            raise ValueError(f"{value} is not in {hp.low}..{hp.high} step {hp.step}")
+        return value
+    if not hp.low <= value <= hp.high:
+        raise ValueError(f"{value!r} is outside [{hp.low:g}, {hp.high:g}]")
+    return value
 
 
 def _check_epochs(hp: Choice | Uniform | LogUniform | IntRange) -> None:

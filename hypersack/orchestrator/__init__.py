@@ -26,7 +26,9 @@ from hypersack.orchestrator.events import (
     TrialFinished,
     TrialOutOfMemory,
     TrialProgress,
+    TrialsAsked,
     TrialStarted,
+    Wake,
 )
 from hypersack.orchestrator.orchestrator import Orchestrator, OrchestratorConfig
 
@@ -56,5 +58,7 @@ __all__ = [
     "TrialOutOfMemory",
     "TrialProgress",
     "TrialStarted",
+    "TrialsAsked",
+    "Wake",
     "launched",
 ]

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Union
+from typing import Any, Union
 
 from hypersack.core.types import NodeSpec, Profile, WorkloadKey
 from hypersack.grid.space import SearchSpace
@@ -22,6 +22,15 @@ class RunningTrial:
 class StudySubmitted:
     space: SearchSpace
     owner: str = ""  # the user who submitted it
+
+
+@dataclass(frozen=True)
+class TrialsAsked:
+    """The owner of a study with `search: {type: manual}` gives trials to run: each a
+    mapping of hyperparameter to value (checked against the space)."""
+
+    study_id: str
+    params: tuple[dict[str, Any], ...]
 
 
 @dataclass(frozen=True)
@@ -136,10 +145,16 @@ class Tick:
     pass
 
 
+@dataclass(frozen=True)
+class Wake:
+    """Time-driven work only (held promotions whose window passed), without the tick's
+    heartbeat check: a driver with no heartbeats (the simulator) sends it at `wake_at()`."""
+
+
 Event = Union[
-    StudySubmitted, StudyCancelled, NodeJoined, Heartbeat, NodeLost, NodeDrained,
+    StudySubmitted, StudyCancelled, TrialsAsked, NodeJoined, Heartbeat, NodeLost, NodeDrained,
     TrialStarted, TrialProgress, TrialFinished, TrialFailed, TrialOutOfMemory,
-    ProfileMeasured, ProfileFailed, ProfilesImported, ProfilesForgotten, Tick,
+    ProfileMeasured, ProfileFailed, ProfilesImported, ProfilesForgotten, Tick, Wake,
 ]
 
 

@@ -61,7 +61,9 @@ from hypersack.orchestrator.events import (
     TrialFinished,
     TrialOutOfMemory,
     TrialProgress,
+    TrialsAsked,
     TrialStarted,
+    Wake,
 )
 from hypersack.orchestrator.journal import Journal, JournaledDict, journaled
 from hypersack.orchestrator.outcomes import divergence, missing_objective
@@ -187,6 +189,8 @@ class Orchestrator:
         self._groups: dict[str, tuple[str, ...]] = journaled(j)
         self._oom_groups: dict[str, bool] = journaled(j)  # groups whose OOM was counted
         self._paused: dict[str, int] = journaled(j)  # PAUSED trials per study
+        # (study, rung) -> when the rung's promotions held for its window resume
+        self._windows: dict[tuple[str, int], float] = journaled(j)
         # Studies with an Optuna search: their Optuna study, saved whole by the journal
         # (an undone event leaves it stale, and it is rebuilt from the trial records).
         self._searches: dict[str, OptunaSearch] = {}
@@ -215,6 +219,7 @@ class Orchestrator:
             _handler(TrialOutOfMemory, self._on_oom),
             _handler(StudySubmitted, self._on_submitted),
             _handler(StudyCancelled, self._on_cancelled),
+            _handler(TrialsAsked, self._on_asked),
             _handler(NodeJoined, self._on_joined),
             _handler(NodeLost, self._on_lost),
             _handler(NodeDrained, self._on_drained),
@@ -223,6 +228,7 @@ class Orchestrator:
             _handler(ProfilesImported, self._on_imported),
             _handler(ProfilesForgotten, self._on_forgotten),
             _handler(Tick, self._on_tick),
+            _handler(Wake, self._on_wake),
         ])
         self._restore()
 
@@ -437,10 +443,28 @@ class Orchestrator:
         decision failed: with nothing changed, a decision would find what the last one
         found."""
         timeout = self.config.heartbeat_timeout_s
-        silent = self._cluster.silent(self._clock.now(), timeout)
+        now = self._clock.now()
+        silent = self._cluster.silent(now, timeout)
         for name in silent:
             self._lose(name, f"no heartbeat for {timeout:g} s")
-        return self._schedule() if silent or self._decide_again else []
+        due = self._release_due(now)
+        return self._schedule() if silent or due or self._decide_again else []
+
+    def _on_wake(self, event: Wake) -> list[Command]:
+        return self._schedule() if self._release_due(self._clock.now()) else []
+
+    def _release_due(self, now: float) -> bool:
+        """Promotions whose window passed resume; True if there were any."""
+        due = sorted({sid for (sid, _), at in self._windows.items() if at <= now})
+        for sid in due:
+            self._rung_decisions(sid)
+            self._maybe_done(sid)
+        return bool(due)
+
+    def wake_at(self) -> float | None:
+        """The next time a tick has something to do besides checking heartbeats (a held
+        promotion resuming); None: nothing waits on time."""
+        return min(self._windows.values(), default=None)
 
     def _running_on(self, trial_id: str, node: str, attempt: int = 0, *,
                     exit: bool = False) -> TrialRecord:
@@ -501,6 +525,27 @@ class Orchestrator:
                  if space.search.adaptive else "")
         return self._schedule()
 
+    def _on_asked(self, event: TrialsAsked) -> list[Command]:
+        """Trials given by the owner of a manual search, run like any others."""
+        study = self.study(event.study_id)
+        space = self._spaces[study.id]
+        if space.search.type != "manual":
+            raise InvalidInput(f"study {study.id} searches by {space.search.type}; only a "
+                               "study with search type manual takes trials from outside")
+        if study.state != StudyState.ACTIVE:
+            raise InvalidInput(f"study {study.id} is {study.state.value}")
+        left = self._asks_left(study.id)
+        if len(event.params) > left:
+            raise InvalidInput(f"study {study.id} takes {left} more trial(s) (search.trials "
+                               f"= {space.size()}); {len(event.params)} given")
+        if not event.params:
+            return []
+        start = len(self._by_study[study.id])
+        self._add_trials(study.id, [
+            asked_trial(space, study.id, start + i, space.point(p))
+            for i, p in enumerate(event.params)])
+        return self._schedule()
+
     def _on_cancelled(self, event: StudyCancelled) -> list[Command]:
         study_id = event.study_id
         study = self.study(study_id)
@@ -517,6 +562,7 @@ class Orchestrator:
                 self._set(t, state=TrialState.CANCELLED, reason="study cancelled",
                           finished_at=self._clock.now())
         self._set_study(study, StudyState.CANCELLED)
+        self._rung_decisions(study_id)  # closes its promotion windows
         return commands + self._schedule()
 
     def _on_joined(self, event: NodeJoined) -> list[Command]:
@@ -807,8 +853,9 @@ class Orchestrator:
         study = self._studies[study_id]
         if study.state != StudyState.ACTIVE or self._asks_left(study_id):
             return
-        if self._open[study_id] and self._open[study_id] == self._paused.get(study_id, 0):
-            # Only paused trials left: the rankings are final.
+        if self._open[study_id] and self._open[study_id] == self._paused.get(study_id, 0) \
+                and not any(sid == study_id for sid, _ in self._windows):
+            # Only paused trials left, none held for a window: the rankings are final.
             self._finish_rungs(study_id)
         if self._open[study_id] == 0:
             states = [self._trials[i].state for i in self._by_study[study_id]]
@@ -937,11 +984,15 @@ class Orchestrator:
         them, however the others do, is pruned now."""
         space = self._spaces[study_id]
         pruner = space.pruner
-        if pruner is None or not self._paused.get(study_id):
+        if pruner is None or not self._paused.get(study_id) or \
+                self._studies[study_id].state != StudyState.ACTIVE:
+            for key in [k for k in self._windows if k[0] == study_id]:
+                del self._windows[key]  # nothing left to promote
             return
         minimize = space.settings.objective.mode == "min"
         eta = pruner.reduction_factor
         count = rungs.brackets(pruner, space.settings.epochs)
+        now = self._clock.now()
         by_bracket: dict[tuple[int, ...], list[TrialRecord]] = {}
         for tid in self._by_study[study_id]:
             t = self._trials[tid]
@@ -959,12 +1010,30 @@ class Orchestrator:
                     if t.state != TrialState.PAUSED or t.done_epochs != rung:
                         continue
                     if rank < go_on:
+                        if self._held(study_id, rung, pruner.promotion_window_s, now):
+                            continue
                         self._set(t, state=TrialState.PENDING,
                                   reason=f"promoted at rung {rung} (ranked {rank + 1} of "
                                          f"{len(order)})")
                     elif rungs.never_promoted(rank, total, eta, index):
                         self._prune_paused(t, f"pruned at rung {rung}: ranked {rank + 1} of "
                                               f"{len(order)}, outside the best 1/{eta}")
+                due = self._windows.get((study_id, rung))
+                if due is not None and due <= now:
+                    del self._windows[study_id, rung]  # its promotions went
+
+    def _held(self, study_id: str, rung: int, window_s: float, now: float) -> bool:
+        """Whether a rung's promotions wait for their window: the first opens it; once
+        it has passed, every promotion of the rung goes (and a later one opens another)."""
+        if window_s <= 0:
+            return False
+        due = self._windows.get((study_id, rung))
+        if due is None:
+            self._windows[study_id, rung] = now + window_s
+            return True
+        if now < due:
+            return True
+        return False
 
     def _finish_rungs(self, study_id: str) -> None:
         """Nothing runs, waits or is left to ask, and trials are paused at rungs: in each
@@ -1021,10 +1090,10 @@ class Orchestrator:
         beyond what the study already has waiting: a batch asked at once (the sampler
         sees the ones not yet told), none while the cluster is full."""
         for study in active:
-            left = self._asks_left(study.id)
-            if left <= 0:
-                continue
             space = self._spaces[study.id]
+            left = self._asks_left(study.id)
+            if left <= 0 or space.search.type != "optuna":
+                continue
             view = self._cluster.view(open_nodes, space.settings.oversubscription)
             gpus = view.gpus()
             if not gpus:
@@ -1066,7 +1135,7 @@ class Orchestrator:
             waiting[t.id] = i
             seen.add(self._group(t))
         self._profiling_dirty = True  # a new workload key may want a profile
-        log.info("study %s: asked for %d trial(s), %d asked of %d", study_id, len(trials),
+        log.info("study %s: %d new trial(s), %d of %d", study_id, len(trials),
                  len(self._by_study[study_id]), self._spaces[study_id].size())
 
     # ----------------------------------------------------------------- decisions
@@ -1693,7 +1762,7 @@ class _Fused:
 
 # Events after which profile bookkeeping has nothing new to see (a trial's exit frees a
 # GPU, which matters to it only while `_profiling_waiting`).
-_ROUTINE = (TrialProgress, TrialStarted, Heartbeat, TrialFinished, TrialFailed, Tick)
+_ROUTINE = (TrialProgress, TrialStarted, Heartbeat, TrialFinished, TrialFailed, Tick, Wake)
 
 E = TypeVar("E")
 

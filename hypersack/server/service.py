@@ -17,6 +17,7 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from typing import Any
 
 from pydantic import ValidationError
 
@@ -34,7 +35,14 @@ from hypersack.core.errors import (
 from hypersack.core.files import load_yaml
 from hypersack.core.train_options import dataset_for, parse_train_options
 from hypersack.core.trial_env import OOM_EXIT_CODE
-from hypersack.core.types import NodeRecord, NodeSpec, Profile, StudyRecord, TrialState
+from hypersack.core.types import (
+    NodeRecord,
+    NodeSpec,
+    Profile,
+    StudyRecord,
+    TrialRecord,
+    TrialState,
+)
 from hypersack.core.validation import format_validation_error
 from hypersack.grid.space import SearchSpace, parse_space
 from hypersack.orchestrator import Orchestrator, OrchestratorConfig
@@ -62,9 +70,11 @@ from hypersack.orchestrator.events import (
     TrialFinished,
     TrialOutOfMemory,
     TrialProgress,
+    TrialsAsked,
     TrialStarted,
 )
 from hypersack.orchestrator.fusion import fused_key
+from hypersack.orchestrator.orchestrator import BatchResult
 from hypersack.policies.registry import policy_names
 from hypersack.sampler.profiles import select_profiles, to_import
 from hypersack.store.base import Store
@@ -212,16 +222,17 @@ class SchedulerService:
                     del self._sessions[name]
 
     # ----------------------------------------------------------------- core
-    def _apply(self, *events: Event) -> None:
+    def _apply(self, *events: Event) -> BatchResult | None:
         """Hand events to the orchestrator, which decides once after all of them, and
-        deliver the commands (lock held). A stale event is logged and changes nothing."""
+        deliver the commands (lock held). A stale event is logged and changes nothing.
+        None: the store failed and the whole batch was undone."""
         try:
             result = self.orch.handle_batch(events)
         except Exception:
             # The store failed: the orchestrator undid the whole batch, memory and store.
             log.exception("a batch of %d events was undone: the store failed", len(events))
             self.stats["failed_batches"] += 1
-            return
+            return None
         self.stats["events"] += len(events) - len(result.stale) - len(result.refused)
         self.stats["profiles_failed"] += sum(isinstance(e, ProfileFailed) for e in events)
         self.stats["stale"] += len(result.stale)
@@ -232,6 +243,7 @@ class SchedulerService:
         self._route(result.commands)
         self._version += 1
         self._changed.notify_all()
+        return result
 
     def _route(self, commands: list[Command]) -> None:
         for c in commands:
@@ -313,6 +325,17 @@ class SchedulerService:
                                    "server's log)")
             keep_out_of_gc()
             return self.orch.studies()[-1]
+
+    def ask(self, study_id: str, params: list[dict[str, Any]]) -> list[TrialRecord]:
+        """Trials with given parameters for a manual search; the new trials."""
+        with self._lock:
+            before = len(self.orch.trials(study_id))
+            result = self._apply(TrialsAsked(study_id, tuple(params)))
+            if result is None:
+                raise HyperSackError("the trials could not be stored; nothing was added")
+            if result.refused:
+                raise result.refused[0][1]
+            return self.orch.trials(study_id)[before:]
 
     def cancel(self, study_id: str) -> StudyRecord:
         with self._lock:

@@ -3,6 +3,7 @@ the orchestrator does."""
 
 from __future__ import annotations
 
+import json
 import logging
 import threading
 from collections.abc import Callable, Iterator
@@ -67,6 +68,10 @@ def translated(fn: Callable[..., T]) -> Callable[..., T]:
         raise AssertionError("unreachable")  # abort raises
 
     return wrapper
+
+
+MAX_ASKED = 1000  # trials one AskTrials call may add
+MAX_PARAMS_CHARS = 64 * 1024
 
 
 def _study(service: SchedulerService, study: StudyRecord, counts: dict[str, int]) -> pb.Study:
@@ -174,6 +179,29 @@ class SchedulerServicer(pb_grpc.SchedulerServicer):
                                  "cancelling")
         study = self._s.cancel(request.study_id)
         return _study(self._s, study, self._s.counts(study.id))
+
+    @translated
+    def AskTrials(self, request: pb.AskTrialsRequest, context: grpc.ServicerContext
+                  ) -> pb.ListTrialsResponse:
+        who = self._who(context)
+        study = self._s.orch.study(request.study_id)
+        self._auth.require_owner(who, study, "adding trials to")
+        if len(request.params_json) > MAX_ASKED:
+            raise InvalidInput(f"at most {MAX_ASKED} trials per call "
+                               f"({len(request.params_json)} given)")
+        params = []
+        for i, text in enumerate(request.params_json):
+            if len(text) > MAX_PARAMS_CHARS:
+                raise InvalidInput(f"trial {i}: parameters longer than {MAX_PARAMS_CHARS} "
+                                   "characters")
+            try:
+                value = json.loads(text)
+            except ValueError as exc:
+                raise InvalidInput(f"trial {i}: parameters are not JSON: {exc}") from None
+            params.append(value)
+        trials = self._s.ask(study.id, params)
+        return pb.ListTrialsResponse(trials=[self._trial(who, trial_to_pb(t), study)
+                                             for t in trials])
 
     @translated
     def ListNodes(self, request: pb.ListNodesRequest, context: grpc.ServicerContext

@@ -39,6 +39,7 @@ from hypersack.orchestrator.events import (
     StudySubmitted,
     TrialFinished,
     TrialProgress,
+    Wake,
 )
 from hypersack.orchestrator.fusion import fused_key
 from hypersack.orchestrator.orchestrator import Orchestrator, OrchestratorConfig
@@ -206,6 +207,7 @@ class Simulation:
         live_gpus: set[tuple[str, int]] = set()
         gpu_area = 0.0  # GPU-seconds that existed (for means under elasticity)
         now = 0.0
+        ticks: set[float] = set()
 
         def apply(commands: list[Command]) -> None:
             nonlocal profile_jobs
@@ -283,6 +285,11 @@ class Simulation:
                 return  # the node that profiled is gone; the orchestrator asks again
             before = len(self.orchestrator.studies())
             apply(self.orchestrator.handle(ev))
+            wake = self.orchestrator.wake_at()
+            if wake is not None and wake not in ticks:
+                # Held promotions resume at a tick: the simulated server ticks then.
+                ticks.add(wake)
+                heapq.heappush(queue, (max(wake, now), next(seq), Wake()))
             if isinstance(ev, StudySubmitted):
                 if len(self.orchestrator.studies()) == before:
                     submissions -= 1  # refused

@@ -82,3 +82,43 @@ def test_server_killed_mid_optuna_asha_study_finishes_it_once(cluster: Cluster) 
     for t in final:
         assert t.launches <= 3, (t.id, t.launches, t.reason)
     assert any(t.state == "COMPLETED" for t in final)
+
+
+MANUAL = {
+    "name": "mine", "models": ["resnet18"],
+    "hyperparameters": {"batch_size": [64],
+                        "lr": {"distribution": "loguniform", "low": 1.0e-4, "high": 1.0}},
+    "search": {"type": "manual", "trials": 4},
+    "settings": {"epochs": 2},
+    "program": {"builtin": "sleep", "options": {"seconds_per_epoch": 0.3}},
+}
+
+
+def test_own_optimizer_asks_and_is_told_through_the_python_api(cluster: Cluster) -> None:
+    import hypersack
+    from hypersack.core.errors import InvalidInput
+
+    cluster.start_server()
+    cluster.start_agent("n1", "1xA100-80GB@16")
+    with hypersack.Client(cluster.address, cluster.admin_token,
+                          tls_ca=cluster.certs / "ca.crt") as hs:
+        study = hs.submit(MANUAL)
+        with pytest.raises(InvalidInput, match="outside"):
+            hs.ask(study.id, {"batch_size": 64, "lr": 5.0})
+        proposals = [{"batch_size": 64, "lr": lr} for lr in (0.001, 0.1)]
+        asked = hs.ask(study.id, proposals)
+        assert [t.params["lr"] for t in asked] == [0.001, 0.1]
+        told = []
+        while len(told) < 2:
+            told += hs.tell(study.id, timeout_s=60)
+        assert {t.id for t in told} == {t.id for t in asked}
+        assert all(t.state == "COMPLETED" and t.objective is not None for t in told)
+        # The optimizer's next proposal: better where the loss was lower.
+        best = min(told, key=lambda t: t.objective or 0.0)
+        hs.ask(study.id, [{"batch_size": 64, "lr": best.params["lr"] * f}
+                          for f in (0.5, 2.0)])
+        final = hs.wait(study.id, timeout_s=60)
+        assert final.state == "COMPLETED" and final.counts.get("COMPLETED") == 4
+        assert len(hs.tell(study.id, timeout_s=5)) == 2  # the two told only now
+        with pytest.raises(InvalidInput):
+            hs.ask(study.id, {"batch_size": 64, "lr": 0.01})  # the study has ended

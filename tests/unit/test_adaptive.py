@@ -26,6 +26,7 @@ from hypersack.orchestrator import (
     StudySubmitted,
     TrialFinished,
     TrialProgress,
+    Wake,
 )
 from hypersack.orchestrator.commands import Command, launched
 from hypersack.store import MemoryStore, SqliteStore, Store
@@ -111,6 +112,12 @@ class Driver:
 
     def until_idle(self, limit: int = 1000) -> None:
         for _ in range(limit):
+            wake = self.orch.wake_at()
+            if wake is not None and (not self.running or wake <= self.clock.now()):
+                # Held promotions resume when their window has passed.
+                self.clock.set(max(wake, self.clock.now()))
+                self.apply(self.orch.handle(Wake()))
+                continue
             if not self.running:
                 return
             self.step()
@@ -222,6 +229,27 @@ def test_asha_pauses_at_rungs_and_resumes_the_promoted_from_their_checkpoint() -
     assert sum(c.stop_at or c.epochs for c in d.launches) - \
         sum(c.done_epochs for c in d.launches) == 21
     assert not d.kills  # paused trials stop by themselves
+
+
+def test_promotions_wait_for_their_window_and_resume_together() -> None:
+    orch, d, sid = start(space(pruner={"type": "asha", "min_epochs": 1, "reduction_factor": 3,
+                                       "promotion_window_s": 25}, epochs=9))
+    d.step()  # all nine reach rung 1 at t=110: three promotable, six can never be
+    states = [t.state for t in orch.trials(sid)]
+    assert states.count(TrialState.PAUSED) == 3 and states.count(TrialState.PRUNED) == 6
+    assert orch.wake_at() == 110 + 25
+    d.clock.set(120)
+    assert launched(orch.handle(Wake())) == []  # the window is still open
+    d.clock.set(135)
+    resumed = launched(orch.handle(Wake()))
+    # The rung's three promotions resume in one decision, each from its checkpoint.
+    assert len(resumed) == 3 and {(c.done_epochs, c.stop_at) for c in resumed} == {(1.0, 3.0)}
+    assert orch.wake_at() is None
+    d.apply(resumed)
+    d.until_idle()
+    assert orch.study(sid).state == StudyState.COMPLETED
+    assert [t.params["lr"] for t in orch.trials(sid) if t.state == TrialState.COMPLETED] == \
+        [0.003]
 
 
 def test_a_pruned_trial_frees_its_capacity_at_once() -> None:
@@ -371,3 +399,52 @@ def test_optuna_and_asha_survive_a_restart(tmp_path: Path) -> None:
     # Params asked before the restart are the ones the rebuilt sampler knows.
     assert all(before[t.id].params == t.params for t in trials if t.id in before)
     store2.close()
+
+
+# ----------------------------------------------------------------- manual (Client.ask)
+def test_given_parameters_are_checked_against_the_space() -> None:
+    sp = parse_space({"name": "m", "models": ["resnet18", "resnet34"],
+                      "search": {"type": "manual", "trials": 4},
+                      "hyperparameters": {
+                          "batch_size": [64, 128],
+                          "lr": {"distribution": "loguniform", "low": 1e-4, "high": 1.0},
+                          "layers": {"distribution": "int", "low": 2, "high": 8, "step": 2}}})
+    ok = {"model": "resnet34", "batch_size": 128, "lr": 0.01, "layers": 4}
+    assert sp.point(ok) == ok
+    assert sp.point({**ok, "layers": 6.0})["layers"] == 6
+    for bad, why in [({**ok, "lr": 2.0}, "outside"), ({**ok, "lr": "x"}, "not a number"),
+                     ({**ok, "lr": float("nan")}, "finite"), ({**ok, "layers": 5}, "step"),
+                     ({**ok, "batch_size": 96}, "not one of"), ({**ok, "model": "bert"},
+                                                                 "not one of the study"),
+                     ({k: v for k, v in ok.items() if k != "lr"}, "missing lr"),
+                     ({**ok, "extra": 1}, "unknown extra"), ([1, 2], "mapping"),
+                     ({**ok, "layers": True}, "not a number"),
+                     ({k: v for k, v in ok.items() if k != "model"}, "not one of the study")]:
+        with pytest.raises(InvalidInput, match=why):
+            sp.point(bad)
+
+
+def test_a_manual_search_runs_the_trials_its_owner_gives() -> None:
+    from hypersack.orchestrator import TrialsAsked
+
+    sp = space(search={"type": "manual", "trials": 4}, epochs=2)
+    orch, d, sid = start(sp)
+    assert orch.trials(sid) == [] and orch.study(sid).state == StudyState.ACTIVE
+    with pytest.raises(InvalidInput, match="missing batch_size"):
+        orch.handle(TrialsAsked(sid, ({"lr": 0.01, "batch_size": 64}, {"lr": 0.1})))
+    assert orch.trials(sid) == []  # refused whole: neither was added
+    d.apply(orch.handle(TrialsAsked(sid, ({"lr": 0.01, "batch_size": 64},
+                                          {"lr": 0.1, "batch_size": 64}))))
+    assert [c.params["lr"] for c in d.launches] == [0.01, 0.1]
+    d.until_idle()
+    assert orch.study(sid).state == StudyState.ACTIVE  # two more to come
+    with pytest.raises(InvalidInput, match="takes 2 more"):
+        orch.handle(TrialsAsked(sid, tuple({"lr": 0.3, "batch_size": 64} for _ in range(3))))
+    d.apply(orch.handle(TrialsAsked(sid, tuple({"lr": lr, "batch_size": 64}
+                                               for lr in (0.3, 1.0)))))
+    d.until_idle()
+    assert orch.study(sid).state == StudyState.COMPLETED
+    assert [t.id for t in orch.trials(sid)] == [f"{sid}-t{i:05d}" for i in range(4)]
+    other = start(space())[0]
+    with pytest.raises(InvalidInput, match="only a study with search type manual"):
+        other.handle(TrialsAsked(other.studies()[0].id, ({"lr": 0.01, "batch_size": 64},)))

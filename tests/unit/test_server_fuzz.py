@@ -104,3 +104,61 @@ def _consistent(srv: object) -> None:
         for (node, idx), (_count, share) in orch.gpu_load().items():
             assert share <= 1.0 + 1e-9
             assert used.get((node, idx), 0) <= compute_capacity(3.0)
+
+
+MANUAL_SPACE = """
+name: mine
+models: [resnet18]
+hyperparameters:
+  batch_size: [64, 128]
+  lr: {distribution: loguniform, low: 1.0e-4, high: 1.0}
+  layers: {distribution: int, low: 1, high: 4}
+search: {type: manual, trials: 30}
+settings: {epochs: 1}
+program: {builtin: sleep}
+"""
+
+json_values = st.recursive(st.one_of(st.none(), st.booleans(), st.integers(-2**70, 2**70),
+                                     st.floats(allow_nan=True, allow_infinity=True), text),
+                           lambda inner: st.lists(inner, max_size=3)
+                           | st.dictionaries(text, inner, max_size=3), max_leaves=6)
+param_maps = st.one_of(
+    st.fixed_dictionaries({"batch_size": st.sampled_from([64, 128, 96, "64", 64.0]),
+                           "lr": st.one_of(numbers, st.just(0.01)),
+                           "layers": st.one_of(st.integers(-3, 6), numbers)}),
+    st.dictionaries(text, json_values, max_size=4), json_values)
+
+
+def test_random_asked_parameters_are_refused_clearly_or_run(
+        server: HyperSackServer, caplog: pytest.LogCaptureFixture) -> None:  # noqa: F811
+    import json
+
+    channel = grpc.insecure_channel(server.address)
+    stub = pb_grpc.SchedulerStub(channel)
+    sid = stub.SubmitStudy(pb.SubmitStudyRequest(space_yaml=MANUAL_SPACE, source="t")).id
+    added = 0
+
+    @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+    @given(st.lists(param_maps, min_size=1, max_size=3), st.booleans())
+    def check(batch: list[object], raw: bool) -> None:
+        nonlocal added
+        texts = [json.dumps(p) if not raw else str(p)[:200] for p in batch]
+        try:
+            got = stub.AskTrials(pb.AskTrialsRequest(study_id=sid, params_json=texts),
+                                 timeout=5).trials
+        except grpc.RpcError as exc:
+            assert exc.code() == grpc.StatusCode.INVALID_ARGUMENT, (exc.code(), exc.details())
+            return
+        added += len(got)
+        for t in got:
+            params = json.loads(t.params_json)
+            assert params["batch_size"] in (64, 128) and 1e-4 <= params["lr"] <= 1.0
+            assert params["layers"] in (1, 2, 3, 4)
+
+    check()
+    trials = stub.ListTrials(pb.ListTrialsRequest(study_id=sid)).trials
+    assert len(trials) == added <= 30
+    assert [t.id for t in trials] == [f"{sid}-t{i:05d}" for i in range(added)]
+    channel.close()
+    errors = [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR]
+    assert errors == []

@@ -150,6 +150,14 @@ class CancelStudyRequest(_message.Message):
     study_id: str
     def __init__(self, study_id: _Optional[str] = ...) -> None: ...
 
+class AskTrialsRequest(_message.Message):
+    __slots__ = ("study_id", "params_json")
+    STUDY_ID_FIELD_NUMBER: _ClassVar[int]
+    PARAMS_JSON_FIELD_NUMBER: _ClassVar[int]
+    study_id: str
+    params_json: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, study_id: _Optional[str] = ..., params_json: _Optional[_Iterable[str]] = ...) -> None: ...
+
 class ListNodesRequest(_message.Message):
     __slots__ = ()
     def __init__(self) -> None: ...

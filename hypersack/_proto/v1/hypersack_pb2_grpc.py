@@ -71,6 +71,11 @@ class SchedulerStub(object):
                 request_serializer=hypersack_dot___proto_dot_v1_dot_hypersack__pb2.CancelStudyRequest.SerializeToString,
                 response_deserializer=hypersack_dot___proto_dot_v1_dot_hypersack__pb2.Study.FromString,
                 _registered_method=True)
+        self.AskTrials = channel.unary_unary(
+                '/hypersack.v1.Scheduler/AskTrials',
+                request_serializer=hypersack_dot___proto_dot_v1_dot_hypersack__pb2.AskTrialsRequest.SerializeToString,
+                response_deserializer=hypersack_dot___proto_dot_v1_dot_hypersack__pb2.ListTrialsResponse.FromString,
+                _registered_method=True)
         self.ListNodes = channel.unary_unary(
                 '/hypersack.v1.Scheduler/ListNodes',
                 request_serializer=hypersack_dot___proto_dot_v1_dot_hypersack__pb2.ListNodesRequest.SerializeToString,
@@ -183,6 +188,14 @@ class SchedulerServicer(object):
 
     def CancelStudy(self, request, context):
         """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def AskTrials(self, request, context):
+        """Trials to run with given parameters, in a study of search type manual (its owner's
+        own optimizer asks; the results come back with the trials).
+        """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
@@ -307,6 +320,11 @@ def add_SchedulerServicer_to_server(servicer, server):
                     servicer.CancelStudy,
                     request_deserializer=hypersack_dot___proto_dot_v1_dot_hypersack__pb2.CancelStudyRequest.FromString,
                     response_serializer=hypersack_dot___proto_dot_v1_dot_hypersack__pb2.Study.SerializeToString,
+            ),
+            'AskTrials': grpc.unary_unary_rpc_method_handler(
+                    servicer.AskTrials,
+                    request_deserializer=hypersack_dot___proto_dot_v1_dot_hypersack__pb2.AskTrialsRequest.FromString,
+                    response_serializer=hypersack_dot___proto_dot_v1_dot_hypersack__pb2.ListTrialsResponse.SerializeToString,
             ),
             'ListNodes': grpc.unary_unary_rpc_method_handler(
                     servicer.ListNodes,
@@ -565,6 +583,33 @@ class Scheduler(object):
             '/hypersack.v1.Scheduler/CancelStudy',
             hypersack_dot___proto_dot_v1_dot_hypersack__pb2.CancelStudyRequest.SerializeToString,
             hypersack_dot___proto_dot_v1_dot_hypersack__pb2.Study.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def AskTrials(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/hypersack.v1.Scheduler/AskTrials',
+            hypersack_dot___proto_dot_v1_dot_hypersack__pb2.AskTrialsRequest.SerializeToString,
+            hypersack_dot___proto_dot_v1_dot_hypersack__pb2.ListTrialsResponse.FromString,
             options,
             channel_credentials,
             insecure,
