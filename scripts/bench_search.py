@@ -1,7 +1,13 @@
 #!/usr/bin/env python3
-"""Time to a target validation loss on a real task on this machine's CPU: the digits
-perceptron (the quick start's model), learning rate x momentum, 27 trials of 27 epochs
-each, searched five ways with `hypersack run` (embedded server, local CPU agent):
+"""Time to a target validation loss on real tasks on this machine's CPU, searched five
+ways with `hypersack run` (embedded server, local CPU agent), the same trial budget each:
+
+- `--task digits`: the digits perceptron (the quick start's NumPy model), learning rate
+  x momentum, 27 trials of 27 epochs;
+- `--task bert`: the zoo's bert_tiny (PyTorch) on synthetic token data at small size
+  (512 training and 256 validation sequences of 32 tokens), Adam's learning rate x
+  weight decay, 18 trials of 9 epochs.
+
 
   grid (9 learning rates x 3 momenta), random, TPE (Optuna), ASHA (random trials,
   rungs 1, 3, 9), TPE + ASHA
@@ -30,20 +36,37 @@ import yaml
 from hypersack.core.types import TrialState
 from hypersack.store.sqlite import SqliteStore
 
-BASE: dict[str, Any] = {
-    "models": ["digits_mlp"],
-    "hyperparameters": {"batch_size": [32]},
-    "settings": {"epochs": 27, "retries": 1, "objective": {"metric": "loss", "mode": "min"}},
-    "program": {"builtin": "train"},
+TASKS: dict[str, dict[str, Any]] = {
+    "digits": {
+        "base": {"models": ["digits_mlp"], "hyperparameters": {"batch_size": [32]},
+                 "settings": {"epochs": 27, "retries": 1}},
+        "options": {},
+        "ranges": {"lr": {"distribution": "loguniform", "low": 1.0e-3, "high": 1.0},
+                   "momentum": {"distribution": "uniform", "low": 0.0, "high": 0.95}},
+        "grid": {"lr": {"distribution": "loguniform", "low": 1.0e-3, "high": 1.0, "num": 9},
+                 "momentum": [0.0, 0.5, 0.9]},
+        "trials": 27, "target": 0.03,
+    },
+    "bert": {
+        "base": {"models": ["bert_tiny"],
+                 "hyperparameters": {"batch_size": [32], "optimizer": ["adam"]},
+                 "settings": {"epochs": 9, "retries": 1}},
+        "options": {"dataset": "synthetic", "train_samples": 512, "val_samples": 256,
+                    "seq_len": 32},
+        "ranges": {"lr": {"distribution": "loguniform", "low": 1.0e-5, "high": 1.0e-1},
+                   "weight_decay": {"distribution": "loguniform", "low": 1.0e-6,
+                                    "high": 1.0e-1}},
+        "grid": {"lr": {"distribution": "loguniform", "low": 1.0e-5, "high": 1.0e-1,
+                        "num": 6},
+                 "weight_decay": [1.0e-6, 1.0e-3, 1.0e-1]},
+        "trials": 18, "target": 0.005,
+    },
 }
-LR = {"distribution": "loguniform", "low": 1.0e-3, "high": 1.0}
-MOMENTUM = {"distribution": "uniform", "low": 0.0, "high": 0.95}
 ASHA = {"type": "asha", "min_epochs": 1, "reduction_factor": 3}
 
 
-def methods(trials: int, seed: int) -> dict[str, dict[str, Any]]:
-    grid = {"lr": {**LR, "num": 9}, "momentum": [0.0, 0.5, 0.9]}
-    ranges = {"lr": LR, "momentum": MOMENTUM}
+def methods(task: dict[str, Any], trials: int, seed: int) -> dict[str, dict[str, Any]]:
+    grid, ranges = task["grid"], task["ranges"]
     random = {"type": "random", "samples": trials, "seed": seed}
     tpe = {"type": "optuna", "sampler": "tpe", "trials": trials, "seed": seed}
     return {
@@ -55,10 +78,13 @@ def methods(trials: int, seed: int) -> dict[str, dict[str, Any]]:
     }
 
 
-def space(name: str, method: dict[str, Any], seed: int) -> dict[str, Any]:
-    data = {**BASE, **method, "name": name.replace("+", "-")}
-    data["hyperparameters"] = {**BASE["hyperparameters"], **method["hyperparameters"]}
-    data["program"] = {"builtin": "train", "options": {"seed": seed}}
+def space(task: dict[str, Any], name: str, method: dict[str, Any], seed: int
+          ) -> dict[str, Any]:
+    base = task["base"]
+    data = {**base, **method, "name": name.replace("+", "-")}
+    data["hyperparameters"] = {**base["hyperparameters"], **method["hyperparameters"]}
+    data["settings"] = {**base["settings"], "objective": {"metric": "loss", "mode": "min"}}
+    data["program"] = {"builtin": "train", "options": {**task["options"], "seed": seed}}
     return data
 
 
@@ -100,26 +126,30 @@ def outcome(db: Path, target: float) -> tuple[float | None, float, float]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--task", choices=sorted(TASKS), default="digits")
     parser.add_argument("--seeds", default="0,1,2")
-    parser.add_argument("--trials", type=int, default=27)
-    parser.add_argument("--target", type=float, default=0.075)
+    parser.add_argument("--trials", type=int, help="default: the task's")
+    parser.add_argument("--target", type=float, help="default: the task's")
     parser.add_argument("--methods", default="grid,random,tpe,asha,tpe+asha")
     args = parser.parse_args()
+    task = TASKS[args.task]
+    args.trials = args.trials or task["trials"]
+    args.target = args.target or task["target"]
     seeds = [int(s) for s in args.seeds.split(",")]
     chosen = args.methods.split(",")
     results: dict[str, list[tuple[float | None, float, float]]] = {m: [] for m in chosen}
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
         # Measure the workload once; every run imports it.
-        first = run(space("warm", methods(3, 0)["random"] | {"search": {
-            "type": "random", "samples": 1, "seed": 0}}, 0), root / "warm", None)
+        warm = methods(task, 1, 0)["random"]
+        first = run(space(task, "warm", warm, 0), root / "warm", None)
         profiles = root / "profiles.yaml"
         subprocess.run([sys.executable, "-m", "hypersack.cli.main", "profiles", "export",
                         str(profiles), "--db", str(first)], check=True,
                        stdout=subprocess.DEVNULL)
         for seed in seeds:
             for name in chosen:
-                data = space(name, methods(args.trials, seed)[name], seed)
+                data = space(task, name, methods(task, args.trials, seed)[name], seed)
                 db = run(data, root / f"{name}-{seed}", profiles)
                 results[name].append(outcome(db, args.target))
                 hit, end, best = results[name][-1]
@@ -128,8 +158,8 @@ def main() -> None:
                       f"best {best:.4f}", file=sys.stderr, flush=True)
     grid_hits = [h for h, _, _ in results.get("grid", []) if h is not None]
     base = statistics.mean(grid_hits) if grid_hits else None
-    print(f"target validation loss {args.target}, {args.trials} trials x 27 epochs, "
-          f"seeds {args.seeds}")
+    print(f"task {args.task}: target validation loss {args.target}, {args.trials} trials x "
+          f"{task['base']['settings']['epochs']} epochs, seeds {args.seeds}")
     print(f"{'method':<10}{'reached':>8}{'to target (s)':>22}{'ratio':>7}{'study (s)':>11}"
           f"{'best loss':>16}")
     for name in chosen:

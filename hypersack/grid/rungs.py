@@ -19,6 +19,7 @@ median of the other trials' values at that epoch stops, once `min_trials` others
 
 from __future__ import annotations
 
+import bisect
 import math
 import statistics
 from collections.abc import Iterable, Mapping
@@ -111,3 +112,46 @@ def median_prunes(value: float, others: Iterable[float], min_trials: int,
     if len(values) < min_trials:
         return False
     return better(statistics.median(values), value, minimize)
+
+
+class Ranking:
+    """The values the trials of one bracket reported at one rung, best first, and the
+    trials paused there: a trial's rank in O(log n), so a decision costs what changed,
+    not the study's size."""
+
+    def __init__(self, minimize: bool) -> None:
+        self._sign = 1.0 if minimize else -1.0
+        self._values: list[tuple[float, str]] = []  # (sign x value, trial id), ascending
+        self.paused: set[str] = set()
+
+    def __len__(self) -> int:
+        return len(self._values)
+
+    def add(self, trial_id: str, value: float) -> None:
+        bisect.insort(self._values, (self._sign * value, trial_id))
+
+    def rank(self, trial_id: str, value: float) -> int:
+        """Its place, 0 the best (ties by trial id)."""
+        return bisect.bisect_left(self._values, (self._sign * value, trial_id))
+
+    def better(self, value: float) -> int:
+        """How many reported a strictly better value."""
+        return bisect.bisect_left(self._values, (self._sign * value, ""))
+
+    def keeps(self, value: float, eta: int) -> bool:
+        """Stop mode (see `keeps`): among the best max(1, n // eta), ties kept."""
+        return self.better(value) < max(1, len(self._values) // eta)
+
+    def median_prunes(self, trial_id: str, value: float, min_trials: int) -> bool:
+        """The median rule against the others' values (see `median_prunes`)."""
+        others = len(self._values) - 1
+        if others < min_trials:
+            return False
+        own = self.rank(trial_id, value)
+
+        def other(k: int) -> float:
+            return self._values[k if k < own else k + 1][0]
+
+        mid = others // 2
+        median = other(mid) if others % 2 else (other(mid - 1) + other(mid)) / 2
+        return self._sign * value > median  # both signed: larger is worse

@@ -92,6 +92,7 @@ log = logging.getLogger(__name__)
 DEFAULT_RATIOS: dict[str, float] = {"A100": 3.0, "H100": 2.5}
 _DEFAULT_SHARE = UserShare()
 MAX_RESERVED = 32  # GPUs one study may have reserved for its waiting trials at once
+_RUNG_ORDER = 10_000_000  # more than a study's trials: promoted trials wait first
 
 
 @dataclass(frozen=True)
@@ -172,11 +173,10 @@ class Orchestrator:
         # PENDING trials per study (trial id -> its place in the study), so a decision
         # costs what waits, not the study's size.
         self._waiting: dict[str, JournaledDict[str, int]] = journaled(j)
-        # Per study, every workload group (see `_group`) any of its trials had while
-        # PENDING: a superset of the groups waiting now (it only grows, so a rollback
-        # cannot make it miss one). `_plain_items` stops scanning once every group in it
-        # has passed what could fit.
-        self._groups_seen: dict[str, set[tuple[int, int | None, float]]] = {}
+        # Per study, how many PENDING trials each workload group (see `_group`) has.
+        # `_plain_items` stops scanning once every group waiting has passed what could fit.
+        self._pending_groups: dict[str, JournaledDict[tuple[int, int | None, float], int]] = \
+            journaled(j)
         self._place: dict[str, int] = {}  # trial id -> its place in its study
         self._key_numbers: dict[WorkloadKey, int] = {}  # caches: never undone, never wrong
         self._key_of_trial: dict[str, int] = {}
@@ -194,6 +194,11 @@ class Orchestrator:
         # Studies with an Optuna search: their Optuna study, saved whole by the journal
         # (an undone event leaves it stale, and it is rebuilt from the trial records).
         self._searches: dict[str, OptunaSearch] = {}
+        # Caches: each bracket's rungs (never wrong), and per study the rankings at each
+        # (bracket, rung), built from the trial records when first needed and dropped
+        # whenever an event is undone.
+        self._ladders: dict[tuple[str, int], tuple[int, ...]] = {}
+        self._rankings: dict[str, dict[tuple[int, int], rungs.Ranking]] = {}
         self._needs_cache: dict[tuple[WorkloadKey, int | None, frozenset[str]],
                                 dict[str, Need]] = {}
         self._dirty: set[str] = set()
@@ -250,10 +255,10 @@ class Orchestrator:
         for t in self._store.list_trials():
             self._trials[t.id] = t
             self._by_study.setdefault(t.study_id, []).append(t.id)
-            self._place[t.id] = len(self._by_study[t.study_id])
+            self._place[t.id] = len(self._by_study[t.study_id]) - 1  # as when submitted
             if t.state == TrialState.PENDING:
-                self._waiting_in(t.study_id)[t.id] = self._place[t.id]
-                self._groups_seen.setdefault(t.study_id, set()).add(self._group(t))
+                self._waiting_in(t.study_id)[t.id] = self._wait_order(t)
+                self._count_group(t, 1)
             self._open[t.study_id] = self._open.get(t.study_id, 0) + (not t.state.terminal)
             if t.state == TrialState.PAUSED:
                 self._paused[t.study_id] = self._paused.get(t.study_id, 0) + 1
@@ -355,6 +360,7 @@ class Orchestrator:
             self._journal.rollback_to(0)
             self._profiling_dirty = self._decide_again = True
             self._needs_cache.clear()
+            self._rankings.clear()
             self._dirty.clear()
             self._dirty_studies.clear()
             raise
@@ -374,6 +380,7 @@ class Orchestrator:
             self._journal.rollback_to(mark)
             self._profiling_dirty = True
             self._needs_cache.clear()  # it may hold needs of a profile that was undone
+            self._rankings.clear()  # they may hold a rung value that was undone
             raise
 
     def _guarded(self, event: Event | None, result: BatchResult) -> None:
@@ -506,13 +513,12 @@ class Orchestrator:
         self._by_study[study_id] = [t.id for t in trials]
         self._open[study_id] = len(trials)
         waiting = self._waiting_in(study_id)
-        seen = self._groups_seen.setdefault(study_id, set())
         for i, t in enumerate(trials):
             self._trials[t.id] = t
             self._place[t.id] = i
             if t.state == TrialState.PENDING:
                 waiting[t.id] = i
-                seen.add(self._group(t))
+                self._count_group(t, 1)
         # A new study profiles again what failed before: its user may have fixed the
         # program since (the failure is not the workload's for good).
         keys = {t.key for t in trials}
@@ -796,19 +802,32 @@ class Orchestrator:
         if "state" in changes and changes["state"] != t.state:
             check_transition(t.id, t.state, changes["state"])
         new = t.model_copy(update=changes)
-        if new.state == TrialState.PENDING:
-            self._groups_seen.setdefault(t.study_id, set()).add(self._group(new))
+        was, now = t.state == TrialState.PENDING, new.state == TrialState.PENDING
+        if was or now:
+            old_group = self._group(t) if was else None
+            new_group = self._group(new) if now else None
+            if old_group != new_group:
+                if was:
+                    self._count_group(t, -1, old_group)
+                if now:
+                    self._count_group(new, 1, new_group)
         if new.state.terminal != t.state.terminal:
             self._open[t.study_id] += -1 if new.state.terminal else 1
         if (new.state == TrialState.PENDING) != (t.state == TrialState.PENDING):
             waiting = self._waiting_in(t.study_id)
             if new.state == TrialState.PENDING:
-                waiting[t.id] = self._place.get(t.id, 0)
+                waiting[t.id] = self._wait_order(new)
             else:
                 del waiting[t.id]
         if (new.state == TrialState.PAUSED) != (t.state == TrialState.PAUSED):
             self._paused[t.study_id] = self._paused.get(t.study_id, 0) + (
                 1 if new.state == TrialState.PAUSED else -1)
+            ranked = self._rankings.get(t.study_id)
+            if ranked is not None:
+                if new.state == TrialState.PAUSED:
+                    self._ranking(new, int(new.done_epochs)).paused.add(t.id)
+                else:
+                    self._ranking(t, int(t.done_epochs)).paused.discard(t.id)
         self._trials[t.id] = new
         self._dirty.add(t.id)
         if new.state.terminal and not t.state.terminal and t.study_id in self._searches:
@@ -817,6 +836,24 @@ class Orchestrator:
                 self._journal.touch(search)
                 search.tell(new)
         return new
+
+    def _count_group(self, t: TrialRecord, delta: int,
+                     group: tuple[int, int | None, float] | None = None) -> None:
+        counts = self._pending_groups.get(t.study_id)
+        if counts is None:
+            counts = self._pending_groups[t.study_id] = journaled(self._journal)
+        group = group if group is not None else self._group(t)
+        n = counts.get(group, 0) + delta
+        if n > 0:
+            counts[group] = n
+        elif group in counts:
+            del counts[group]
+
+    def _wait_order(self, t: TrialRecord) -> int:
+        """A pending trial's place in its study's queue: the study's order, except that
+        a trial promoted past a rung comes before every trial of a lower rung (ASHA runs
+        promotions first)."""
+        return self._place.get(t.id, 0) - int(t.done_epochs) * _RUNG_ORDER
 
     def _waiting_in(self, study_id: str) -> JournaledDict[str, int]:
         waiting = self._waiting.get(study_id)
@@ -909,14 +946,45 @@ class Orchestrator:
         self._set(heir, demand=demand)
 
     # ----------------------------------------------------------------- early stopping
-    def _ladder(self, t: TrialRecord) -> tuple[int, ...]:
-        """The rungs of a trial's bracket (none without a pruner)."""
+    def _bracket(self, t: TrialRecord) -> int:
         space = self._spaces[t.study_id]
         if space.pruner is None:
-            return ()
-        epochs = space.settings.epochs
-        return rungs.rungs(space.pruner, epochs,
-                           rungs.bracket_of(space.pruner, epochs, self._place.get(t.id, 0)))
+            return 0
+        return rungs.bracket_of(space.pruner, space.settings.epochs, self._place.get(t.id, 0))
+
+    def _ladder(self, t: TrialRecord) -> tuple[int, ...]:
+        """The rungs of a trial's bracket (none without a pruner)."""
+        key = (t.study_id, self._bracket(t))
+        ladder = self._ladders.get(key)
+        if ladder is None:
+            space = self._spaces[t.study_id]
+            ladder = () if space.pruner is None else rungs.rungs(
+                space.pruner, space.settings.epochs, key[1])
+            self._ladders[key] = ladder
+        return ladder
+
+    def _ranking(self, t: TrialRecord, rung: int) -> rungs.Ranking:
+        """The ranking at a rung of the trial's bracket."""
+        by_rung = self._rankings_of(t.study_id)
+        key = (self._bracket(t), rung)
+        ranking = by_rung.get(key)
+        if ranking is None:
+            minimize = self._spaces[t.study_id].settings.objective.mode == "min"
+            ranking = by_rung[key] = rungs.Ranking(minimize)
+        return ranking
+
+    def _rankings_of(self, study_id: str) -> dict[tuple[int, int], rungs.Ranking]:
+        """A study's rankings, built from its trials' records when not cached."""
+        by_rung = self._rankings.get(study_id)
+        if by_rung is None:
+            by_rung = self._rankings[study_id] = {}
+            for tid in self._by_study[study_id]:
+                t = self._trials[tid]
+                for rung, value in t.rungs.items():
+                    self._ranking(t, int(rung)).add(t.id, value)
+                if t.state == TrialState.PAUSED:
+                    self._ranking(t, int(t.done_epochs)).paused.add(t.id)
+        return by_rung
 
     def _segment(self, t: TrialRecord) -> float:
         """The epochs a trial's next attempt runs: to its next rung where the pruner
@@ -937,21 +1005,16 @@ class Orchestrator:
         if pruner is None or value is None or step in t.rungs or \
                 len(t.rungs) >= MAX_RUNG_VALUES or step not in self._ladder(t):
             return []
+        self._rankings_of(t.study_id)  # built before the new value is recorded
         t = self._set(t, rungs={**t.rungs, step: value})
-        minimize = space.settings.objective.mode == "min"
-        others = [self._trials[i] for i in self._by_study[t.study_id] if i != t.id]
+        ranking = self._ranking(t, step)
+        ranking.add(t.id, value)
         if pruner.type == "median":
-            prune = rungs.median_prunes(value, [o.rungs[step] for o in others
-                                                if step in o.rungs],
-                                        pruner.min_trials, minimize)
+            prune = ranking.median_prunes(t.id, value, pruner.min_trials)
         elif space.pause_mode() and t.stop_at == step:
             return []  # it stops here by itself, and is ranked then
         else:
-            bracket = self._ladder(t)
-            recorded = [o.rungs[step] for o in others
-                        if step in o.rungs and self._ladder(o) == bracket]
-            prune = not rungs.keeps(value, [*recorded, value], pruner.reduction_factor,
-                                    minimize)
+            prune = not ranking.keeps(value, pruner.reduction_factor)
         if not prune:
             return []
         why = (f"pruned at epoch {step}: {space.settings.objective.metric} = {value:.6g} "
@@ -981,7 +1044,8 @@ class Orchestrator:
     def _rung_decisions(self, study_id: str) -> None:
         """ASHA's promotions: at each rung the best n // eta of the n trials ranked there go
         on (the paused ones among them resume); a paused trial that can never be among
-        them, however the others do, is pruned now."""
+        them, however the others do, is pruned now. Costs what is paused, not the
+        study's size."""
         space = self._spaces[study_id]
         pruner = space.pruner
         if pruner is None or not self._paused.get(study_id) or \
@@ -989,38 +1053,32 @@ class Orchestrator:
             for key in [k for k in self._windows if k[0] == study_id]:
                 del self._windows[key]  # nothing left to promote
             return
-        minimize = space.settings.objective.mode == "min"
         eta = pruner.reduction_factor
-        count = rungs.brackets(pruner, space.settings.epochs)
+        epochs = space.settings.epochs
+        count = rungs.brackets(pruner, epochs)
         now = self._clock.now()
-        by_bracket: dict[tuple[int, ...], list[TrialRecord]] = {}
-        for tid in self._by_study[study_id]:
-            t = self._trials[tid]
-            by_bracket.setdefault(self._ladder(t), []).append(t)
-        for ladder, members in by_bracket.items():
-            bracket = rungs.bracket_of(pruner, space.settings.epochs,
-                                       self._place.get(members[0].id, 0))
+        for (bracket, rung), ranking in sorted(self._rankings_of(study_id).items()):
+            if not ranking.paused:
+                continue
+            ladder = rungs.rungs(pruner, epochs, bracket)
+            index = ladder.index(rung) if rung in ladder else 0
             total = rungs.bracket_size(space.size(), count, bracket)
-            for index, rung in enumerate(ladder):
-                values = {t.id: t.rungs[rung] for t in members if rung in t.rungs}
-                order = rungs.ranked(values, minimize)
-                go_on = rungs.promoted_count(len(order), eta)
-                for rank, tid in enumerate(order):
-                    t = self._trials[tid]
-                    if t.state != TrialState.PAUSED or t.done_epochs != rung:
+            go_on = rungs.promoted_count(len(ranking), eta)
+            for tid in sorted(ranking.paused):
+                t = self._trials[tid]
+                rank = ranking.rank(tid, t.rungs[rung])
+                if rank < go_on:
+                    if self._held(study_id, rung, pruner.promotion_window_s, now):
                         continue
-                    if rank < go_on:
-                        if self._held(study_id, rung, pruner.promotion_window_s, now):
-                            continue
-                        self._set(t, state=TrialState.PENDING,
-                                  reason=f"promoted at rung {rung} (ranked {rank + 1} of "
-                                         f"{len(order)})")
-                    elif rungs.never_promoted(rank, total, eta, index):
-                        self._prune_paused(t, f"pruned at rung {rung}: ranked {rank + 1} of "
-                                              f"{len(order)}, outside the best 1/{eta}")
-                due = self._windows.get((study_id, rung))
-                if due is not None and due <= now:
-                    del self._windows[study_id, rung]  # its promotions went
+                    self._set(t, state=TrialState.PENDING,
+                              reason=f"promoted at rung {rung} (ranked {rank + 1} of "
+                                     f"{len(ranking)})")
+                elif rungs.never_promoted(rank, total, eta, index):
+                    self._prune_paused(t, f"pruned at rung {rung}: ranked {rank + 1} of "
+                                          f"{len(ranking)}, outside the best 1/{eta}")
+            due = self._windows.get((study_id, rung))
+            if due is not None and due <= now:
+                del self._windows[study_id, rung]  # its promotions went
 
     def _held(self, study_id: str, rung: int, window_s: float, now: float) -> bool:
         """Whether a rung's promotions wait for their window: the first opens it; once
@@ -1128,12 +1186,11 @@ class Orchestrator:
         self._by_study[study_id] = [*ids, *(t.id for t in trials)]
         self._open[study_id] += len(trials)
         waiting = self._waiting_in(study_id)
-        seen = self._groups_seen.setdefault(study_id, set())
         for i, t in enumerate(trials, start=len(ids)):
             self._trials[t.id] = t
             self._place[t.id] = i
             waiting[t.id] = i
-            seen.add(self._group(t))
+            self._count_group(t, 1)
         self._profiling_dirty = True  # a new workload key may want a profile
         log.info("study %s: %d new trial(s), %d of %d", study_id, len(trials),
                  len(self._by_study[study_id]), self._spaces[study_id].size())
@@ -1499,31 +1556,32 @@ class Orchestrator:
         batch: list[Item] = []
         if not trials:
             return batch
-        seen = self._groups_seen.get(trials[0].study_id)
-        open_groups = len(seen) if seen is not None else -1
+        # Exact counts of the study's pending trials per group: a group is done once it
+        # passed its share or its last pending trial was seen.
+        waiting = self._pending_groups.get(trials[0].study_id)
+        open_groups = len(waiting) if waiting is not None else -1
         fits = _FitBounds(view)
-        # group -> (how many more to pass, needs, expected run time, relative speeds)
-        groups: dict[tuple[int, int | None, float],
-                     tuple[int, dict[str, Need], float, dict[str, float]]] = {}
+        groups: dict[tuple[int, int | None, float], _Scan] = {}
         for t in trials:
             group = self._group(t)
-            entry = groups.get(group)
-            if entry is None:
+            g = groups.get(group)
+            if g is None:
                 needs = self._needs(t, archs)
                 epochs = self._segment(t)
                 times = {a: self._profiles[t.key, a].run_time_s(epochs) for a in needs}
                 run_time = max(times.values(), default=0.0)
                 speed = ({a: run_time / s for a, s in times.items() if s > 0}
                          if len(times) > 1 and run_time > 0 else {})
-                entry = (fits.bound(needs) if needs else 0, needs, run_time, speed)
-                if entry[0] <= 0 and seen is not None and group in seen:
-                    open_groups -= 1  # passes nothing
-            left, needs, run_time, speed = entry
-            groups[group] = (left - 1, needs, run_time, speed)
-            if left > 0:
-                batch.append(Item(t.id, needs, run_time, speed=speed))
-                if left == 1 and seen is not None and group in seen:
-                    open_groups -= 1  # its share is passed
+                unseen = waiting.get(group, 0) if waiting is not None else 0
+                g = groups[group] = _Scan(fits.bound(needs) if needs else 0, unseen,
+                                          needs, run_time, speed, counted=unseen > 0)
+            if g.left > 0:
+                batch.append(Item(t.id, g.needs, g.run_time, speed=g.speed))
+                g.left -= 1
+            g.unseen -= 1
+            if g.counted and (g.left <= 0 or g.unseen <= 0):
+                g.counted = False
+                open_groups -= 1  # its share passed, or none of it is left to see
             if open_groups == 0:
                 break
         return batch
@@ -1741,6 +1799,18 @@ class Orchestrator:
         self._profiling_waiting = any(s not in assigned for s in wanted) or any(
             g.reserved_for is not None for n in open_nodes for g in n.gpus.values())
         return commands
+
+
+@dataclass
+class _Scan:
+    """One workload group in a scan of pending trials (`_plain_items`)."""
+
+    left: int  # how many more it may pass
+    unseen: int  # how many of its pending trials the scan has yet to meet
+    needs: dict[str, Need]
+    run_time: float
+    speed: dict[str, float]
+    counted: bool  # still among the groups the scan waits for
 
 
 @dataclass

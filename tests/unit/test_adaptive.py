@@ -92,6 +92,9 @@ class Driver:
 
     def step(self) -> None:
         """One epoch of every running trial."""
+        # The orchestrator's count of pending trials per workload group stays exact.
+        for sid, counts in self.orch._pending_groups.items():
+            assert sum(counts.values()) == len(self.orch._pending_of(sid))
         self.clock.advance(10.0)
         for tid in sorted(self.running):
             run = self.running.get(tid)

@@ -327,9 +327,10 @@ def test_the_pending_scan_stops_early_and_passes_the_same_trials(shorthand: str)
     archs = frozenset(g.arch for n in parse_shorthand(shorthand).nodes for g in n.gpus)
     view = orch._cluster.view(orch._cluster.open_nodes(), {})
     early = orch._plain_items(pending, archs, view)
-    seen = orch._groups_seen.pop(study_id)
-    full = orch._plain_items(pending, archs, view)
-    orch._groups_seen[study_id] = seen
+    counts = orch._pending_groups.pop(study_id)
+    full = orch._plain_items(pending, archs, view)  # without the counts: every trial
+    orch._pending_groups[study_id] = counts
+    assert sum(counts.values()) == len(pending)
     assert len(full) < len(pending)  # groups hold trials back: the scan may stop early
     assert [it.id for it in early] == [it.id for it in full]
     assert [(it.needs, it.run_time_s) for it in early] == [(it.needs, it.run_time_s)
