@@ -1159,7 +1159,7 @@ class Orchestrator:
             per_gpu = sum(g.full_compute for g in gpus) / len(gpus)
             room = float(sum(g.compute for g in gpus))
             for t in self._pending_of(study.id):
-                room -= self._least_compute(t, archs, per_gpu)
+                room -= self._least_compute(t, archs, per_gpu, space)
             asked: list[TrialRecord] = []
             search: OptunaSearch | None = None
             while room > 0 and len(asked) < min(left, 2 * len(gpus) + 1):
@@ -1169,16 +1169,28 @@ class Orchestrator:
                 number, params = search.ask()
                 t = asked_trial(space, study.id, number, params)
                 asked.append(t)
-                room -= self._least_compute(t, archs, per_gpu)
+                room -= self._least_compute(t, archs, per_gpu, space)
             if asked:
                 self._add_trials(study.id, asked)
 
-    def _least_compute(self, t: TrialRecord, archs: frozenset[str], unknown: float
-                       ) -> float:
-        """The least scaled compute a trial needs on any architecture (`unknown`: not yet
-        profiled; it will hold a GPU to be profiled)."""
+    def _least_compute(self, t: TrialRecord, archs: frozenset[str], unknown: float,
+                       space: SearchSpace) -> float:
+        """The least scaled compute a trial needs on any architecture: from its profile,
+        else from the demand the study states, else `unknown` (it will hold a GPU to be
+        profiled)."""
         needs = self._needs(t, archs)
-        return float(min(n.compute for n in needs.values())) if needs else unknown
+        if needs:
+            return float(min(n.compute for n in needs.values()))
+        stated = space.settings.demand
+        if stated is not None:
+            demands = [stated.get(a) if isinstance(stated, dict) else stated
+                       for a in sorted(archs)]
+            computes = [Need.of(Demand(compute_pct=d.compute_pct, memory_mib=d.memory_mib,
+                                       cores=d.cores)).compute
+                        for d in demands if d is not None]
+            if computes:
+                return float(min(computes))
+        return unknown
 
     def _add_trials(self, study_id: str, trials: list[TrialRecord]) -> None:
         self._store.add_trials(trials)

@@ -306,8 +306,8 @@ def test_optuna_search_asks_as_capacity_frees_and_is_told_every_end(sampler: str
     sp = parse_space({**sp.model_dump(mode="json"), "hyperparameters": {
         "batch_size": [64], "lr": {"distribution": "loguniform", "low": 1e-4, "high": 1.0},
         "layers": {"distribution": "int", "low": 1, "high": 4}}})
-    orch, d, sid = start(sp)
-    # Three GPUs, one trial each: three asked now, not ten.
+    orch, d, sid = start(sp, gpus="1x1xA100-80GB")
+    # One GPU that holds three of these trials: three asked now, not twelve.
     assert len(orch.trials(sid)) == 3 and len(d.launches) == 3
     d.until_idle()
     trials = orch.trials(sid)
@@ -451,3 +451,59 @@ def test_a_manual_search_runs_the_trials_its_owner_gives() -> None:
     other = start(space())[0]
     with pytest.raises(InvalidInput, match="only a study with search type manual"):
         other.handle(TrialsAsked(other.studies()[0].id, ({"lr": 0.01, "batch_size": 64},)))
+
+
+def test_a_restart_keeps_each_trial_in_its_bracket_and_rankings(tmp_path: Path) -> None:
+    sp = space(pruner={"type": "hyperband", "min_epochs": 1, "reduction_factor": 3}, epochs=9)
+    store = SqliteStore(tmp_path / "h.db")
+    orch, d, sid = start(sp, store)
+    d.step()
+    before = {t.id: (orch._bracket(t), orch._ladder(t)) for t in orch.trials(sid)}
+    ranks = {k: len(r) for k, r in orch._rankings_of(sid).items()}
+    store.close()
+    store2 = SqliteStore(tmp_path / "h.db")
+    again = Orchestrator(store2, ManualClock(d.clock.now()), OrchestratorConfig(fusion=False))
+    assert {t.id: (again._bracket(t), again._ladder(t)) for t in again.trials(sid)} == before
+    assert {k: len(r) for k, r in again._rankings_of(sid).items()} == ranks
+    assert {k: r.paused for k, r in again._rankings_of(sid).items()} == {
+        k: r.paused for k, r in orch._rankings_of(sid).items()}
+    store2.close()
+
+
+class _FailOnce(MemoryStore):
+    """A store whose next `add_trials` fails (a full disk as the search asks)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fail_next = False
+
+    def add_trials(self, trials: Any) -> None:
+        if self.fail_next:
+            self.fail_next = False
+            raise OSError("disk full")
+        super().add_trials(trials)
+
+
+def test_an_ask_that_is_undone_leaves_no_phantom_trial_in_the_sampler() -> None:
+    sp = parse_space({**space(epochs=2).model_dump(mode="json"),
+                      "search": {"type": "optuna", "trials": 8, "seed": 2},
+                      "hyperparameters": {"batch_size": [64], "lr": {
+                          "distribution": "loguniform", "low": 1e-4, "high": 1.0}}})
+    store = _FailOnce()
+    orch, d, sid = start(sp, store, gpus="1x1xA100-80GB")
+    assert len(orch.trials(sid)) == 3  # as many as fit (the study states its demand)
+    store.fail_next = True
+    d.step()
+    d.step()  # the trials end; the decision after the first asks, and the store fails
+    assert store.fail_next is False  # it did fail once
+    # The Optuna study was asked inside the undone decision: it was rebuilt from the
+    # records for the next decision's ask, so it knows exactly the trials the store has.
+    trials = orch.trials(sid)
+    assert trials == store.list_trials(sid) and len(trials) > 3
+    assert [n for n, *_ in orch._search(sid).history()] == list(range(len(trials)))
+    d.until_idle()
+    trials = orch.trials(sid)
+    assert len(trials) == 8 and trials == store.list_trials(sid)
+    assert [(n, s) for n, s, _ in orch._search(sid).history()] == [
+        (i, "COMPLETE") for i in range(8)]
+    assert orch.study(sid).state == StudyState.COMPLETED
