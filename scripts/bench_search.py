@@ -83,7 +83,9 @@ def space(task: dict[str, Any], name: str, method: dict[str, Any], seed: int
     base = task["base"]
     data = {**base, **method, "name": name.replace("+", "-")}
     data["hyperparameters"] = {**base["hyperparameters"], **method["hyperparameters"]}
-    data["settings"] = {**base["settings"], "objective": {"metric": "loss", "mode": "min"}}
+    # Trials alone, for every method alike (a study with a pruner does not fuse yet).
+    data["settings"] = {**base["settings"], "fusion": "off",
+                        "objective": {"metric": "loss", "mode": "min"}}
     data["program"] = {"builtin": "train", "options": {**task["options"], "seed": seed}}
     return data
 
