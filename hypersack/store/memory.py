@@ -78,10 +78,7 @@ class MemoryStore(Store):
     def add_study(self, study: StudyRecord, trials: Sequence[TrialRecord]) -> None:
         if study.id in self._studies:
             raise AlreadyExists(f"study {study.id!r} exists")
-        ids = [t.id for t in trials]
-        clash = [i for i in ids if i in self._trials]
-        if clash or len(set(ids)) != len(ids):
-            raise AlreadyExists(f"trial ids exist or repeat: {clash[:3] or ids[:3]}")
+        self._check_new(trials)
         with self.transaction():
             self._set(self._studies, study.id, study)
             for t in trials:
@@ -91,13 +88,16 @@ class MemoryStore(Store):
         unknown = [t.study_id for t in trials if t.study_id not in self._studies]
         if unknown:
             raise NotFound(f"no study {unknown[0]!r}")
+        self._check_new(trials)
+        with self.transaction():
+            for t in trials:
+                self._set(self._trials, t.id, t)
+
+    def _check_new(self, trials: Sequence[TrialRecord]) -> None:
         ids = [t.id for t in trials]
         clash = [i for i in ids if i in self._trials]
         if clash or len(set(ids)) != len(ids):
             raise AlreadyExists(f"trial ids exist or repeat: {clash[:3] or ids[:3]}")
-        with self.transaction():
-            for t in trials:
-                self._set(self._trials, t.id, t)
 
     def update_study(self, study: StudyRecord) -> None:
         if study.id not in self._studies:
