@@ -198,6 +198,9 @@ class Orchestrator:
         # (bracket, rung), built from the trial records when first needed and dropped
         # whenever an event is undone.
         self._ladders: dict[tuple[str, int], tuple[int, ...]] = {}
+        # The last epoch each running trial of a pruned study reported (not kept across a
+        # restart): a trial that ran past the rung it was to pause at did not pause.
+        self._last_step: dict[str, int] = journaled(j)
         self._rankings: dict[str, dict[tuple[int, int], rungs.Ranking]] = {}
         self._needs_cache: dict[tuple[WorkloadKey, int | None, frozenset[str]],
                                 dict[str, Need]] = {}
@@ -813,6 +816,8 @@ class Orchestrator:
                     self._count_group(new, 1, new_group)
         if new.state.terminal != t.state.terminal:
             self._open[t.study_id] += -1 if new.state.terminal else 1
+        if t.state == TrialState.RUNNING and new.state != TrialState.RUNNING:
+            self._last_step.pop(t.id, None)
         if (new.state == TrialState.PENDING) != (t.state == TrialState.PENDING):
             waiting = self._waiting_in(t.study_id)
             if new.state == TrialState.PENDING:
@@ -1002,6 +1007,8 @@ class Orchestrator:
         pruner = space.pruner
         value = event.metrics.get(space.settings.objective.metric)
         step = event.step
+        if pruner is not None and step > self._last_step.get(t.id, 0):
+            self._last_step[t.id] = step
         if pruner is None or value is None or step in t.rungs or \
                 len(t.rungs) >= MAX_RUNG_VALUES or step not in self._ladder(t):
             return []
@@ -1031,8 +1038,10 @@ class Orchestrator:
         """A trial of a pausing pruner ended its attempt at its rung (with the rung's
         objective reported): it waits, PAUSED, to be promoted or pruned."""
         rung = t.stop_at
-        if rung is None or rung not in t.rungs or rung >= t.epochs:
-            return False
+        last = self._last_step.pop(t.id, None)
+        if rung is None or rung not in t.rungs or rung >= t.epochs or \
+                (last is not None and last > rung):
+            return False  # not at a rung, or it trained on past it (it ignores pauses)
         self._set(t, state=TrialState.PAUSED, node=None, gpu_index=None, demand=None,
                   group="", group_width=0, done_epochs=float(rung), stop_at=None,
                   metrics=dict(event.metrics), log_tail=event.log_tail[-4000:],

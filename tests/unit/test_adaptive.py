@@ -5,7 +5,7 @@ checkpoint, and all of it rebuilt after a restart."""
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -507,3 +507,20 @@ def test_an_ask_that_is_undone_leaves_no_phantom_trial_in_the_sampler() -> None:
     assert [(n, s) for n, s, _ in orch._search(sid).history()] == [
         (i, "COMPLETE") for i in range(8)]
     assert orch.study(sid).state == StudyState.COMPLETED
+
+
+def test_a_program_that_ignores_its_pause_completes_and_is_not_paused() -> None:
+    # Pause mode for a command program that never calls should_stop(): it trains on past
+    # the rung it was to pause at. It is ranked at each rung as it passes (stop mode's
+    # rule) and, reaching its end, completes: nothing trains it again from the rung.
+    sp = space(pruner={"type": "asha", "mode": "pause"}, epochs=9, command=True)
+    orch, d, sid = start(sp, gpus="1x1xA100-80GB")
+    assert {c.stop_at for c in d.launches} == {1.0}
+    for c in d.launches:
+        d.running[c.trial_id].launch = replace(c, stop_at=0.0)  # it ignores the pause
+    d.until_idle()
+    trials = orch.trials(sid)
+    assert {t.state for t in trials} <= {TrialState.COMPLETED, TrialState.PRUNED}
+    first = [t for t in trials if t.id in {c.trial_id for c in d.launches[:3]}]
+    assert all(t.launches == 1 for t in first)
+    assert any(t.state == TrialState.COMPLETED for t in first)
