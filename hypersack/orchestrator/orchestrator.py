@@ -1085,9 +1085,12 @@ class Orchestrator:
                 elif rungs.never_promoted(rank, total, eta, index):
                     self._prune_paused(t, f"pruned at rung {rung}: ranked {rank + 1} of "
                                           f"{len(ranking)}, outside the best 1/{eta}")
-            due = self._windows.get((study_id, rung))
-            if due is not None and due <= now:
-                del self._windows[study_id, rung]  # its promotions went
+        # A window closes once it has passed (its promotions went) or nothing waits at
+        # its rung any more: a window left open would keep the study from ending.
+        waiting_at = {rung for (_, rung), r in self._rankings_of(study_id).items() if r.paused}
+        for key in [k for k in self._windows if k[0] == study_id]:
+            if self._windows[key] <= now or key[1] not in waiting_at:
+                del self._windows[key]
 
     def _held(self, study_id: str, rung: int, window_s: float, now: float) -> bool:
         """Whether a rung's promotions wait for their window: the first opens it; once
