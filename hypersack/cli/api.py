@@ -29,11 +29,12 @@ from hypersack.cli.client import params_of
 from hypersack.cli.connect import DEFAULT_SERVER, env_token
 from hypersack.cli.control import ranked
 from hypersack.core.errors import HyperSackError, InvalidInput
+from hypersack.core.types import TrialState
 from hypersack.grid.space import read_space_file
 from hypersack.wire.tls import channel_credentials
 
 TERMINAL = frozenset({"COMPLETED", "FAILED", "CANCELLED"})
-TRIAL_TERMINAL = frozenset({"COMPLETED", "FAILED", "DIVERGED", "CANCELLED", "PRUNED"})
+TRIAL_TERMINAL = frozenset(s.value for s in TrialState if s.terminal)
 
 
 @dataclass(frozen=True)

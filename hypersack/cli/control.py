@@ -23,12 +23,13 @@ from hypersack.cli.client import Client, params_of
 from hypersack.cli.connect import add_server_flag, connect
 from hypersack.cli.text import safe, safe_log
 from hypersack.core.errors import InvalidInput
+from hypersack.core.types import TrialState
 from hypersack.grid.space import read_space_file
 
 STATE_STYLE = {"PENDING": "dim", "PROFILING": "cyan", "RUNNING": "yellow",
                "COMPLETED": "green", "FAILED": "bold red", "DIVERGED": "red",
                "CANCELLED": "magenta", "PAUSED": "blue", "PRUNED": "dim green"}
-TERMINAL = ("COMPLETED", "FAILED", "DIVERGED", "CANCELLED", "PRUNED")
+TERMINAL = tuple(s.value for s in TrialState if s.terminal)
 TABLE_ROWS = 20  # the results table's default length
 
 

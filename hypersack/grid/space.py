@@ -43,6 +43,7 @@ from hypersack.core.bounds import (
 from hypersack.core.catalog import MODELS
 from hypersack.core.errors import InvalidInput
 from hypersack.core.files import load_yaml, load_yaml_file, read_text_file
+from hypersack.core.types import Demand
 from hypersack.core.validation import format_validation_error
 
 MAX_TRIALS_CAP = 1_000_000
@@ -308,6 +309,10 @@ class StatedDemand(_Spec):
     cores: float = Field(default=1.0, ge=0, le=MAX_CORES)
     epoch_s: float = Field(default=60.0, gt=0, le=MAX_SECONDS)
 
+    def demand(self) -> Demand:
+        return Demand(compute_pct=self.compute_pct, memory_mib=self.memory_mib,
+                      cores=self.cores)
+
 
 ARCH_NAME = r"^[A-Za-z0-9][A-Za-z0-9_.:@+-]{0,63}$"
 
@@ -358,6 +363,10 @@ class Settings(_Spec):
     priority: int = Field(default=0, ge=-MAX_PRIORITY, le=MAX_PRIORITY)
     weight: float = Field(default=1.0, gt=0, le=MAX_WEIGHT)
     preempt: bool = False
+
+    def stated_on(self, arch: str) -> StatedDemand | None:
+        """The demand the study states for an architecture (None: it states none)."""
+        return self.demand.get(arch) if isinstance(self.demand, dict) else self.demand
 
     @field_validator("oversubscription")
     @classmethod

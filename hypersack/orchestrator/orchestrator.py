@@ -93,6 +93,9 @@ DEFAULT_RATIOS: dict[str, float] = {"A100": 3.0, "H100": 2.5}
 _DEFAULT_SHARE = UserShare()
 MAX_RESERVED = 32  # GPUs one study may have reserved for its waiting trials at once
 _RUNG_ORDER = 10_000_000  # more than a study's trials: promoted trials wait first
+# A trial that waits (PENDING, PAUSED) holds no GPU and is in no fused group.
+_HOLDS_NOTHING: dict[str, Any] = {"node": None, "gpu_index": None, "demand": None,
+                                  "group": "", "group_width": 0}
 
 
 @dataclass(frozen=True)
@@ -422,14 +425,19 @@ class Orchestrator:
         if why is None:
             return self._at_rung(t, event)
         # Stopped now: its capacity goes to a trial that may still converge.
-        node = t.node
+        return self._end_now(t, TrialState.DIVERGED, why, event)
+
+    def _end_now(self, t: TrialRecord, state: TrialState, why: str, event: TrialProgress
+                 ) -> list[Command]:
+        """Stop a running trial for good as it reports (diverged, pruned): its process is
+        killed and its capacity goes to the next decision at once."""
+        node = t.node or event.node
         self._release(t.id)
-        self._set(t, state=TrialState.DIVERGED, node=None, gpu_index=None, reason=why,
+        self._set(self._trials[t.id], state=state, node=None, gpu_index=None, reason=why,
                   metrics=dict(event.metrics), finished_at=self._clock.now())
         self._maybe_done(t.study_id)
         log.info("%s %s", t.id, why)
-        return [KillTrial(t.id, node or event.node, why, attempt=t.launches),
-                *self._schedule()]
+        return [KillTrial(t.id, node, why, attempt=t.launches), *self._schedule()]
 
     def _on_heartbeat(self, event: Heartbeat) -> list[Command]:
         node = self._cluster.live(event.node)
@@ -520,7 +528,7 @@ class Orchestrator:
             self._trials[t.id] = t
             self._place[t.id] = i
             if t.state == TrialState.PENDING:
-                waiting[t.id] = i
+                waiting[t.id] = self._wait_order(t)
                 self._count_group(t, 1)
         # A new study profiles again what failed before: its user may have fixed the
         # program since (the failure is not the workload's for good).
@@ -878,8 +886,7 @@ class Orchestrator:
 
     def _requeue(self, t: TrialRecord, **changes: Any) -> None:
         """Back to PENDING, holding no GPU."""
-        self._set(t, state=TrialState.PENDING, node=None, gpu_index=None, demand=None,
-                  group="", group_width=0, **changes)
+        self._set(t, state=TrialState.PENDING, **_HOLDS_NOTHING, **changes)
 
     def _fail(self, t: TrialRecord, reason: str, **changes: Any) -> None:
         """FAILED for good, with the reason a person will read."""
@@ -959,13 +966,15 @@ class Orchestrator:
 
     def _ladder(self, t: TrialRecord) -> tuple[int, ...]:
         """The rungs of a trial's bracket (none without a pruner)."""
-        key = (t.study_id, self._bracket(t))
-        ladder = self._ladders.get(key)
+        return self._bracket_ladder(t.study_id, self._bracket(t))
+
+    def _bracket_ladder(self, study_id: str, bracket: int) -> tuple[int, ...]:
+        ladder = self._ladders.get((study_id, bracket))
         if ladder is None:
-            space = self._spaces[t.study_id]
+            space = self._spaces[study_id]
             ladder = () if space.pruner is None else rungs.rungs(
-                space.pruner, space.settings.epochs, key[1])
-            self._ladders[key] = ladder
+                space.pruner, space.settings.epochs, bracket)
+            self._ladders[study_id, bracket] = ladder
         return ladder
 
     def _ranking(self, t: TrialRecord, rung: int) -> rungs.Ranking:
@@ -1026,13 +1035,7 @@ class Orchestrator:
             return []
         why = (f"pruned at epoch {step}: {space.settings.objective.metric} = {value:.6g} "
                f"ranks too low ({pruner.type})")
-        node = t.node or event.node
-        self._release(t.id)
-        self._set(self._trials[t.id], state=TrialState.PRUNED, node=None, gpu_index=None,
-                  reason=why, metrics=dict(event.metrics), finished_at=self._clock.now())
-        self._maybe_done(t.study_id)
-        log.info("%s %s", t.id, why)
-        return [KillTrial(t.id, node, why, attempt=t.launches), *self._schedule()]
+        return self._end_now(t, TrialState.PRUNED, why, event)
 
     def _paused_at_rung(self, t: TrialRecord, event: TrialFinished) -> bool:
         """A trial of a pausing pruner ended its attempt at its rung (with the rung's
@@ -1042,9 +1045,8 @@ class Orchestrator:
         if rung is None or rung not in t.rungs or rung >= t.epochs or \
                 (last is not None and last > rung):
             return False  # not at a rung, or it trained on past it (it ignores pauses)
-        self._set(t, state=TrialState.PAUSED, node=None, gpu_index=None, demand=None,
-                  group="", group_width=0, done_epochs=float(rung), stop_at=None,
-                  metrics=dict(event.metrics), log_tail=event.log_tail[-4000:],
+        self._set(t, state=TrialState.PAUSED, **_HOLDS_NOTHING, done_epochs=float(rung),
+                  stop_at=None, metrics=dict(event.metrics), log_tail=event.log_tail[-4000:],
                   reason=f"paused at rung {rung}")
         self._rung_decisions(t.study_id)
         self._maybe_done(t.study_id)
@@ -1069,7 +1071,7 @@ class Orchestrator:
         for (bracket, rung), ranking in sorted(self._rankings_of(study_id).items()):
             if not ranking.paused:
                 continue
-            ladder = rungs.rungs(pruner, epochs, bracket)
+            ladder = self._bracket_ladder(study_id, bracket)
             index = ladder.index(rung) if rung in ladder else 0
             total = rungs.bracket_size(space.size(), count, bracket)
             go_on = rungs.promoted_count(len(ranking), eta)
@@ -1101,9 +1103,7 @@ class Orchestrator:
         if due is None:
             self._windows[study_id, rung] = now + window_s
             return True
-        if now < due:
-            return True
-        return False
+        return now < due
 
     def _finish_rungs(self, study_id: str) -> None:
         """Nothing runs, waits or is left to ask, and trials are paused at rungs: in each
@@ -1193,16 +1193,9 @@ class Orchestrator:
         needs = self._needs(t, archs)
         if needs:
             return float(min(n.compute for n in needs.values()))
-        stated = space.settings.demand
-        if stated is not None:
-            demands = [stated.get(a) if isinstance(stated, dict) else stated
-                       for a in sorted(archs)]
-            computes = [Need.of(Demand(compute_pct=d.compute_pct, memory_mib=d.memory_mib,
-                                       cores=d.cores)).compute
-                        for d in demands if d is not None]
-            if computes:
-                return float(min(computes))
-        return unknown
+        computes = [Need.of(d.demand()).compute for d in map(space.settings.stated_on, archs)
+                    if d is not None]
+        return float(min(computes)) if computes else unknown
 
     def _add_trials(self, study_id: str, trials: list[TrialRecord]) -> None:
         self._store.add_trials(trials)
@@ -1213,7 +1206,7 @@ class Orchestrator:
         for i, t in enumerate(trials, start=len(ids)):
             self._trials[t.id] = t
             self._place[t.id] = i
-            waiting[t.id] = i
+            waiting[t.id] = self._wait_order(t)
             self._count_group(t, 1)
         self._profiling_dirty = True  # a new workload key may want a profile
         log.info("study %s: %d new trial(s), %d of %d", study_id, len(trials),
@@ -1718,21 +1711,19 @@ class Orchestrator:
         to the history like a measurement, with its source; a measured profile gives way,
         another study's stated one does not."""
         for study in active:
-            stated = self._spaces[study.id].settings.demand
-            if stated is None:
+            settings = self._spaces[study.id].settings
+            if settings.demand is None:
                 continue
             keys = {self._trials[tid].key for tid in self._by_study[study.id]}
             for arch in sorted(archs):
-                d = stated.get(arch) if isinstance(stated, dict) else stated
+                d = settings.stated_on(arch)
                 if d is None:
                     continue
                 for key in keys:
                     old = self._profiles.get((key, arch))
                     if old is not None and old.source.startswith("stated"):
                         continue
-                    p = Profile(key=key, arch=arch,
-                                demand=Demand(compute_pct=d.compute_pct,
-                                              memory_mib=d.memory_mib, cores=d.cores),
+                    p = Profile(key=key, arch=arch, demand=d.demand(),
                                 iter_time_s=d.epoch_s, iters_per_epoch=1,
                                 source=f"stated by study {study.id}")
                     self._profiles[key, arch] = p

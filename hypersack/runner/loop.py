@@ -6,10 +6,6 @@ checkpoint a trial paused by its pruner resumes from."""
 from __future__ import annotations
 
 import math
-import os
-from collections.abc import Callable
-from pathlib import Path
-from typing import Any
 
 import numpy as np
 
@@ -74,22 +70,3 @@ class Epochs:
         epoch (never at the last one, nor in a profile run)."""
         return (not self.profiling and epoch * self.iters_per_epoch < self.total
                 and sdk.should_stop(epoch))
-
-
-CHECKPOINT = "checkpoint"
-
-
-def checkpoint_path(suffix: str) -> Path | None:
-    folder = sdk.checkpoint_dir()
-    return None if folder is None else folder / f"{CHECKPOINT}{suffix}"
-
-
-def save_checkpoint(suffix: str, write: Callable[[Path], Any]) -> None:
-    """Write a checkpoint whole or not at all: to a temporary file, then renamed."""
-    path = checkpoint_path(suffix)
-    if path is None:
-        return
-    tmp = path.with_name(path.name + ".tmp")
-    write(tmp)
-    os.replace(tmp, path)
-    print(f"checkpoint saved: {path}", flush=True)

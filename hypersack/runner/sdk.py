@@ -28,6 +28,7 @@ import os
 import statistics
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, NoReturn
 
@@ -90,6 +91,25 @@ def checkpoint_dir() -> Path | None:
     path = Path(value)
     path.mkdir(parents=True, exist_ok=True)
     return path
+
+
+def checkpoint_path(suffix: str) -> Path | None:
+    """The file `checkpoint<suffix>` in `checkpoint_dir()` (None when not run by an
+    agent)."""
+    folder = checkpoint_dir()
+    return None if folder is None else folder / f"checkpoint{suffix}"
+
+
+def save_checkpoint(suffix: str, write: Callable[[Path], Any]) -> None:
+    """Write `checkpoint_path(suffix)` whole or not at all: `write(path)` writes a
+    temporary file, which is then renamed over it."""
+    path = checkpoint_path(suffix)
+    if path is None:
+        return
+    tmp = path.with_name(path.name + ".tmp")
+    write(tmp)
+    os.replace(tmp, path)
+    print(f"checkpoint saved: {path}", flush=True)
 
 
 def stop_at_epoch() -> float | None:

@@ -8,9 +8,11 @@ each epoch towards a value that depends on the hyperparameters (smallest near lr
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 import time
+from pathlib import Path
 
 from hypersack.runner import sdk
 
@@ -30,8 +32,7 @@ def main() -> None:
     iters = max(1, int(opts.get("iters_per_epoch", 10)))
     total = max(1, round(sdk.epochs() * iters))
     target = target_loss(params)
-    folder = sdk.checkpoint_dir()
-    saved = folder / "epoch.json" if folder is not None else None
+    saved = sdk.checkpoint_path(".json")
     start = 0
     if saved is not None and saved.exists():
         start = min(total, int(json.loads(saved.read_text())["epoch"]) * iters)
@@ -45,7 +46,8 @@ def main() -> None:
             epoch = math.ceil(i / iters)
             sdk.report(step=epoch, loss=target + 1.0 / (epoch + 1), epoch=epoch)
             if saved is not None and i < total and sdk.should_stop(epoch):
-                saved.write_text(json.dumps({"epoch": epoch}))
+                state = json.dumps({"epoch": epoch})
+                sdk.save_checkpoint(".json", functools.partial(Path.write_text, data=state))
                 print(f"paused after epoch {epoch}", flush=True)
                 return
     print("done", flush=True)

@@ -30,7 +30,8 @@ from hypersack.core import optim
 from hypersack.core.errors import InvalidInput
 from hypersack.core.train_options import TrainOptions
 from hypersack.runner import datasets, sdk, zoo
-from hypersack.runner.loop import Epochs, checkpoint_path, save_checkpoint
+from hypersack.runner.loop import Epochs
+from hypersack.runner.sdk import checkpoint_path, save_checkpoint
 
 PRECISIONS = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}
 EVAL_PROBE_BATCHES = 3

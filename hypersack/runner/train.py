@@ -28,7 +28,8 @@ from hypersack.core.catalog import MODELS
 from hypersack.core.errors import HyperSackError
 from hypersack.core.train_options import TrainOptions, parse_train_options
 from hypersack.runner import datasets, sdk
-from hypersack.runner.loop import Epochs, checkpoint_path, save_checkpoint
+from hypersack.runner.loop import Epochs
+from hypersack.runner.sdk import checkpoint_path, save_checkpoint
 
 
 def train_mlp(params: dict[str, Any], epochs: float, opts: TrainOptions) -> float:
