@@ -103,7 +103,7 @@ class Agent:
         self.base_env = None if inherit_env else clean_env(os.environ, pass_env)
         self.jobs: dict[str, Job] = {}  # by Job.key: trial#attempt, or a profile's id
         self.groups: dict[str, Job] = {}  # fused groups' processes; members are in jobs
-        self._jobs_lock = threading.Lock()  # the heartbeat thread reads jobs
+        self.jobs_lock = threading.Lock()  # the heartbeat thread reads jobs
         # Trial directories are private to the agent's user.
         self.node_dir = node_dir(workdir, node)
         self.node_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
@@ -121,6 +121,9 @@ class Agent:
         self.sessions = 0
         self.heartbeat_interval_s = 5.0
         self._observed_at = 0.0
+        # For /metrics: the devices as the latest heartbeat sampled them, and when it went.
+        self.device_states: list[DeviceState] = []
+        self.heartbeat_sent_at: float | None = None
         self._logs_checked_at = 0.0
 
     # ----------------------------------------------------------------- lifecycle
@@ -195,7 +198,7 @@ class Agent:
 
     # ----------------------------------------------------------------- one stream
     def _running(self) -> list[pb.RunningTrial]:
-        with self._jobs_lock:
+        with self.jobs_lock:
             jobs = list(self.jobs.values())
         return [pb.RunningTrial(trial_id=j.id, gpu_index=j.gpu_index,
                                 peak_memory_mib=j.peak_memory_mib,
@@ -217,6 +220,7 @@ class Agent:
             return
         for job_id, u in usage.items():
             job = self.jobs[job_id]
+            job.memory_mib, job.util_pct = u.memory_mib, u.utilization_pct
             job.peak_memory_mib = max(job.peak_memory_mib, u.memory_mib)
             job.peak_util_pct = max(job.peak_util_pct, u.utilization_pct)
 
@@ -320,6 +324,8 @@ class Agent:
         except Exception as exc:  # a device read failing must not stop heartbeats
             log.warning("device sample failed: %s", exc)
             states = []
+        self.device_states = states
+        self.heartbeat_sent_at = time.monotonic()
         return pb.AgentMessage(heartbeat=pb.Heartbeat(
             running=running,
             gpus=[self._gpu_state(s) for s in states]))
@@ -410,7 +416,7 @@ class Agent:
             return
         if job.proc is not None:
             self.records.add(job.key, job.proc.pid, job.attempt)
-        with self._jobs_lock:
+        with self.jobs_lock:
             self.jobs[job.key] = job
         log.info("launched %s (attempt %d) on device %d: %s", m.trial_id, m.attempt,
                  m.gpu_index, " ".join(job.argv))
@@ -481,7 +487,7 @@ class Agent:
             return
         if process.proc is not None:
             self.records.add(process.key, process.proc.pid, 0)
-        with self._jobs_lock:
+        with self.jobs_lock:
             self.groups[process.key] = process
             for j in jobs:
                 self.jobs[j.key] = j
@@ -527,7 +533,7 @@ class Agent:
         if job.proc is not None:
             self.backend.start_measuring(device, job.proc.pid)
             self.records.add(job.key, job.proc.pid, 0)
-        with self._jobs_lock:
+        with self.jobs_lock:
             self.jobs[job_id] = job
         self._profile_keys[job_id] = m
         log.info("profiling %s on device %d (%s)", key.label(), m.gpu_index, m.arch)
@@ -549,7 +555,7 @@ class Agent:
             group = self.groups[key]
             if group.poll() is not None and not any(
                     isinstance(j, MemberJob) and j.group is group for j in self.jobs.values()):
-                with self._jobs_lock:
+                with self.jobs_lock:
                     del self.groups[key]
                 self.records.remove(group.key)
                 self._ended_since_sweep = True
@@ -561,7 +567,7 @@ class Agent:
             code = job.poll()
             if code is None:
                 continue
-            with self._jobs_lock:
+            with self.jobs_lock:
                 del self.jobs[job_id]
             if not isinstance(job, MemberJob):
                 self.records.remove(job.key)

@@ -17,10 +17,13 @@ from hypersack.agent.agent import Agent
 from hypersack.agent.devices import BACKENDS, make_backend
 from hypersack.agent.guard import CommandPolicy
 from hypersack.agent.launcher import node_dir
+from hypersack.agent.metrics import AgentCollector
 from hypersack.agent.mps import MpsControl
 from hypersack.agent.procs import become_subreaper
 from hypersack.core.bounds import is_name
 from hypersack.core.errors import HyperSackError, InvalidInput
+from hypersack.wire.logs import LOG_FORMATS, configure_logging
+from hypersack.wire.metrics import serve_metrics
 from hypersack.wire.settings import AgentSettings, load_settings
 from hypersack.wire.tls import NODE, certificate_identity, channel_credentials
 
@@ -72,15 +75,27 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--tls-key", type=Path, help="this node's private key (mode 0600)")
     p.add_argument("--tls-server-name", help="the name in the server's certificate, when "
                    "--server dials another name or address")
-    p.add_argument("--log-level", default="INFO")
+    p.add_argument("--metrics-listen", metavar="HOST:PORT",
+                   help="serve Prometheus metrics at http://HOST:PORT/metrics: this node's "
+                   "GPUs, trials and MPS daemons (loopback, or --metrics-insecure; with "
+                   "TLS, HTTPS asking for a client certificate of the cluster CA)")
+    p.add_argument("--metrics-insecure", action="store_true", default=None,
+                   help="serve plain-HTTP metrics on a non-loopback address without TLS")
+    p.add_argument("--log-level", help="DEBUG, INFO, WARNING (default INFO, or "
+                   "HYPERSACK_LOG_LEVEL)")
+    p.add_argument("--log-format", choices=LOG_FORMATS, help="text lines, or one JSON "
+                   "object a line (default text, or HYPERSACK_LOG_FORMAT)")
     p.add_argument("--version", action="version", version=f"hypersack-agent {__version__}")
     return p
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = _parser().parse_args(argv)
-    logging.basicConfig(level=args.log_level.upper(),
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    parser = _parser()
+    args = parser.parse_args(argv)
+    try:
+        configure_logging(args.log_level, args.log_format)
+    except ValueError as exc:
+        parser.error(str(exc))
     try:
         settings = load_settings(AgentSettings, {
             "server": args.server, "node": args.node, "backend": args.backend,
@@ -90,7 +105,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             "tls_dir": args.tls_dir, "tls_ca": args.tls_ca, "tls_cert": args.tls_cert,
             "tls_key": args.tls_key, "tls_server_name": args.tls_server_name,
             "run_as": args.run_as, "user_map": args.user_map,
-            "allow_root_trials": args.allow_root_trials, "mps": args.mps}, args.config)
+            "allow_root_trials": args.allow_root_trials, "mps": args.mps,
+            "metrics_listen": args.metrics_listen,
+            "metrics_insecure": args.metrics_insecure}, args.config)
         users = TrialUsers.parse(settings.run_as, settings.user_map,
                                  allow_root=settings.allow_root_trials)
         cert_node = (certificate_identity(settings.tls_cert)
@@ -138,11 +155,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     # Descendants that escape a trial's process group become ours, not init's, so the
     # agent kills and reaps them when their trial ends.
     become_subreaper()
+    metrics = None
     try:
+        if settings.metrics_listen:
+            metrics = serve_metrics(settings.metrics_listen, AgentCollector(agent), tls=tls,
+                                    insecure=settings.metrics_insecure)
         agent.run()
     except HyperSackError as exc:
         print(f"hypersack-agent: error: {exc}", file=sys.stderr)
         return 2
+    finally:
+        if metrics is not None:
+            metrics.stop()
     return 0
 
 

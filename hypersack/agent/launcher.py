@@ -103,6 +103,8 @@ class Job:
     step: int = 0
     peak_memory_mib: int = 0  # observed by the device backend while it ran; 0: not measured
     peak_util_pct: float = 0.0
+    memory_mib: int = 0  # as last observed
+    util_pct: float = 0.0
     ended: str = ""  # a fused member's own end (completed, diverged, stopped), from its file
     _metrics_pos: int = 0
     _log: IO[bytes] | None = None

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection
 from pydantic import ValidationError
 
 from hypersack import __version__
@@ -25,9 +26,12 @@ from hypersack.orchestrator import OrchestratorConfig
 from hypersack.policies.registry import policy_names
 from hypersack.sampler.profiles import load_profiles, to_import
 from hypersack.server.auth import Authenticator
+from hypersack.server.metrics import ServerCollector
 from hypersack.server.service import SchedulerService
 from hypersack.server.servicers import AgentLinkServicer, SchedulerServicer
 from hypersack.store.sqlite import DatabaseLock, SqliteStore, StoreError
+from hypersack.wire.logs import LOG_FORMATS, configure_logging
+from hypersack.wire.metrics import MetricsEndpoint, serve_metrics
 from hypersack.wire.settings import (
     ServerSettings,
     is_loopback,
@@ -119,8 +123,13 @@ class HyperSackServer:
             AgentLinkServicer(self.service, self.auth, tls=self.tls is not None), self._grpc)
         self._health = health.HealthServicer()
         health_pb2_grpc.add_HealthServicer_to_server(self._health, self._grpc)
+        if settings.reflection:
+            # The schema is public (proto/ in the source); calls still need a token.
+            reflection.enable_server_reflection(
+                (*SERVICES, health.SERVICE_NAME, reflection.SERVICE_NAME), self._grpc)
         self.port = 0
         self.agent_port = 0
+        self.metrics: MetricsEndpoint | None = None
 
     def start(self) -> int:
         """Listen and serve; returns the bound port (useful with port 0)."""
@@ -142,6 +151,10 @@ class HyperSackServer:
         if self.port == 0 or self.agent_port == 0:
             raise InvalidInput(f"cannot listen on {self.settings.listen!r}"
                                + (f" and {self.agent_listen!r}" if self.tls else ""))
+        if self.settings.metrics_listen:
+            self.metrics = serve_metrics(self.settings.metrics_listen,
+                                         ServerCollector(self.service), tls=self.tls,
+                                         insecure=self.settings.insecure)
         self.service.start()
         self._grpc.start()
         for name in ("", *SERVICES):
@@ -175,6 +188,8 @@ class HyperSackServer:
         self._health.enter_graceful_shutdown()
         self.service.stop()
         self._grpc.stop(grace_s).wait()
+        if self.metrics is not None:
+            self.metrics.stop()
         self.store.close()
         self._lock.release()
 
@@ -231,7 +246,16 @@ def _parser() -> argparse.ArgumentParser:
                    "studies that set none (default 2)")
     p.add_argument("--profiles", type=Path, action="append",
                    help="import a profile file into the history (repeatable)")
-    p.add_argument("--log-level", default="INFO", help="DEBUG, INFO, WARNING (default INFO)")
+    p.add_argument("--metrics-listen", metavar="HOST:PORT",
+                   help="serve Prometheus metrics at http://HOST:PORT/metrics (loopback, or "
+                   "--insecure); with TLS, HTTPS asking for a client certificate of the "
+                   "cluster CA (hypersack certs issue --client prometheus)")
+    p.add_argument("--no-reflection", dest="reflection", action="store_false", default=None,
+                   help="do not serve gRPC reflection (served by default, for grpcurl)")
+    p.add_argument("--log-level", help="DEBUG, INFO, WARNING (default INFO, or "
+                   "HYPERSACK_LOG_LEVEL)")
+    p.add_argument("--log-format", choices=LOG_FORMATS, help="text lines, or one JSON "
+                   "object a line (default text, or HYPERSACK_LOG_FORMAT)")
     p.add_argument("--version", action="version", version=f"hypersack-server {__version__}")
     return p
 
@@ -244,16 +268,20 @@ def settings_from_args(args: argparse.Namespace) -> ServerSettings:
              "agent_listen": args.agent_listen, "share_results": args.share_results,
              "heartbeat_timeout_s": args.heartbeat_timeout_s,
              "heartbeat_interval_s": args.heartbeat_interval_s, "retries": args.retries,
-             "profiles": args.profiles,
+             "profiles": args.profiles, "metrics_listen": args.metrics_listen,
+             "reflection": args.reflection,
              "oversubscription": ({"A100": 3.0, "H100": 2.5} | parse_ratios(args.ratio))
              if args.ratio else None}
     return load_settings(ServerSettings, flags, args.config)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = _parser().parse_args(argv)
-    logging.basicConfig(level=args.log_level.upper(),
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    parser = _parser()
+    args = parser.parse_args(argv)
+    try:
+        configure_logging(args.log_level, args.log_format)
+    except ValueError as exc:
+        parser.error(str(exc))
     try:
         server = HyperSackServer(settings_from_args(args))
         server.start()

@@ -77,6 +77,7 @@ from hypersack.orchestrator.fusion import fused_key
 from hypersack.orchestrator.orchestrator import BatchResult
 from hypersack.policies.registry import policy_names
 from hypersack.sampler.profiles import select_profiles, to_import
+from hypersack.server.metrics import LatencyHistograms
 from hypersack.store.base import Store
 from hypersack.wire.convert import (
     LOG_TAIL_CHARS,
@@ -166,6 +167,7 @@ class SchedulerService:
         self.exit_latency: collections.deque[float] = collections.deque(maxlen=100_000)
         # Seconds each batch took, lock held (the latest 100,000).
         self.batch_time: collections.deque[float] = collections.deque(maxlen=100_000)
+        self.histograms = LatencyHistograms()  # the same, and the decisions, for /metrics
         self.max_watches = max_watches
         self.max_watches_per_client = max(1, max_watches // 4)
         self._watches: dict[str, int] = {}
@@ -238,6 +240,7 @@ class SchedulerService:
         self.stats["stale"] += len(result.stale)
         self.stats["refused"] += len(result.refused)
         self.stats["batches"] += 1
+        self.histograms.observe_decisions(self)
         for exc in result.stale:
             log.warning("ignored an event: %s", exc)
         self._route(result.commands)
@@ -527,8 +530,11 @@ class SchedulerService:
                 self._apply(*events)
             done = time.monotonic()
             self.batch_time.append(done - began)
-            self.exit_latency.extend(done - at for _, msg, at in items
-                                     if msg.WhichOneof("body") == "exited")
+            self.histograms.batch.observe(done - began)
+            for _, msg, at in items:
+                if msg.WhichOneof("body") == "exited":
+                    self.exit_latency.append(done - at)
+                    self.histograms.exit.observe(done - at)
 
     def _event_of(self, session: AgentSession, msg: pb.AgentMessage) -> Event | None:
         kind = msg.WhichOneof("body")

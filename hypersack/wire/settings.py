@@ -83,6 +83,11 @@ class ServerSettings(BaseSettings):
     max_watches: int = Field(default=32, ge=1, le=1024)
     profiles: list[Path] = Field(default_factory=list,
                                  description="profile files imported into the history")
+    metrics_listen: str | None = Field(
+        default=None, max_length=300, description="serve Prometheus metrics at "
+        "HOST:PORT/metrics (HTTPS with a client certificate when TLS is on)")
+    reflection: bool = Field(default=True, description="serve gRPC reflection beside "
+                             "the health service (grpcurl, grpcui)")
     shares: dict[ShareKey, UserShare] = Field(
         default_factory=dict, max_length=100_000,
         description="fair-share weight, quotas (max_gpus, max_compute) and max_priority "
@@ -139,6 +144,11 @@ class AgentSettings(BaseSettings):
                                     "may run trials as root (a single-user machine only)")
     mps: bool = Field(default=True, description="run an MPS daemon per GPU where "
                       "nvidia-cuda-mps-control is found (false: co-located trials time-slice)")
+    metrics_listen: str | None = Field(
+        default=None, max_length=300, description="serve Prometheus metrics at "
+        "HOST:PORT/metrics (HTTPS with a client certificate when TLS is on)")
+    metrics_insecure: bool = Field(default=False, description="serve plain-HTTP metrics "
+                                   "on a non-loopback address without TLS")
 
     def tls(self, node: str) -> CertPaths | None:
         return _tls_paths(self.tls_ca, self.tls_cert, self.tls_key, self.tls_dir,

@@ -13,6 +13,7 @@ from __future__ import annotations
 import datetime
 import ipaddress
 import os
+import re
 import socket
 from dataclasses import dataclass
 from functools import lru_cache
@@ -158,6 +159,20 @@ def default_server_names() -> list[str]:
     return list(dict.fromkeys([*names, fqdn]))
 
 
+# A node's certificate names it under a reserved domain (RFC 2606) that no agent ever
+# dials, so it can serve the agent's /metrics but never pass for the server.
+NODE_DOMAIN = "nodes.hypersack.invalid"
+
+
+def node_server_name(node: str) -> str:
+    """The name an agent's HTTPS metrics answer to (a scraper's `server_name`)."""
+    return f"{node.lower()}.{NODE_DOMAIN}"
+
+
+def _dns_label(name: str) -> bool:
+    return bool(re.fullmatch(r"[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?", name))
+
+
 def issue(directory: Path, kind: str, name: str, *, alt_names: list[str] | None = None,
           days: int = LEAF_DAYS, overwrite: bool = False) -> CertPaths:
     """A key and a certificate for one node, client or server, signed by the CA there."""
@@ -174,16 +189,20 @@ def issue(directory: Path, kind: str, name: str, *, alt_names: list[str] | None 
         raise AlreadyExists(f"{paths.cert} exists; remove it (and its key) to issue again")
     key = ec.generate_private_key(ec.SECP256R1())
     now = _now()
-    usage = ExtendedKeyUsageOID.SERVER_AUTH if kind == SERVER else ExtendedKeyUsageOID.CLIENT_AUTH
+    # A node's certificate also serves its agent's /metrics over HTTPS (named by the node).
+    usages = {SERVER: [ExtendedKeyUsageOID.SERVER_AUTH],
+              NODE: [ExtendedKeyUsageOID.CLIENT_AUTH, ExtendedKeyUsageOID.SERVER_AUTH],
+              CLIENT: [ExtendedKeyUsageOID.CLIENT_AUTH]}[kind]
     builder = (x509.CertificateBuilder().subject_name(_name(kind, name))
                .issuer_name(ca_cert.subject).public_key(key.public_key())
                .serial_number(x509.random_serial_number())
                .not_valid_before(now - datetime.timedelta(minutes=5))
                .not_valid_after(now + datetime.timedelta(days=days))
                .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
-               .add_extension(x509.ExtendedKeyUsage([usage]), critical=False))
+               .add_extension(x509.ExtendedKeyUsage(usages), critical=False))
     sans: list[x509.GeneralName] = []
-    for alt in alt_names or ([name] if kind == SERVER else []):
+    default = {SERVER: [name], NODE: [node_server_name(name)] if _dns_label(name) else []}
+    for alt in alt_names or default.get(kind, []):
         try:
             sans.append(x509.IPAddress(ipaddress.ip_address(alt)))
         except ValueError:
