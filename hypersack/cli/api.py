@@ -172,6 +172,11 @@ class Client:
     def trial(self, trial_id: str) -> Trial:
         return _trial(self._rpc.trial(trial_id))
 
+    def why(self, trial_id: str) -> list[str]:
+        """Why a trial is where it is: for a waiting one, what blocks it on each GPU and
+        what holds its study back (the lines `hypersack why` prints)."""
+        return list(self._rpc.explain(trial_id).lines)
+
     def logs(self, trial_id: str) -> str:
         """The tail of a trial's log (your own trials; admins: any)."""
         return self._rpc.trial(trial_id).log_tail

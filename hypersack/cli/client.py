@@ -91,6 +91,9 @@ class Client:
     def trial(self, trial_id: str) -> pb.Trial:
         return self._call("GetTrial", pb.GetTrialRequest(trial_id=trial_id))  # type: ignore[no-any-return]
 
+    def explain(self, trial_id: str) -> pb.TrialExplanation:
+        return self._call("ExplainTrial", pb.GetTrialRequest(trial_id=trial_id))  # type: ignore[no-any-return]
+
     def ask(self, study_id: str, params: list[dict[str, Any]]) -> list[pb.Trial]:
         request = pb.AskTrialsRequest(study_id=study_id,
                                       params_json=[json.dumps(p) for p in params])

@@ -79,6 +79,11 @@ def add_parsers(sub: Any) -> None:
     _db_flag(p)
     add_server_flag(p)
 
+    p = sub.add_parser("why", help="why a trial waits: what blocks it on each GPU, and what "
+                       "holds its study back (trials ahead, share, quota, priority)")
+    p.add_argument("trial")
+    add_server_flag(p)
+
     p = sub.add_parser("logs", help="a trial's state, failure reason and the tail of its log")
     p.add_argument("trial")
     _db_flag(p)
@@ -141,6 +146,10 @@ def run_control(args: argparse.Namespace) -> int:
             return 0
         if cmd == "results":
             print_results(client, args.study, args.format, args.top, console, args.wide)
+            return 0
+        if cmd == "why":
+            for line in client.explain(args.trial).lines:
+                console.print(safe(line), highlight=False)
             return 0
         if cmd == "logs":
             return _logs(client, args.trial, console)

@@ -69,6 +69,8 @@ from hypersack.orchestrator.journal import Journal, JournaledDict, journaled
 from hypersack.orchestrator.outcomes import divergence, missing_objective
 from hypersack.orchestrator.retries import after_failure, after_out_of_memory
 from hypersack.policies.base import (
+    COMPUTE_SCALE,
+    CORE_SCALE,
     ClusterView,
     Item,
     Need,
@@ -92,6 +94,7 @@ log = logging.getLogger(__name__)
 DEFAULT_RATIOS: dict[str, float] = {"A100": 3.0, "H100": 2.5}
 _DEFAULT_SHARE = UserShare()
 MAX_RESERVED = 32  # GPUs one study may have reserved for its waiting trials at once
+MAX_EXPLAINED_GPUS = 64  # `hypersack why` lists at most this many GPUs
 _RUNG_ORDER = 10_000_000  # more than a study's trials: promoted trials wait first
 # A trial that waits (PENDING, PAUSED) holds no GPU and is in no fused group.
 _HOLDS_NOTHING: dict[str, Any] = {"node": None, "gpu_index": None, "demand": None,
@@ -329,6 +332,134 @@ class Orchestrator:
     def gpu_load(self) -> dict[tuple[str, int], tuple[int, float]]:
         """(node, GPU index) -> (trials running, scaled-compute share used, 0..1)."""
         return self._cluster.gpu_load()
+
+    def explain(self, trial_id: str, others: bool = True) -> list[str]:
+        """Why a trial is where it is, for people (`hypersack why`): for a waiting trial,
+        what blocks it on each GPU and what holds its study back. Reads, changes nothing.
+        `others`: name other studies (else only count them)."""
+        t = self.trial(trial_id)
+        study = self._studies[t.study_id]
+        head = f"{t.id} is {t.state.value}"
+        if t.state == TrialState.RUNNING:
+            return [f"{head} on {t.node}:{t.gpu_index} (attempt {t.launches})"
+                    + (f", fused group {t.group} of {t.group_width}" if t.group else "")]
+        if t.state == TrialState.PAUSED:
+            return [f"{head} at epoch {t.done_epochs:g}, waiting for the rung's other "
+                    "trials: the pruner promotes the best of each rung and prunes the rest",
+                    *self._explain_windows(t.study_id)]
+        if t.state not in (TrialState.PENDING, TrialState.PROFILING):
+            return [head + (f": {t.reason}" if t.reason else "")]
+        if study.state != StudyState.ACTIVE:
+            return [f"{head}, but its study is {study.state.value}"]
+        open_nodes = self._cluster.open_nodes()
+        out = [head]
+        closed = sorted(n.spec.name for n in self._cluster if n.draining)
+        if closed:
+            out.append(f"draining, so taking no new work: {', '.join(closed[:20])}")
+        if not open_nodes:
+            out.append("no node is connected and open: start an agent, or undrain a node")
+            return out
+        archs = frozenset(g.arch for n in open_nodes for g in n.gpus.values())
+        needs = self._needs(t, archs)
+        for arch in sorted(archs - set(needs)):
+            failed = self._profile_failed.get((t.key, arch))
+            out.append(f"{arch}: " + (f"profiling failed: {failed}" if failed else
+                       "waiting for its workload's profile there (each workload is "
+                       "profiled once per architecture)"))
+        out += self._explain_gpus(t, open_nodes, needs)
+        out += self._explain_queue(t, others)
+        return out
+
+    def _explain_gpus(self, t: TrialRecord, open_nodes: list[Node],
+                      needs: Mapping[str, Need]) -> list[str]:
+        ratios = self._spaces[t.study_id].settings.oversubscription
+        lines: list[str] = []
+        fits = 0
+        for node in open_nodes:
+            free_cores = core_units(node.spec.cores) - node.used_cores
+            for idx, gpu in sorted(node.gpus.items()):
+                need = needs.get(gpu.arch)
+                if need is None:
+                    continue
+                cap = compute_capacity(self.config.ratio(gpu.arch, ratios))
+                why: list[str] = []
+                if gpu.profiling is not None:
+                    why.append("it runs a profile job")
+                if gpu.reserved_for is not None:
+                    why.append("it drains for a profile job")
+                if self.config.exclusive and gpu.trials:
+                    why.append("one trial per GPU (exclusive) and it has one")
+                if gpu.used_compute + need.compute > cap:
+                    why.append(f"compute: needs {need.compute / COMPUTE_SCALE:g}%, "
+                               f"{max(0, cap - gpu.used_compute) / COMPUTE_SCALE:g}% of "
+                               f"{cap / COMPUTE_SCALE:g}% free")
+                if gpu.used_memory + need.memory > gpu.memory_mib:
+                    why.append(f"memory: needs {need.memory} MiB, "
+                               f"{max(0, gpu.memory_mib - gpu.used_memory)} MiB of "
+                               f"{gpu.memory_mib} free")
+                if need.cores > free_cores:
+                    why.append(f"cores: needs {need.cores / CORE_SCALE:g}, node has "
+                               f"{max(0, free_cores) / CORE_SCALE:g} of "
+                               f"{node.spec.cores:g} free")
+                fits += not why
+                if len(lines) < MAX_EXPLAINED_GPUS:
+                    lines.append(f"{node.spec.name}:{idx} ({gpu.arch}, {len(gpu.trials)} "
+                                 f"trials): " + ("; ".join(why) if why else "fits now"))
+        shown = sum(len(n.gpus) for n in open_nodes)
+        if shown > MAX_EXPLAINED_GPUS:
+            lines.append(f"... and {shown - MAX_EXPLAINED_GPUS} more GPUs")
+        if fits:
+            lines.append(f"fits on {fits} GPU(s) now: it is placed at the next decision "
+                         "unless its study's share, its user's quota or trials ahead of it "
+                         "take the room first")
+        return lines
+
+    def _explain_queue(self, t: TrialRecord, others: bool) -> list[str]:
+        """What holds the study back: trials ahead, its share, its user's quota, and
+        studies of a higher priority."""
+        lines: list[str] = []
+        waiting: Mapping[str, int] = self._waiting.get(t.study_id) or {}
+        mine = self._wait_order(t)
+        ahead = sum(1 for tid in waiting if tid != t.id
+                    and self._wait_order(self._trials[tid]) < mine)
+        if ahead:
+            lines.append(f"{ahead} trial(s) of its study wait ahead of it")
+        active = [s for s in self.studies() if s.state == StudyState.ACTIVE]
+        claims, quotas = self._claims(active)
+        by_id = {c.study_id: c for c in claims}
+        claim = by_id[t.study_id]
+        rule = self.config.share_rule(claim.user)
+        quota = quotas[claim.user]
+        if quota.compute is not None and quota.compute <= shares.EPS:
+            lines.append(f"its user {claim.user or '(local)'} has used their quota of "
+                         f"{rule.max_compute:g} GPU-equivalents of compute")
+        if quota.gpus is not None and quota.gpus <= 0:
+            lines.append(f"its user {claim.user or '(local)'} occupies their quota of "
+                         f"{rule.max_gpus} GPUs (it fits only where they already run)")
+        above = [c for c in claims if c.priority > claim.priority and c.pending]
+        if above:
+            lines.append(f"{len(above)} studies of a higher priority wait and go first"
+                         + (": " + ", ".join(f"{c.study_id} (priority {c.priority})"
+                                             for c in above[:10]) if others else ""))
+        level = [c for c in claims if c.priority == claim.priority]
+        if len(level) > 1:
+            capacity = float(sum(len(n.gpus) for n in self._cluster.open_nodes()))
+            capacity -= sum(c.used for c in claims if c.priority > claim.priority)
+            fair = shares.targets(level, capacity, self._user_weight)
+            share = fair.get(t.study_id, 0.0)
+            lines.append(f"fair share: its study holds {claim.used:.2f} of "
+                         f"{share:.2f} GPU-equivalents (weight {claim.weight:g}, "
+                         f"{len(level)} active studies at priority {claim.priority})"
+                         + ("; at or over its share, so others go first"
+                            if claim.used >= share - shares.EPS else ""))
+        return lines + self._explain_windows(t.study_id)
+
+    def _explain_windows(self, study_id: str) -> list[str]:
+        now = self._clock.now()
+        return [f"rung {rung}'s promotions wait {due - now:.1f} s more for their window "
+                "(promotion_window_s), to be placed together"
+                for (sid, rung), due in sorted(self._windows.items())
+                if sid == study_id and due > now]
 
     # ----------------------------------------------------------------- events
     def handle(self, event: Event) -> list[Command]:

@@ -340,6 +340,10 @@ class SchedulerService:
                 raise result.refused[0][1]
             return self.orch.trials(study_id)[before:]
 
+    def explain(self, trial_id: str, others: bool = True) -> list[str]:
+        with self._lock:
+            return self.orch.explain(trial_id, others)
+
     def cancel(self, study_id: str) -> StudyRecord:
         with self._lock:
             self.orch.study(study_id)

@@ -159,6 +159,15 @@ class SchedulerServicer(pb_grpc.SchedulerServicer):
         study = self._readable(who, trial.study_id)
         return self._trial(who, trial_to_pb(trial), study)
 
+    @translated
+    def ExplainTrial(self, request: pb.GetTrialRequest, context: grpc.ServicerContext
+                     ) -> pb.TrialExplanation:
+        who = self._who(context)
+        trial = self._s.orch.trial(request.trial_id)
+        self._readable(who, trial.study_id)
+        lines = self._s.explain(trial.id, others=who.is_admin)
+        return pb.TrialExplanation(trial_id=trial.id, state=trial.state.value, lines=lines)
+
     def WatchStudy(self, request: pb.WatchStudyRequest, context: grpc.ServicerContext
                    ) -> Iterator[pb.StudyUpdate]:
         context.add_callback(self._s.wake)  # a cancelled watch frees its thread at once

@@ -192,3 +192,34 @@ def test_a_daemon_refuses_bad_observability_flags(tmp_path: Path) -> None:
                              cwd=tmp_path)
         assert out.returncode == 2, (flags, out.stderr)
         assert said in out.stderr, (flags, out.stderr)
+
+
+def test_why_says_what_blocks_a_waiting_trial(cluster: Cluster) -> None:
+    import os
+    import sys
+    cluster.start_server()
+    cluster.start_agent("n1", "1xA100-80GB@48")
+    study = _submit(cluster, space_yaml("why", seconds_per_epoch=5.0, epochs=2, ratio=1.0))
+    wait_for("trials running", lambda: any(t.state == "RUNNING" for t in _trials(cluster, study)))
+    trials = _trials(cluster, study)
+    waiting = next(t for t in trials if t.state == "PENDING")
+    running = next(t for t in trials if t.state == "RUNNING")
+    env = {**os.environ, "HYPERSACK_TOKEN": cluster.admin_token}
+
+    def why(trial: str) -> str:
+        out = subprocess.run([sys.executable, "-m", "hypersack.cli.main", "why", trial,
+                              *cluster.cli_flags()], capture_output=True, text=True,
+                             env=env, timeout=60)
+        assert out.returncode == 0, out.stderr
+        return out.stdout
+
+    out = why(waiting.id)
+    assert f"{waiting.id} is PENDING" in out
+    assert "n1:0 (A100" in out and "compute: needs" in out, out
+    assert f"{running.id} is RUNNING on n1:0" in why(running.id)
+    with cluster.client() as client:
+        assert client.explain(waiting.id).lines[0] == f"{waiting.id} is PENDING"
+    bad = subprocess.run([sys.executable, "-m", "hypersack.cli.main", "why", "nope",
+                          *cluster.cli_flags()], capture_output=True, text=True, env=env,
+                         timeout=60)
+    assert bad.returncode != 0 and "no trial 'nope'" in bad.stderr

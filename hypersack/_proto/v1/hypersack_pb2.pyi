@@ -136,6 +136,16 @@ class GetTrialRequest(_message.Message):
     trial_id: str
     def __init__(self, trial_id: _Optional[str] = ...) -> None: ...
 
+class TrialExplanation(_message.Message):
+    __slots__ = ("trial_id", "state", "lines")
+    TRIAL_ID_FIELD_NUMBER: _ClassVar[int]
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    LINES_FIELD_NUMBER: _ClassVar[int]
+    trial_id: str
+    state: str
+    lines: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, trial_id: _Optional[str] = ..., state: _Optional[str] = ..., lines: _Optional[_Iterable[str]] = ...) -> None: ...
+
 class WatchStudyRequest(_message.Message):
     __slots__ = ("study_id", "min_interval_s")
     STUDY_ID_FIELD_NUMBER: _ClassVar[int]

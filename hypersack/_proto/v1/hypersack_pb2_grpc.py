@@ -61,6 +61,11 @@ class SchedulerStub(object):
                 request_serializer=hypersack_dot___proto_dot_v1_dot_hypersack__pb2.GetTrialRequest.SerializeToString,
                 response_deserializer=hypersack_dot___proto_dot_v1_dot_hypersack__pb2.Trial.FromString,
                 _registered_method=True)
+        self.ExplainTrial = channel.unary_unary(
+                '/hypersack.v1.Scheduler/ExplainTrial',
+                request_serializer=hypersack_dot___proto_dot_v1_dot_hypersack__pb2.GetTrialRequest.SerializeToString,
+                response_deserializer=hypersack_dot___proto_dot_v1_dot_hypersack__pb2.TrialExplanation.FromString,
+                _registered_method=True)
         self.WatchStudy = channel.unary_stream(
                 '/hypersack.v1.Scheduler/WatchStudy',
                 request_serializer=hypersack_dot___proto_dot_v1_dot_hypersack__pb2.WatchStudyRequest.SerializeToString,
@@ -174,6 +179,14 @@ class SchedulerServicer(object):
 
     def GetTrial(self, request, context):
         """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ExplainTrial(self, request, context):
+        """Why a trial is where it is: for a waiting one, what blocks it on each GPU and what
+        holds its study back (trials ahead, share, quota, priority).
+        """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
@@ -310,6 +323,11 @@ def add_SchedulerServicer_to_server(servicer, server):
                     servicer.GetTrial,
                     request_deserializer=hypersack_dot___proto_dot_v1_dot_hypersack__pb2.GetTrialRequest.FromString,
                     response_serializer=hypersack_dot___proto_dot_v1_dot_hypersack__pb2.Trial.SerializeToString,
+            ),
+            'ExplainTrial': grpc.unary_unary_rpc_method_handler(
+                    servicer.ExplainTrial,
+                    request_deserializer=hypersack_dot___proto_dot_v1_dot_hypersack__pb2.GetTrialRequest.FromString,
+                    response_serializer=hypersack_dot___proto_dot_v1_dot_hypersack__pb2.TrialExplanation.SerializeToString,
             ),
             'WatchStudy': grpc.unary_stream_rpc_method_handler(
                     servicer.WatchStudy,
@@ -529,6 +547,33 @@ class Scheduler(object):
             '/hypersack.v1.Scheduler/GetTrial',
             hypersack_dot___proto_dot_v1_dot_hypersack__pb2.GetTrialRequest.SerializeToString,
             hypersack_dot___proto_dot_v1_dot_hypersack__pb2.Trial.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ExplainTrial(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/hypersack.v1.Scheduler/ExplainTrial',
+            hypersack_dot___proto_dot_v1_dot_hypersack__pb2.GetTrialRequest.SerializeToString,
+            hypersack_dot___proto_dot_v1_dot_hypersack__pb2.TrialExplanation.FromString,
             options,
             channel_credentials,
             insecure,
