@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import os
 import re
 import threading
 import time
@@ -20,6 +21,26 @@ def arch_of(name: str) -> str:
     """'NVIDIA A100-SXM4-80GB' -> 'A100', 'NVIDIA H100 80GB HBM3' -> 'H100'."""
     m = _ARCH.search(name.replace("NVIDIA", ""))
     return m.group(1) if m else name.replace(" ", "-")
+
+
+def visible(devices: tuple[GpuSpec, ...], cuda_visible: str | None) -> tuple[GpuSpec, ...]:
+    """The GPUs of `devices` (all of the node's, from NVML) that this agent may use:
+    those CUDA_VISIBLE_DEVICES names when it is set (Slurm sets it from --gres, as do
+    other batch systems and container runtimes), else all. Entries are NVML indexes or
+    UUIDs (a unique prefix is enough, as for CUDA); as in CUDA, the list ends at the first
+    entry that names no GPU, and an empty value means none."""
+    if cuda_visible is None:
+        return devices
+    out: list[GpuSpec] = []
+    for entry in (e.strip() for e in cuda_visible.split(",")):
+        if entry.isdigit():
+            found = [d for d in devices if d.index == int(entry)]
+        else:
+            found = [d for d in devices if entry and d.uuid.startswith(entry)]
+        if len(found) != 1 or found[0] in out:
+            break
+        out.append(found[0])
+    return tuple(out)
 
 
 def nvml_available() -> bool:
@@ -43,7 +64,7 @@ class NvmlBackend(DeviceBackend):
         self._nvml = pynvml
         pynvml.nvmlInit()
         devices = []
-        self._handles = []
+        handles = []
         for i in range(int(pynvml.nvmlDeviceGetCount())):
             h = pynvml.nvmlDeviceGetHandleByIndex(i)
             name = pynvml.nvmlDeviceGetName(h)
@@ -52,8 +73,14 @@ class NvmlBackend(DeviceBackend):
             uuid = uuid.decode() if isinstance(uuid, bytes) else str(uuid)
             mem = int(pynvml.nvmlDeviceGetMemoryInfo(h).total) // 2**20
             devices.append(GpuSpec(index=i, arch=arch_of(name), memory_mib=mem, uuid=uuid))
-            self._handles.append(h)
-        self._devices = tuple(devices)
+            handles.append(h)
+        # Only the GPUs the batch system gave this agent (NVML sees every GPU of the node).
+        given = visible(tuple(devices), os.environ.get("CUDA_VISIBLE_DEVICES"))
+        if len(given) < len(devices):
+            log.info("CUDA_VISIBLE_DEVICES=%s: using %d of the node's %d GPUs",
+                     os.environ.get("CUDA_VISIBLE_DEVICES"), len(given), len(devices))
+        self._handles = {d.index: handles[d.index] for d in given}
+        self._devices = given
         self._peaks: dict[int, tuple[list[float], list[int]]] = {}
         self._util_seen: dict[int, int] = {}  # last process-utilization timestamp per device
 
@@ -68,7 +95,8 @@ class NvmlBackend(DeviceBackend):
 
     def sample(self) -> list[DeviceState]:
         out = []
-        for d, h in zip(self._devices, self._handles, strict=False):
+        for d in self._devices:
+            h = self._handles[d.index]
             util = self._nvml.nvmlDeviceGetUtilizationRates(h).gpu
             used = int(self._nvml.nvmlDeviceGetMemoryInfo(h).used) // 2**20
             out.append(DeviceState(d.index, float(util), used))

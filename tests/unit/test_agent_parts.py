@@ -170,3 +170,17 @@ def test_a_trial_switched_to_its_user_by_setpriv_still_dies_with_the_agent() -> 
             and time.monotonic() < deadline:
         time.sleep(0.05)
     assert not proc.is_running() or proc.status() == psutil.STATUS_ZOMBIE
+
+
+def test_an_nvml_agent_takes_only_the_gpus_its_batch_system_gave() -> None:
+    from hypersack.agent.nvml import visible
+    from hypersack.core.types import GpuSpec
+    gpus = tuple(GpuSpec(index=i, arch="A100", memory_mib=81920, uuid=f"GPU-{i}aa{i}")
+                 for i in range(4))
+    assert visible(gpus, None) == gpus
+    assert visible(gpus, "") == ()
+    assert [g.index for g in visible(gpus, "2,0")] == [2, 0]  # Slurm: --gres=gpu:2
+    assert [g.index for g in visible(gpus, "GPU-3aa3, GPU-1")] == [3, 1]  # UUID prefixes
+    assert [g.index for g in visible(gpus, "1,7,2")] == [1]  # CUDA stops at a bad entry
+    assert visible(gpus, "GPU-") == ()  # ambiguous prefix
+    assert [g.index for g in visible(gpus, "0,0")] == [0]
