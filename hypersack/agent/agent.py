@@ -13,6 +13,7 @@ import os
 import queue
 import random
 import resource
+import shutil
 import threading
 import time
 from collections.abc import Iterable
@@ -121,6 +122,7 @@ class Agent:
         self.sessions = 0
         self.heartbeat_interval_s = 5.0
         self._observed_at = 0.0
+        self._to_drop: set[tuple[str, str]] = set()  # (study, trial): checkpoints to delete
         # For /metrics: the devices as the latest heartbeat sampled them, and when it went.
         self.device_states: list[DeviceState] = []
         self.heartbeat_sent_at: float | None = None
@@ -360,6 +362,27 @@ class Agent:
                 job.kill()
         elif kind == "profile":
             self._profile(msg.profile, outbox)
+        elif kind == "drop_checkpoint":
+            d = msg.drop_checkpoint
+            self._to_drop.add((d.study_id, d.trial_id))
+            self._drop_checkpoints()
+
+    def _drop_checkpoints(self) -> None:
+        """Delete the checkpoint folders of pruned trials once no attempt of theirs runs
+        here (a killed attempt may still be writing)."""
+        for study_id, trial_id in list(self._to_drop):
+            if any(j.id == trial_id and j.exit_code is None for j in self.jobs.values()):
+                continue
+            self._to_drop.discard((study_id, trial_id))
+            folder = job_dir(self.node_dir, study_id, trial_id) / "checkpoint"
+            try:
+                shutil.rmtree(folder)
+            except FileNotFoundError:
+                continue
+            except OSError as exc:
+                log.warning("%s: cannot delete its checkpoint %s: %s", trial_id, folder, exc)
+                continue
+            log.info("%s: pruned; deleted its checkpoint", trial_id)
 
     def _attempts(self, trial_id: str, attempts: Iterable[int] | None) -> list[Job]:
         """This node's jobs of a trial in those attempts (None: in any attempt)."""
@@ -584,6 +607,8 @@ class Agent:
                 trial_id=job.id, exit_code=code, log_tail=job.log_tail(LOG_TAIL_CHARS),
                 metrics=job.metrics, out_of_memory=code == sdk.OOM_EXIT_CODE,
                 peak_memory_mib=job.peak_memory_mib, attempt=job.attempt)), job.gpu_index)
+        if self._to_drop:
+            self._drop_checkpoints()
         if self._ended_since_sweep and time.monotonic() - self._swept_at >= SWEEP_INTERVAL_S:
             # Processes that trials which ended left behind (their marker names a job no
             # longer running) go now: a trial's tree never outlives it.

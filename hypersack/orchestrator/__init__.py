@@ -2,6 +2,7 @@
 
 from hypersack.orchestrator.commands import (
     Command,
+    DropCheckpoint,
     KillTrial,
     LaunchGroup,
     LaunchTrial,
@@ -34,6 +35,7 @@ from hypersack.orchestrator.orchestrator import Orchestrator, OrchestratorConfig
 
 __all__ = [
     "Command",
+    "DropCheckpoint",
     "Event",
     "Heartbeat",
     "KillTrial",

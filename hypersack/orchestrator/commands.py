@@ -56,7 +56,17 @@ class ProfileWorkload:
     warmup: int
 
 
-Command = Union[LaunchTrial, LaunchGroup, KillTrial, ProfileWorkload]
+@dataclass(frozen=True)
+class DropCheckpoint:
+    """A pruned trial never runs again: the node that holds its checkpoint frees the disk
+    (once no attempt of it runs there)."""
+
+    trial_id: str
+    study_id: str
+    node: str
+
+
+Command = Union[LaunchTrial, LaunchGroup, KillTrial, ProfileWorkload, DropCheckpoint]
 
 
 def launched(commands: list[Command]) -> list[LaunchTrial]:

@@ -38,6 +38,7 @@ from hypersack.orchestrator import fusion, shares
 from hypersack.orchestrator.cluster import ClusterState, Gpu, Node
 from hypersack.orchestrator.commands import (
     Command,
+    DropCheckpoint,
     KillTrial,
     LaunchGroup,
     LaunchTrial,
@@ -197,6 +198,9 @@ class Orchestrator:
         self._paused: dict[str, int] = journaled(j)  # PAUSED trials per study
         # (study, rung) -> when the rung's promotions held for its window resume
         self._windows: dict[tuple[str, int], float] = journaled(j)
+        # Trials pruned while handling the current event, and the node of their
+        # checkpoint: DropCheckpoint commands once the event's handling stands.
+        self._drops: list[tuple[str, str]] = []
         # Studies with an Optuna search: their Optuna study, saved whole by the journal
         # (an undone event leaves it stale, and it is rebuilt from the trial records).
         self._searches: dict[str, OptunaSearch] = {}
@@ -526,6 +530,7 @@ class Orchestrator:
             with self._undone_if_raises():
                 commands = self._dispatch(event) if event is not None else self._schedule()
         except StaleEvent as exc:
+            self._drops.clear()
             result.stale.append(exc)
         except Exception as exc:
             what = "a decision" if event is None else _short(repr(event))
@@ -537,8 +542,20 @@ class Orchestrator:
                 result.refused.append((event, exc))
             else:
                 self._decide_again = True
+            self._drops.clear()
         else:
-            result.commands += commands
+            result.commands += commands + self._checkpoints_to_drop()
+
+    def _checkpoints_to_drop(self) -> list[Command]:
+        """The checkpoints of the trials pruned by what was just handled (those an undone
+        part took back are no longer PRUNED, and keep theirs)."""
+        out: list[Command] = []
+        for tid, node in self._drops:
+            t = self._trials.get(tid)
+            if t is not None and t.state == TrialState.PRUNED:
+                out.append(DropCheckpoint(tid, t.study_id, node))
+        self._drops.clear()
+        return out
 
     def _dispatch(self, event: Event) -> list[Command]:
         handler = self._handlers.get(type(event))
@@ -563,6 +580,8 @@ class Orchestrator:
         """Stop a running trial for good as it reports (diverged, pruned): its process is
         killed and its capacity goes to the next decision at once."""
         node = t.node or event.node
+        if state == TrialState.PRUNED:
+            self._drops.append((t.id, node))
         self._release(t.id)
         self._set(self._trials[t.id], state=state, node=None, gpu_index=None, reason=why,
                   metrics=dict(event.metrics), finished_at=self._clock.now())
@@ -1267,6 +1286,8 @@ class Orchestrator:
 
     def _prune_paused(self, t: TrialRecord, why: str) -> None:
         self._set(t, state=TrialState.PRUNED, reason=why, finished_at=self._clock.now())
+        if t.launched_on is not None:
+            self._drops.append((t.id, t.launched_on))
         log.info("%s %s", t.id, why)
 
     # ----------------------------------------------------------------- adaptive search

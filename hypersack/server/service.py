@@ -48,6 +48,7 @@ from hypersack.grid.space import SearchSpace, parse_space
 from hypersack.orchestrator import Orchestrator, OrchestratorConfig
 from hypersack.orchestrator.commands import (
     Command,
+    DropCheckpoint,
     KillTrial,
     LaunchGroup,
     LaunchTrial,
@@ -282,6 +283,9 @@ class SchedulerService:
         if isinstance(c, KillTrial):
             return pb.ServerMessage(kill=pb.KillTrial(trial_id=c.trial_id, reason=c.reason,
                                                       attempt=c.attempt))
+        if isinstance(c, DropCheckpoint):
+            return pb.ServerMessage(drop_checkpoint=pb.DropCheckpoint(
+                trial_id=c.trial_id, study_id=c.study_id))
         assert isinstance(c, ProfileWorkload)
         self.stats["profile_jobs"] += 1
         # Profile with a representative trial of that workload: its program and parameters

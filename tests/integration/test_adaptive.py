@@ -29,6 +29,26 @@ def test_adaptive_example_by_hypersack_run(tmp_path: Path, capsys: pytest.Captur
     assert any("checkpoint saved" in text for text in logs.values())
     resumed = [p for p, text in logs.items() if "resumed from" in text]
     assert resumed and all(p.parent.name != "attempt-1" for p in resumed)
+    # The completed trial keeps its checkpoint (its final weights); pruned trials' go as
+    # they are pruned (the last ones may still be going when the run ends).
+    db = json.loads(main_json(state, "adaptive-1"))["trials"]
+    folders = {t["trial"]: next((state / "work").rglob(f"{t['trial']}/checkpoint"), None)
+               for t in db}
+    done = [t["trial"] for t in db if t["state"] == "COMPLETED"]
+    assert done and all(folders[t] is not None for t in done)
+    pruned = [t["trial"] for t in db if t["state"] == "PRUNED"]
+    assert sum(folders[t] is None for t in pruned) >= len(pruned) // 2, folders
+
+
+def main_json(state: Path, study: str) -> str:
+    """`hypersack results STUDY --format json` on the run's database."""
+    import contextlib
+    import io
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        assert main(["results", study, "--format", "json", "--db",
+                     str(state / "run.db")]) == 0
+    return out.getvalue()
 
 
 ADAPTIVE = """

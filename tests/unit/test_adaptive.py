@@ -28,7 +28,7 @@ from hypersack.orchestrator import (
     TrialProgress,
     Wake,
 )
-from hypersack.orchestrator.commands import Command, launched
+from hypersack.orchestrator.commands import Command, DropCheckpoint, launched
 from hypersack.store import MemoryStore, SqliteStore, Store
 
 LRS = [0.001, 0.003, 0.01, 0.03, 0.1, 0.3, 1.0, 0.0003, 0.0001]
@@ -77,6 +77,7 @@ class Driver:
     running: dict[str, Run] = field(default_factory=dict)
     launches: list[LaunchTrial] = field(default_factory=list)
     kills: list[KillTrial] = field(default_factory=list)
+    drops: list[DropCheckpoint] = field(default_factory=list)
     most_running: int = 0
 
     def apply(self, commands: list[Command]) -> None:
@@ -88,6 +89,8 @@ class Driver:
             if isinstance(c, KillTrial):
                 self.kills.append(c)
                 self.running.pop(c.trial_id, None)
+            elif isinstance(c, DropCheckpoint):
+                self.drops.append(c)
         self.most_running = max(self.most_running, len(self.running))
 
     def step(self) -> None:
@@ -232,6 +235,10 @@ def test_asha_pauses_at_rungs_and_resumes_the_promoted_from_their_checkpoint() -
     assert sum(c.stop_at or c.epochs for c in d.launches) - \
         sum(c.done_epochs for c in d.launches) == 21
     assert not d.kills  # paused trials stop by themselves
+    # Each pruned trial's checkpoint is dropped, on the node that holds it, once; the
+    # completed trial keeps its own (its final weights).
+    assert sorted((c.trial_id, c.node) for c in d.drops) == \
+        sorted((t.id, t.launched_on) for t in states[TrialState.PRUNED])
 
 
 def test_promotions_wait_for_their_window_and_resume_together() -> None:
@@ -268,6 +275,7 @@ def test_a_pruned_trial_frees_its_capacity_at_once() -> None:
     assert orch.study(sid).state == StudyState.COMPLETED
     # Each kill came with the next launch: the freed GPU never waited.
     assert len(d.launches) == 9
+    assert sorted(c.trial_id for c in d.drops) == sorted(t.id for t in pruned)
 
 
 def test_median_pruner_stops_the_worse_half() -> None:

@@ -184,3 +184,32 @@ def test_an_nvml_agent_takes_only_the_gpus_its_batch_system_gave() -> None:
     assert [g.index for g in visible(gpus, "1,7,2")] == [1]  # CUDA stops at a bad entry
     assert visible(gpus, "GPU-") == ()  # ambiguous prefix
     assert [g.index for g in visible(gpus, "0,0")] == [0]
+
+
+def test_a_pruned_trials_checkpoint_is_deleted_and_nothing_outside_it(tmp_path: Path) -> None:
+    import queue
+
+    from hypersack._proto.v1 import hypersack_pb2 as pb
+    from hypersack.agent.agent import Agent
+    from hypersack.agent.launcher import job_dir
+
+    agent = Agent("127.0.0.1:1", "n1", FakeBackend("1xA100-80GB@4", node="n1"),
+                  tmp_path / "work")
+    kept = job_dir(agent.node_dir, "s-1", "s-1-t00000") / "checkpoint"
+    pruned = job_dir(agent.node_dir, "s-1", "s-1-t00001") / "checkpoint"
+    for folder in (kept, pruned):
+        folder.mkdir(parents=True)
+        (folder / "state.npz").write_bytes(b"weights")
+    (pruned.parent / "log.txt").write_text("its log stays")
+    outside = tmp_path / "precious"
+    outside.mkdir()
+    (outside / "checkpoint").mkdir()
+    outbox: queue.Queue[pb.AgentMessage | None] = queue.Queue()
+    for study, trial in (("s-1", "s-1-t00001"), ("..", "../../precious"),
+                         ("s-1", "s-1-t00009")):  # the last has none: nothing to do
+        agent._command(pb.ServerMessage(drop_checkpoint=pb.DropCheckpoint(
+            trial_id=trial, study_id=study)), outbox)
+    assert not pruned.exists() and (pruned.parent / "log.txt").exists()
+    assert (kept / "state.npz").exists()
+    assert (outside / "checkpoint").is_dir()  # a hostile name stays inside the work dir
+    assert outbox.empty()

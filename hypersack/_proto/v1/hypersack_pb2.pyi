@@ -671,15 +671,25 @@ class ProfileWorkload(_message.Message):
     def __init__(self, key: _Optional[_Union[WorkloadKey, _Mapping]] = ..., arch: _Optional[str] = ..., gpu_index: _Optional[int] = ..., iterations: _Optional[int] = ..., warmup: _Optional[int] = ..., program: _Optional[_Union[Program, _Mapping]] = ..., params_json: _Optional[str] = ..., epochs: _Optional[float] = ..., owner: _Optional[str] = ...) -> None: ...
 
 class ServerMessage(_message.Message):
-    __slots__ = ("registered", "launch", "kill", "profile", "launch_group")
+    __slots__ = ("registered", "launch", "kill", "profile", "launch_group", "drop_checkpoint")
     REGISTERED_FIELD_NUMBER: _ClassVar[int]
     LAUNCH_FIELD_NUMBER: _ClassVar[int]
     KILL_FIELD_NUMBER: _ClassVar[int]
     PROFILE_FIELD_NUMBER: _ClassVar[int]
     LAUNCH_GROUP_FIELD_NUMBER: _ClassVar[int]
+    DROP_CHECKPOINT_FIELD_NUMBER: _ClassVar[int]
     registered: Registered
     launch: LaunchTrial
     kill: KillTrial
     profile: ProfileWorkload
     launch_group: LaunchGroup
-    def __init__(self, registered: _Optional[_Union[Registered, _Mapping]] = ..., launch: _Optional[_Union[LaunchTrial, _Mapping]] = ..., kill: _Optional[_Union[KillTrial, _Mapping]] = ..., profile: _Optional[_Union[ProfileWorkload, _Mapping]] = ..., launch_group: _Optional[_Union[LaunchGroup, _Mapping]] = ...) -> None: ...
+    drop_checkpoint: DropCheckpoint
+    def __init__(self, registered: _Optional[_Union[Registered, _Mapping]] = ..., launch: _Optional[_Union[LaunchTrial, _Mapping]] = ..., kill: _Optional[_Union[KillTrial, _Mapping]] = ..., profile: _Optional[_Union[ProfileWorkload, _Mapping]] = ..., launch_group: _Optional[_Union[LaunchGroup, _Mapping]] = ..., drop_checkpoint: _Optional[_Union[DropCheckpoint, _Mapping]] = ...) -> None: ...
+
+class DropCheckpoint(_message.Message):
+    __slots__ = ("trial_id", "study_id")
+    TRIAL_ID_FIELD_NUMBER: _ClassVar[int]
+    STUDY_ID_FIELD_NUMBER: _ClassVar[int]
+    trial_id: str
+    study_id: str
+    def __init__(self, trial_id: _Optional[str] = ..., study_id: _Optional[str] = ...) -> None: ...
