@@ -11,6 +11,8 @@ cluster (4 A100 + 2 H100).
   rungs whenever their own speed gets them there;
 - `asha-window-30s`: as `asha-aligned`, with a rung's promotions held 30 s so that they
   resume together (`promotion_window_s`);
+- `asha-aligned-fused`: as `asha-aligned`, with fused groups: a rung's trials of one
+  model train in one process where that places more work (promotions too);
 - `asha-one-per-gpu`: `mode: pause`, one trial per GPU (the usual ASHA deployment);
 - `no-pruner`: packed, every trial to its last epoch (the reference).
 
@@ -75,7 +77,8 @@ def main() -> None:
     args = parser.parse_args()
     truth = load_profiles(EXAMPLES / "profiles-estimates.yaml")
     cluster = parse_shorthand(CLUSTER)
-    runs = (("asha-aligned", "pause", False, 0.0), ("asha-window-30s", "pause", False, 30.0),
+    runs = (("asha-aligned", "pause", False, 0.0), ("asha-aligned-fused", "pause", False, 0.0),
+            ("asha-window-30s", "pause", False, 30.0),
             ("asha-unaligned", "stop", False, 0.0), ("asha-one-per-gpu", "pause", True, 0.0),
             ("no-pruner", None, False, 0.0))
     print(f"{'seed':<5}{'run':<18}{'makespan':>12}{'ratio':>7}{'occupancy':>11}"
@@ -86,7 +89,7 @@ def main() -> None:
         best_all = None
         rows = []
         for name, mode, exclusive, window in runs:
-            config = OrchestratorConfig(fusion=False)
+            config = OrchestratorConfig(fusion=name.endswith("-fused"))
             if exclusive:
                 config = replace(config, exclusive=True)
             sim = Simulation(space(mode, args.epochs, window), cluster, truth, config=config,

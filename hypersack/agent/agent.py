@@ -450,11 +450,14 @@ class Agent:
         """A trial's checkpoint folder (kept across its attempts on this node) and the
         epoch its attempt stops at to be ranked, where the study's pruner pauses trials."""
         stop_at = sdk.epoch_count(m.stop_at_epoch)
-        folder = job_dir(self.node_dir, m.study_id, m.trial_id) / "checkpoint"
-        env = {sdk.ENV_CHECKPOINT_DIR: str(folder.resolve())}
+        env = {sdk.ENV_CHECKPOINT_DIR: str(self._checkpoint_dir(m))}
         if stop_at > 0:
             env[sdk.ENV_STOP_AT_EPOCH] = repr(stop_at)
         return env
+
+    def _checkpoint_dir(self, m: pb.LaunchTrial) -> Path:
+        """A trial's checkpoint folder, the same for every attempt on this node."""
+        return (job_dir(self.node_dir, m.study_id, m.trial_id) / "checkpoint").resolve()
 
     def _launch_group(self, g: pb.LaunchGroup, outbox: queue.Queue[pb.AgentMessage | None]
                       ) -> None:
@@ -498,7 +501,9 @@ class Agent:
             process.env[sdk.ENV_FUSED] = json.dumps(fused_spec(
                 key, first.epochs, options, [(j.id, json.loads(m.params_json or "{}"),
                                               j.metrics_path, j.stop_path)
-                                             for j, m in zip(jobs, members, strict=True)]))
+                                             for j, m in zip(jobs, members, strict=True)],
+                checkpoints=[self._checkpoint_dir(m) for m in members],
+                stop_at=sdk.epoch_count(first.stop_at_epoch)))
             for j in jobs:
                 j.start()
             process.start()

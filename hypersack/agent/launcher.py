@@ -385,12 +385,14 @@ def fused_argv() -> list[str]:
 
 
 def fused_spec(key: WorkloadKey, epochs: float, options: dict[str, Any],
-               members: list[tuple[str, dict[str, Any], Path, Path | None]]
+               members: list[tuple[str, dict[str, Any], Path, Path | None]],
+               checkpoints: list[Path] | None = None, stop_at: float = 0.0
                ) -> dict[str, Any]:
     """What `hypersack.runner.fused_train` reads from HYPERSACK_FUSED: the workload and,
     per member, its fusable hyperparameters (as the plain trainer defaults them), its
-    metrics file and its stop file."""
-    out = []
+    metrics file, its stop file and its checkpoint folder; and the epoch the group stops
+    at to be ranked (0: its last)."""
+    out: list[dict[str, Any]] = []
     # The members' own optimizer (they share every hyperparameter that does not fuse).
     optimizer = str(members[0][1].get("optimizer", key.optimizer)) if members \
         else key.optimizer
@@ -401,10 +403,15 @@ def fused_spec(key: WorkloadKey, epochs: float, options: dict[str, Any],
         member.update(optim.hyperparameters(optimizer, params))
         # The plain trainer seeds its model with the program's seed.
         member["seed"] = int(params.get("seed", options.get("seed", 0)))
+        if checkpoints is not None:
+            member["checkpoint_dir"] = str(checkpoints[len(out)])
         out.append(member)
     batch = int(members[0][1].get("batch_size", 64)) if members else 64
-    return {"model": key.model, "batch_size": batch, "epochs": epochs,
+    spec = {"model": key.model, "batch_size": batch, "epochs": epochs,
             "optimizer": optimizer, "options": options, "members": out}
+    if stop_at > 0:
+        spec["stop_at"] = stop_at
+    return spec
 
 
 def job_key(job_id: str, attempt: int) -> str:

@@ -1711,9 +1711,7 @@ class Orchestrator:
         return kill
 
     def _fusion(self, space: SearchSpace) -> bool:
-        # Not yet with a pruner: a fused group's members would have to pause together.
-        return self.config.fusion and not self.config.exclusive and fusion.enabled(space) \
-            and space.pruner is None
+        return self.config.fusion and not self.config.exclusive and fusion.enabled(space)
 
     def _plain_items(self, trials: list[TrialRecord], archs: frozenset[str],
                      view: ClusterView) -> list[Item]:
@@ -1774,14 +1772,16 @@ class Orchestrator:
                      ) -> tuple[dict[str, _Fused], list[TrialRecord]]:
         """Pending trials cut into fused groups of the widest measured width that is
         worth it (see `fusion`); the rest stay alone."""
-        classes: dict[fusion.FusionClass, list[TrialRecord]] = {}
+        # With a pruner, a group's members are one rung's: they resume from the same
+        # epoch and stop at the same next rung (Pack: packed members' budgets aligned).
+        classes: dict[tuple[fusion.FusionClass, float, float], list[TrialRecord]] = {}
         alone: list[TrialRecord] = []
         for t in pending:
             c = fusion.class_of(t)
             if c is None:
                 alone.append(t)
             else:
-                classes.setdefault(c, []).append(t)
+                classes.setdefault((c, t.done_epochs, self._segment(t)), []).append(t)
         gpus: dict[str, tuple[float, int]] = {}  # arch -> scaled capacity %, memory MiB
         for node in view.nodes:
             for g in node.gpus:
@@ -1789,7 +1789,7 @@ class Orchestrator:
                 gpus[g.arch] = (cap, max(g.full_memory, gpus.get(g.arch, (0.0, 0))[1]))
         fused: dict[str, _Fused] = {}
         fits = _FitBounds(view)
-        for (key, epochs, _), members in classes.items():
+        for ((key, _, _), _, segment), members in classes.items():
             widths: dict[int, dict[str, Need]] = {}
             run_times: dict[int, float] = {}
             for w in fusion.candidate_widths(space.settings.max_fusion_width, len(members)):
@@ -1800,7 +1800,7 @@ class Orchestrator:
                     if single is not None and wide is not None and \
                             fusion.useful(single, wide, *gpus[arch]):
                         needs[arch] = Need.of(wide.demand)
-                        run_times[w] = max(run_times.get(w, 0.0), wide.run_time_s(epochs))
+                        run_times[w] = max(run_times.get(w, 0.0), wide.run_time_s(segment))
                 if needs:
                     widths[w] = needs
             if not widths:

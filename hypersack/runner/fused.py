@@ -224,3 +224,47 @@ class FusedGroup:
         """One member's parameters and buffers, as a separate model's state_dict."""
         return {**{n: t[index].clone() for n, t in self.params.items()},
                 **{n: t[index].clone() for n, t in self.buffers.items()}}
+
+    # ------------------------------------------------------------- checkpoints
+    def member_checkpoint(self, index: int) -> tuple[dict[str, Tensor],
+                                                     dict[int, dict[str, Tensor]]]:
+        """One member's model state_dict and its optimizer's per-parameter state, in
+        torch.optim's layout (parameter i of `named_parameters`): SGD's
+        `momentum_buffer`, Adam's `step`, `exp_avg`, `exp_avg_sq`. A trial paused in a
+        group resumes alone (the plain trainer loads it) or in another group."""
+        state: dict[int, dict[str, Tensor]] = {}
+        for i in range(len(self.params)):
+            if self.optimizer == "sgd":
+                state[i] = {"momentum_buffer": self._velocity[i][index].clone()}
+            else:
+                state[i] = {"step": torch.tensor(float(self.steps)),
+                            "exp_avg": self._velocity[i][index].clone(),
+                            "exp_avg_sq": self._second[i][index].clone()}
+        return self.member_state(index), state
+
+    def load_member(self, index: int, model: dict[str, Tensor],
+                    state: dict[int, dict[str, Tensor]]) -> None:
+        """Put a checkpoint (as `member_checkpoint` gives, or the plain trainer saves)
+        into member `index`. Raises ValueError when it is another model's. Adam's step
+        count is the group's: every member resumes from the same epoch."""
+        names = list(self.params)
+        expected = set(names) | set(self.buffers)
+        if set(model) != expected:
+            raise ValueError("the checkpoint holds another model's parameters")
+        with torch.no_grad():
+            for n, t in model.items():
+                target = self.params[n] if n in self.params else self.buffers[n]
+                if target[index].shape != t.shape:
+                    raise ValueError(f"the checkpoint's {n} has shape {tuple(t.shape)}")
+                target[index].copy_(t.to(target.device, target.dtype))
+            for i in range(len(names)):
+                s = state.get(i, {})
+                first = s.get("momentum_buffer" if self.optimizer == "sgd" else "exp_avg")
+                self._velocity[i][index].copy_(first if first is not None else
+                                               torch.zeros_like(self._velocity[i][index]))
+                if self.optimizer != "sgd":
+                    second = s.get("exp_avg_sq")
+                    self._second[i][index].copy_(second if second is not None else
+                                                 torch.zeros_like(self._second[i][index]))
+                    if "step" in s:
+                        self.steps = int(float(s["step"]))

@@ -24,6 +24,7 @@ import json
 import math
 import os
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -38,7 +39,7 @@ from hypersack.core.trial_env import ENV_FUSED
 from hypersack.runner import datasets, sdk, zoo
 from hypersack.runner.fused import FusedGroup, Member
 from hypersack.runner.loop import Epochs
-from hypersack.runner.torch_train import Batches, versions
+from hypersack.runner.torch_train import Batches, make_optimizer, versions
 
 
 @dataclass(frozen=True)
@@ -51,6 +52,10 @@ class FusedSpec:
     members: list[Member]
     metrics_files: list[Path]
     stop_files: list[Path | None]
+    # Early stopping: each member's checkpoint folder (None: none), and the epoch the
+    # group stops at to be ranked (0: its last); every member is at the same rung.
+    checkpoint_dirs: list[Path | None]
+    stop_at: float = 0.0
 
 
 def parse_spec(raw: str) -> FusedSpec:
@@ -77,7 +82,70 @@ def parse_spec(raw: str) -> FusedSpec:
         options=parse_train_options(data.get("options", {}), "options"), optimizer=optimizer,
         members=[member(m) for m in members],
         metrics_files=[Path(m["metrics_file"]) for m in members],
-        stop_files=[Path(m["stop_file"]) if m.get("stop_file") else None for m in members])
+        stop_files=[Path(m["stop_file"]) if m.get("stop_file") else None for m in members],
+        checkpoint_dirs=[Path(m["checkpoint_dir"]) if m.get("checkpoint_dir") else None
+                         for m in members],
+        stop_at=_epoch(data.get("stop_at", 0.0)))
+
+
+def _epoch(raw: Any) -> float:
+    value = float(raw)
+    return value if math.isfinite(value) and 0 < value <= 1e6 else 0.0
+
+
+CHECKPOINT = "checkpoint.pt"  # the plain trainer's name: either trainer resumes the other's
+
+
+def _resume(group: FusedGroup, spec: FusedSpec, device: torch.device) -> int:
+    """Load every member's checkpoint; the epoch the group resumes after. Only when all
+    members have one of the same epoch (a group is one rung's trials, and a promoted
+    trial's checkpoint is on the node it paused on): otherwise all start from scratch,
+    which costs time and never correctness."""
+    found: list[dict[str, Any] | None] = []
+    for folder in spec.checkpoint_dirs:
+        path = folder / CHECKPOINT if folder is not None else None
+        if path is None or not path.exists():
+            found.append(None)
+            continue
+        found.append(torch.load(path, map_location=device, weights_only=True))
+    if not any(found):
+        return 0
+    epochs = {int(s["epoch"]) for s in found if s is not None}
+    if None in found or len(epochs) != 1:
+        print("members' checkpoints differ (missing, or of other epochs): every member "
+              "starts from scratch", flush=True)
+        return 0
+    for k, state in enumerate(found):
+        assert state is not None
+        group.load_member(k, state["model"], state["optimizer"]["state"])
+    epoch = epochs.pop()
+    print(f"resumed {len(found)} members from their checkpoints after epoch {epoch}",
+          flush=True)
+    return epoch
+
+
+def _save(group: FusedGroup, spec: FusedSpec, k: int, epoch: int,
+          build: Callable[[], torch.nn.Module]) -> None:
+    """Member k's checkpoint, as the plain trainer writes it (a state_dict, torch.optim's
+    state_dict, the epoch), written whole or not at all."""
+    folder = spec.checkpoint_dirs[k]
+    if folder is None:
+        return
+    folder.mkdir(parents=True, exist_ok=True)
+    model_state, opt_state = group.member_checkpoint(k)
+    model = build().to("cpu")
+    model.load_state_dict({n: t.cpu() for n, t in model_state.items()})
+    m = spec.members[k]
+    optimizer = make_optimizer(spec.optimizer, model, {
+        "lr": m.lr, "momentum": m.momentum, "weight_decay": m.weight_decay,
+        "beta1": m.beta1, "beta2": m.beta2, "eps": m.eps})
+    for p, state in zip(model.parameters(), opt_state.values(), strict=True):
+        optimizer.state[p] = {n: t.cpu() for n, t in state.items()}
+    path = folder / CHECKPOINT
+    tmp = path.with_name(path.name + ".tmp")
+    torch.save({"epoch": epoch, "model": model.state_dict(),
+                "optimizer": optimizer.state_dict(), "scaler": {}}, tmp)
+    os.replace(tmp, path)
 
 
 def _report(path: Path, step: int, **metrics: float) -> None:
@@ -123,6 +191,8 @@ def train(spec: FusedSpec) -> dict[str, str]:
     if ep.profiling:
         sdk.set_profile_info(versions=versions(device) + f" fused={len(spec.members)}")
     ended: set[str] = set()
+    if not ep.profiling:
+        ep.resume(_resume(group, spec, device))
 
     def end(k: int, outcome: str) -> None:
         if spec.members[k].trial_id not in ended:
@@ -130,7 +200,7 @@ def train(spec: FusedSpec) -> dict[str, str]:
             _end(spec.metrics_files[k], outcome)
 
     try:
-        for i in range(ep.total):
+        for i in range(ep.start, ep.total):
             for k, (m, stop) in enumerate(zip(spec.members, spec.stop_files, strict=True)):
                 if stop is not None and m.trial_id in group.running and stop.exists():
                     group.stop(m.trial_id)
@@ -165,6 +235,14 @@ def train(spec: FusedSpec) -> dict[str, str]:
                 if m.trial_id in group.running:
                     _report(spec.metrics_files[k], epoch, loss=sums[k][0] / seen,
                             accuracy=sums[k][1] / seen, epoch=epoch)
+            if spec.stop_at and epoch >= spec.stop_at - 1e-9 and i + 1 < ep.total:
+                # The rung: each running member saves its checkpoint and ends, to be
+                # ranked (a member that diverged or was stopped has ended already).
+                for k, m in enumerate(spec.members):
+                    if m.trial_id in group.running:
+                        _save(group, spec, k, epoch, build)
+                print(f"paused at epoch {epoch}: checkpoints saved", flush=True)
+                break
     except torch.OutOfMemoryError:
         sdk.out_of_memory(f"out of memory: {spec.model} fused x{len(spec.members)} at batch "
                           f"size {spec.batch_size} on {device}")

@@ -29,6 +29,7 @@ from hypersack.orchestrator.commands import (
     LaunchGroup,
     LaunchTrial,
     ProfileWorkload,
+    launched,
 )
 from hypersack.orchestrator.events import (
     Event,
@@ -122,7 +123,7 @@ class _Running:
     study_id: str = ""
     # With a learning curve: the trial's parameters, the epoch its work reached, the
     # epoch this attempt ends at (its rung, or its last) and the work of one epoch.
-    params: dict[str, object] = field(default_factory=dict)
+    params: dict[str, dict[str, object]] = field(default_factory=dict)  # per member
     epoch: int = 0
     end_epoch: float = 0.0
     epoch_work_s: float = 0.0
@@ -231,13 +232,15 @@ class Simulation:
                         SharedTrial(true.demand.compute_pct, true.demand.cores,
                                     true.data_fraction),
                         cmd.demand.compute_pct, now, members=members, study_id=sid)
-                    if self.curve is not None and isinstance(cmd, LaunchTrial):
-                        # From its checkpoint to its rung (or its end).
-                        end = cmd.stop_at or cmd.epochs
-                        segment = max(end - cmd.done_epochs, 1e-9)
+                    if self.curve is not None:
+                        # From its checkpoint to its rung (or its end); a fused group's
+                        # members are one rung's, each on its own curve.
+                        first = cmd.members[0] if isinstance(cmd, LaunchGroup) else cmd
+                        end = first.stop_at or first.epochs
+                        segment = max(end - first.done_epochs, 1e-9)
                         r.work_left_s = true.run_time_s(segment)
-                        r.params, r.epoch, r.end_epoch = (dict(cmd.params),
-                                                          int(cmd.done_epochs), end)
+                        r.params = {m.trial_id: dict(m.params) for m in launched([cmd])}
+                        r.epoch, r.end_epoch = int(first.done_epochs), end
                         r.epoch_work_s = r.work_left_s / segment
                 elif isinstance(cmd, KillTrial):
                     # A member of a fused group stops alone; the group goes on.
@@ -386,15 +389,22 @@ class Simulation:
         r = running[tid]
         r.epoch += 1
         r.work_left_s = max(0.0, r.end_epoch - r.epoch) * r.epoch_work_s
-        value = self.curve(r.params, r.epoch)
-        metrics = {self.space.settings.objective.metric: value, "epoch": float(r.epoch)}
-        handle(TrialProgress(tid, r.node, r.epoch, metrics))
+        reported: dict[str, tuple[dict[str, float], float]] = {}
+        for member in list(r.members):
+            if member not in r.members:
+                continue  # killed by an earlier member's report
+            value = self.curve(r.params[member], r.epoch)
+            metrics = {self.space.settings.objective.metric: value, "epoch": float(r.epoch)}
+            reported[member] = (metrics, value)
+            handle(TrialProgress(member, r.node, r.epoch, metrics))
         if tid not in running or r.epoch < r.end_epoch - 1e-9:
-            return  # killed (pruned; its segment is the kill's), or it goes on
+            return  # every member killed (pruned; its segment is the kill's), or goes on
         del running[tid]
         timeline.append(Segment(r.trial_id, r.model, r.node, r.gpu_index, r.start_s, now,
-                                "COMPLETED"))
-        handle(TrialFinished(tid, r.node, metrics, objective=value))
+                                "COMPLETED", len(r.members)))
+        for member in list(r.members):
+            metrics, value = reported[member]
+            handle(TrialFinished(member, r.node, metrics, objective=value))
 
     def _true(self, key: WorkloadKey, arch: str) -> Profile | None:
         """What a workload really needs; a fused width the truth lacks is estimated from

@@ -19,6 +19,7 @@ from hypersack.grid import rungs
 from hypersack.grid.space import parse_space
 from hypersack.orchestrator import (
     KillTrial,
+    LaunchGroup,
     LaunchTrial,
     NodeJoined,
     Orchestrator,
@@ -78,6 +79,7 @@ class Driver:
     launches: list[LaunchTrial] = field(default_factory=list)
     kills: list[KillTrial] = field(default_factory=list)
     drops: list[DropCheckpoint] = field(default_factory=list)
+    groups: list[LaunchGroup] = field(default_factory=list)
     most_running: int = 0
 
     def apply(self, commands: list[Command]) -> None:
@@ -91,6 +93,8 @@ class Driver:
                 self.running.pop(c.trial_id, None)
             elif isinstance(c, DropCheckpoint):
                 self.drops.append(c)
+            elif isinstance(c, LaunchGroup):
+                self.groups.append(c)
         self.most_running = max(self.most_running, len(self.running))
 
     def step(self) -> None:
@@ -130,11 +134,11 @@ class Driver:
         raise AssertionError("still running")
 
 
-def start(sp: Any, store: Store | None = None, gpus: str = "1x3xA100-80GB"
-          ) -> tuple[Orchestrator, Driver, str]:
+def start(sp: Any, store: Store | None = None, gpus: str = "1x3xA100-80GB",
+          fusion: bool = False) -> tuple[Orchestrator, Driver, str]:
     store = store or MemoryStore()
     clock = ManualClock(100.0)
-    orch = Orchestrator(store, clock, OrchestratorConfig(fusion=False))
+    orch = Orchestrator(store, clock, OrchestratorConfig(fusion=fusion))
     driver = Driver(orch, clock)
     driver.apply(orch.handle(NodeJoined(parse_shorthand(gpus).nodes[0])))
     driver.apply(orch.handle(StudySubmitted(sp)))
@@ -239,6 +243,36 @@ def test_asha_pauses_at_rungs_and_resumes_the_promoted_from_their_checkpoint() -
     # completed trial keeps its own (its final weights).
     assert sorted((c.trial_id, c.node) for c in d.drops) == \
         sorted((t.id, t.launched_on) for t in states[TrialState.PRUNED])
+
+
+def test_a_rungs_trials_fuse_pause_together_and_promotions_fuse_again() -> None:
+    """Fusion with a pruner: a group's members are one rung's trials (the same
+    checkpoint epoch, the same next rung), so they pause together; the promoted trials of
+    a rung, held together by the promotion window, fuse again from their checkpoints."""
+    from tests.unit.test_fusion import WIDE
+    store = MemoryStore()
+    for p in WIDE:  # resnet18 at batch 64: alone 40 %, four fused 80 % of an A100
+        store.put_profile(p)
+    sp = parse_space({"name": "fz", "models": ["resnet18"],
+                      "hyperparameters": {"batch_size": [64], "lr": LRS},
+                      "settings": {"epochs": 9, "policy": "ff",
+                                   "oversubscription": {"A100": 1.0}},
+                      "pruner": {"type": "asha", "min_epochs": 1, "reduction_factor": 3,
+                                 "promotion_window_s": 5}})
+    orch, d, sid = start(sp, store, gpus="1x1xA100-80GB", fusion=True)
+    d.until_idle()
+    assert orch.study(sid).state == StudyState.COMPLETED
+    assert [t.params["lr"] for t in orch.trials(sid) if t.state == TrialState.COMPLETED] \
+        == [0.003]
+    for g in d.groups:  # every group is one rung's
+        assert len({(m.done_epochs, m.stop_at) for m in g.members}) == 1
+    first = [g for g in d.groups if g.members[0].done_epochs == 0]
+    assert first and all(m.stop_at == 1 for g in first for m in g.members)
+    # Rung 1's promotions resume from their checkpoints in a fused group.
+    promoted = [g for g in d.groups if g.members[0].done_epochs == 1]
+    assert promoted and {m.stop_at for g in promoted for m in g.members} == {3.0}
+    assert all(len(g.members) >= 2 for g in promoted)
+    assert d.most_running <= 8
 
 
 def test_promotions_wait_for_their_window_and_resume_together() -> None:

@@ -199,3 +199,54 @@ def test_members_stop_alone_and_evaluate_like_separate_models(float64: None) -> 
     _, one_step = separate(make, MEMBERS[1], batches[:1])
     assert all(close(group.member_state(1)[n], v) for n, v in one_step.items()
                if v.is_floating_point())
+
+
+@pytest.mark.parametrize(("name", "optimizer", "members"), [
+    ("resnet18", "sgd", MEMBERS[:2]), ("bert_tiny", "adam", ADAM_MEMBERS[:2])])
+def test_a_member_checkpoint_resumes_exactly_fused_or_alone(
+        name: str, optimizer: str, members: list[Member], float64: None) -> None:
+    """Paused at a rung and promoted: a member's checkpoint (model and optimizer state,
+    torch.optim's layout) resumes it in another group, or alone in the plain trainer,
+    with the next step exactly the step it would have taken."""
+    make, batches = no_dropout(name), data(name)
+    group = FusedGroup(make, members, optimizer=optimizer)
+    for x, y in batches[:2]:
+        group.step(x, y)
+    saved = [group.member_checkpoint(k) for k in range(len(members))]
+    # In another group: fresh members (other seeds), the checkpoints loaded (in reverse
+    # order: slots are positions, not names).
+    again = FusedGroup(make, [Member(m.trial_id, lr=m.lr, momentum=m.momentum,
+                                     weight_decay=m.weight_decay, beta1=m.beta1,
+                                     beta2=m.beta2, eps=m.eps, seed=9 + k,
+                                     clip_norm=m.clip_norm)
+                              for k, m in reversed(list(enumerate(members)))],
+                       optimizer=optimizer)
+    for slot, k in enumerate(reversed(range(len(members)))):
+        again.load_member(slot, *saved[k])
+    x, y = batches[2]
+    group.step(x, y)
+    again.step(x, y)
+    for slot, k in enumerate(reversed(range(len(members)))):
+        a, b = group.member_state(k), again.member_state(slot)
+        assert all(close(a[n], b[n]) for n in a if a[n].is_floating_point())
+    # Alone: a torch model and torch.optim optimizer from the same checkpoint.
+    m = members[0]
+    model = make().train()
+    model.load_state_dict(saved[0][0])
+    if optimizer == "sgd":
+        opt: torch.optim.Optimizer = torch.optim.SGD(
+            model.parameters(), lr=m.lr, momentum=m.momentum, weight_decay=m.weight_decay)
+    else:
+        opt = torch.optim.Adam(model.parameters(), lr=m.lr, betas=(m.beta1, m.beta2),
+                               eps=m.eps, weight_decay=m.weight_decay)
+    for p, state in zip(model.parameters(), saved[0][1].values(), strict=True):
+        opt.state[p] = dict(state)
+    opt.zero_grad()
+    nn.functional.cross_entropy(model(x), y).backward()
+    if m.clip_norm:
+        torch.nn.utils.clip_grad_norm_(model.parameters(), m.clip_norm)
+    opt.step()
+    alone, fused = model.state_dict(), group.member_state(0)
+    assert all(close(fused[n], alone[n]) for n in alone if alone[n].is_floating_point())
+    with pytest.raises(ValueError, match="another model"):
+        again.load_member(0, {"w": torch.zeros(1)}, {})

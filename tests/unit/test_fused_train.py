@@ -90,3 +90,52 @@ def test_an_adam_group_trains_and_bad_hyperparameters_are_refused(tmp_path: Path
                                           tmp_path / "b.jsonl", None)])
     with pytest.raises(InvalidInput, match="unknown optimizer"):
         parse_spec(json.dumps({**spec, "optimizer": "lamb"}))
+
+
+def _fused(tmp_path: Path, spec: dict[str, object]) -> dict[str, str]:
+    done = subprocess.run([sys.executable, "-m", "hypersack.runner.fused_train"],
+                          env={**os.environ, "HYPERSACK_FUSED": json.dumps(spec)},
+                          capture_output=True, text=True, timeout=240, cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    return {"stdout": done.stdout}
+
+
+def _epochs(path: Path) -> list[int]:
+    lines = [json.loads(x) for x in path.read_text().splitlines()]
+    path.unlink()
+    return [int(r["metrics"]["epoch"]) for r in lines if "metrics" in r]
+
+
+def test_a_fused_group_pauses_at_its_rung_and_resumes_from_checkpoints(tmp_path: Path
+                                                                      ) -> None:
+    import torch
+
+    from hypersack.runner import zoo
+    from hypersack.runner.torch_train import make_optimizer
+
+    def member(k: int) -> dict[str, object]:
+        return {"trial_id": f"t{k}", "lr": 0.05, "seed": k,
+                "metrics_file": str(tmp_path / f"t{k}.jsonl"),
+                "checkpoint_dir": str(tmp_path / f"t{k}" / "checkpoint")}
+
+    options = {"dataset": "synthetic", "train_samples": 32, "val_samples": 16}
+    spec = {"model": "resnet18", "batch_size": 16, "epochs": 3, "options": options,
+            "members": [member(0), member(1)], "stop_at": 1}
+    out = _fused(tmp_path, spec)
+    assert "paused at epoch 1" in out["stdout"]
+    assert _epochs(tmp_path / "t0.jsonl") == [1] and _epochs(tmp_path / "t1.jsonl") == [1]
+    saved = torch.load(tmp_path / "t0" / "checkpoint" / "checkpoint.pt", weights_only=True)
+    assert saved["epoch"] == 1
+    # The plain trainer's format: a promoted trial may resume alone.
+    model = zoo.build("resnet18")
+    model.load_state_dict(saved["model"])
+    make_optimizer("sgd", model, {"lr": 0.05}).load_state_dict(saved["optimizer"])
+    # Promoted together: both resume after epoch 1 and train epochs 2 and 3.
+    out = _fused(tmp_path, {**spec, "stop_at": 0})
+    assert "resumed 2 members" in out["stdout"]
+    assert _epochs(tmp_path / "t0.jsonl") == [2, 3] and _epochs(tmp_path / "t1.jsonl") == [2, 3]
+    # With a member that has no checkpoint, the group starts from scratch.
+    out = _fused(tmp_path, {**spec, "epochs": 2, "stop_at": 0,
+                            "members": [member(0), member(2)]})
+    assert "starts from scratch" in out["stdout"]
+    assert _epochs(tmp_path / "t0.jsonl") == [1, 2] and _epochs(tmp_path / "t2.jsonl") == [1, 2]
