@@ -17,7 +17,6 @@ from __future__ import annotations
 import json
 import math
 import os
-import time
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -198,15 +197,26 @@ class Client:
         until at least one has (or the study ended, or `timeout_s` passed: then the list
         may be empty). Feed them to your optimizer, then `ask` again."""
         told = self._told.setdefault(study_id, set())
-        deadline = None if timeout_s is None else time.monotonic() + timeout_s
-        while True:
+
+        def ended_now() -> list[Trial]:
             ended = [t for t in self.trials(study_id)
                      if t.state in TRIAL_TERMINAL and t.id not in told]
-            if ended or self.study(study_id).done or (
-                    deadline is not None and time.monotonic() >= deadline):
-                told.update(t.id for t in ended)
-                return ended
-            time.sleep(0.2)
+            told.update(t.id for t in ended)
+            return ended
+
+        ended = ended_now()
+        if ended or self.study(study_id).done:
+            return ended
+        # Woken by the server as the study changes (no polling): the trials are read
+        # again only when more have ended than this client was told of.
+        for update in self._rpc.watch(study_id, 0.0, timeout_s):
+            done = sum(n for state, n in update.study.counts.items()
+                       if state in TRIAL_TERMINAL)
+            if done > len(told) or update.study.state in TERMINAL:
+                ended = ended_now()
+                if ended or update.study.state in TERMINAL:
+                    return ended
+        return []
 
     def watch(self, study_id: str, min_interval_s: float = 0.5) -> Iterator[Study]:
         """The study each time it changes, until it ends (the last one is terminal)."""
@@ -215,15 +225,17 @@ class Client:
 
     def wait(self, study_id: str, timeout_s: float | None = None) -> Study:
         """Block until the study ends; raises TimeoutError after `timeout_s`."""
-        deadline = None if timeout_s is None else time.monotonic() + timeout_s
-        while True:
-            study = self.study(study_id)
+        study = self.study(study_id)
+        if study.done:
+            return study
+        for update in self._rpc.watch(study_id, 0.0, timeout_s):  # woken by changes
+            study = _study(update.study)
             if study.done:
                 return study
-            if deadline is not None and time.monotonic() >= deadline:
-                raise TimeoutError(f"study {study_id} is still {study.state} after "
-                                   f"{timeout_s} s")
-            time.sleep(0.2)
+        study = self.study(study_id)
+        if study.done:
+            return study
+        raise TimeoutError(f"study {study_id} is still {study.state} after {timeout_s} s")
 
     def results(self, study_id: str) -> Results:
         study = self._rpc.study(study_id)

@@ -124,12 +124,16 @@ class Client:
         reply = self._call("ForgetProfiles", pb.ForgetProfilesRequest(model=model, arch=arch))
         return int(reply.forgotten)
 
-    def watch(self, study_id: str, min_interval_s: float = 0.2) -> Iterator[pb.StudyUpdate]:
+    def watch(self, study_id: str, min_interval_s: float = 0.2,
+              timeout_s: float | None = None) -> Iterator[pb.StudyUpdate]:
+        """The study's updates until it ends, or until `timeout_s` (then it just stops)."""
         try:
             yield from self._stub.WatchStudy(
                 pb.WatchStudyRequest(study_id=study_id, min_interval_s=min_interval_s),
-                metadata=self._metadata)
+                metadata=self._metadata, timeout=timeout_s)
         except grpc.RpcError as exc:
+            if timeout_s is not None and exc.code() == grpc.StatusCode.DEADLINE_EXCEEDED:
+                return
             raise domain_error(exc, self.server) from None
 
 

@@ -125,6 +125,7 @@ def test_own_optimizer_asks_and_is_told_through_the_python_api(cluster: Cluster)
         study = hs.submit(MANUAL)
         with pytest.raises(InvalidInput, match="outside"):
             hs.ask(study.id, {"batch_size": 64, "lr": 5.0})
+        assert hs.tell(study.id, timeout_s=0.5) == []  # nothing asked: nothing ends
         proposals = [{"batch_size": 64, "lr": lr} for lr in (0.001, 0.1)]
         asked = hs.ask(study.id, proposals)
         assert [t.params["lr"] for t in asked] == [0.001, 0.1]
