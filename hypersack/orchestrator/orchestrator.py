@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import math
+import time
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextlib import contextmanager
@@ -123,6 +124,10 @@ class OrchestratorConfig:
     policy: str | None = None  # overrides every study's policy when set
     policy_options: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
     decision_log: int = 1000  # how many recent decisions to keep for inspection
+    # The longest an Optuna search's sampler may ask for new trials in one decision (a
+    # GP sampler's ask takes tenths of a second, and the server's lock is held): what is
+    # left is asked at the next tick. None: no bound (the simulator, for repeatable runs).
+    ask_budget_s: float | None = 0.1
     # Fair share, quotas and the highest priority each user may ask for, by user name
     # ("*": everyone not named); see `shares`.
     shares: Mapping[str, UserShare] = field(default_factory=dict)
@@ -1326,7 +1331,12 @@ class Orchestrator:
                 room -= self._least_compute(t, archs, per_gpu, space)
             asked: list[TrialRecord] = []
             search: OptunaSearch | None = None
+            budget = self.config.ask_budget_s
+            began = time.perf_counter()
             while room > 0 and len(asked) < min(left, 2 * len(gpus) + 1):
+                if budget is not None and asked and time.perf_counter() - began > budget:
+                    self._decide_again = True  # the rest at the next tick
+                    break
                 if search is None:
                     search = self._search(study.id)
                     self._journal.touch(search)

@@ -11,7 +11,7 @@ import heapq
 import itertools
 import logging
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from hypersack.core.clock import ManualClock
 from hypersack.core.types import (
@@ -163,7 +163,8 @@ class Simulation:
         self.more = list(more)
         self.cluster = cluster
         self.truth = {(p.key, p.arch): p for p in truth}
-        self.config = config or OrchestratorConfig()
+        # No time bound on asking samplers: a simulated run is the same on any machine.
+        self.config = replace(config or OrchestratorConfig(), ask_budget_s=None)
         self.interference = interference or Interference()
         self.store = store or MemoryStore()
         for p in truth if history is None else history:

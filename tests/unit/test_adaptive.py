@@ -25,6 +25,7 @@ from hypersack.orchestrator import (
     Orchestrator,
     OrchestratorConfig,
     StudySubmitted,
+    Tick,
     TrialFinished,
     TrialProgress,
     Wake,
@@ -135,10 +136,13 @@ class Driver:
 
 
 def start(sp: Any, store: Store | None = None, gpus: str = "1x3xA100-80GB",
-          fusion: bool = False) -> tuple[Orchestrator, Driver, str]:
+          fusion: bool = False, ask_budget_s: float | None = None
+          ) -> tuple[Orchestrator, Driver, str]:
+    """No time bound on asking by default: the tests do not depend on the machine."""
     store = store or MemoryStore()
     clock = ManualClock(100.0)
-    orch = Orchestrator(store, clock, OrchestratorConfig(fusion=fusion))
+    orch = Orchestrator(store, clock, OrchestratorConfig(fusion=fusion,
+                                                         ask_budget_s=ask_budget_s))
     driver = Driver(orch, clock)
     driver.apply(orch.handle(NodeJoined(parse_shorthand(gpus).nodes[0])))
     driver.apply(orch.handle(StudySubmitted(sp)))
@@ -360,6 +364,26 @@ def test_optuna_search_asks_as_capacity_frees_and_is_told_every_end(sampler: str
     assert [(n, s) for n, s, _ in history] == [(i, "COMPLETE") for i in range(12)]
     assert [v for *_, v in history] == [t.objective for t in trials]
     assert orch.study(sid).state == StudyState.COMPLETED
+
+
+def test_a_slow_sampler_asks_the_rest_at_the_next_tick() -> None:
+    """The sampler's time per decision is bounded (the server's lock is held while it
+    asks): at a bound of 0 each decision asks one trial, and each tick one more, until
+    the free capacity is spoken for."""
+    sp = space(search={"type": "optuna", "sampler": "tpe", "trials": 12, "seed": 3},
+               lrs=None, epochs=2)
+    sp = parse_space({**sp.model_dump(mode="json"), "hyperparameters": {
+        "batch_size": [64], "lr": {"distribution": "loguniform", "low": 1e-4, "high": 1.0}}})
+    orch, d, sid = start(sp, gpus="1x1xA100-80GB", ask_budget_s=0.0)
+    assert len(orch.trials(sid)) == 1
+    d.apply(orch.handle(Tick()))
+    assert len(orch.trials(sid)) == 2
+    d.apply(orch.handle(Tick()))
+    d.apply(orch.handle(Tick()))
+    assert len(orch.trials(sid)) == 3  # the GPU holds three: no more asked
+    assert len(d.launches) == 3
+    d.until_idle()
+    assert orch.study(sid).state == StudyState.COMPLETED and len(orch.trials(sid)) == 12
 
 
 def test_optuna_with_asha_tells_pruned_trials() -> None:

@@ -102,7 +102,7 @@ def test_the_api_speaks_tls_with_a_token(tmp_path: Path) -> None:
 def test_wait_and_tell_give_up_after_their_timeout(plain: HyperSackServer) -> None:
     with hypersack.Client(plain.address) as hs:
         study = hs.submit(SPACE)  # no agent: nothing runs
-        with pytest.raises(TimeoutError, match="still ACTIVE after 0.5 s"):
+        with pytest.raises(TimeoutError, match=r"still ACTIVE after 0\.5 s"):
             hs.wait(study.id, timeout_s=0.5)
         assert hs.tell(study.id, timeout_s=0.3) == []
         hs.cancel(study.id)
