@@ -80,7 +80,7 @@ class Agent:
                  pass_env: Iterable[str] = (), inherit_env: bool = False,
                  credentials: grpc.ChannelCredentials | None = None,
                  server_name: str | None = None, users: TrialUsers | None = None,
-                 mps: MpsControl | None = None) -> None:
+                 mps: MpsControl | None = None, checkpoints: Path | None = None) -> None:
         self.server = server
         # TLS to the server, with this node's certificate (None: plain, loopback only).
         self.credentials = credentials
@@ -110,6 +110,10 @@ class Agent:
         self.node_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
         self.agent_dir = str(self.node_dir.resolve())
         self.records = Records(self.node_dir / "jobs")
+        # Trials' checkpoint folders: under this node's directory, or under a folder
+        # every node sees (a shared file system), where a trial resumes on any node.
+        self.checkpoints = checkpoints.resolve() if checkpoints is not None \
+            else self.node_dir.resolve()
         self._swept_at = 0.0
         self._ended_since_sweep = False
         self.heartbeat_timeout_s = 30.0
@@ -374,7 +378,7 @@ class Agent:
             if any(j.id == trial_id and j.exit_code is None for j in self.jobs.values()):
                 continue
             self._to_drop.discard((study_id, trial_id))
-            folder = job_dir(self.node_dir, study_id, trial_id) / "checkpoint"
+            folder = job_dir(self.checkpoints, study_id, trial_id) / "checkpoint"
             try:
                 shutil.rmtree(folder)
             except FileNotFoundError:
@@ -457,7 +461,7 @@ class Agent:
 
     def _checkpoint_dir(self, m: pb.LaunchTrial) -> Path:
         """A trial's checkpoint folder, the same for every attempt on this node."""
-        return (job_dir(self.node_dir, m.study_id, m.trial_id) / "checkpoint").resolve()
+        return job_dir(self.checkpoints, m.study_id, m.trial_id) / "checkpoint"
 
     def _launch_group(self, g: pb.LaunchGroup, outbox: queue.Queue[pb.AgentMessage | None]
                       ) -> None:

@@ -45,6 +45,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--inventory", help="for --backend fake: e.g. 4xA100-80GB@88")
     p.add_argument("--workdir", type=Path, help="where trial directories and logs go "
                    "(default ./hypersack-work)")
+    p.add_argument("--checkpoint-dir", type=Path, help="keep trials' checkpoints here "
+                   "(default: under --workdir, on this node): a folder every node mounts "
+                   "lets a paused trial resume on any node")
     p.add_argument("--log-max-mib", type=int, help="cap on each trial's log in MiB; past half "
                    "of it the last quarter is kept in log.1.txt (default 64)")
     p.add_argument("--allow-commands", nargs="?", const="*", metavar="EXE,...",
@@ -100,6 +103,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         settings = load_settings(AgentSettings, {
             "server": args.server, "node": args.node, "backend": args.backend,
             "inventory": args.inventory, "workdir": args.workdir,
+            "checkpoint_dir": args.checkpoint_dir,
             "log_max_mib": args.log_max_mib, "allow_commands": args.allow_commands,
             "allow_shell": args.allow_shell, "pass_env": args.pass_env,
             "tls_dir": args.tls_dir, "tls_ca": args.tls_ca, "tls_cert": args.tls_cert,
@@ -135,7 +139,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                       server_name=settings.tls_server_name, users=users,
                       # MPS for GPUs: not for the CPU backend, which has none.
                       mps=MpsControl(node_dir(settings.workdir, node), backend.devices(),
-                                     enabled=settings.mps and backend.name != "cpu"))
+                                     enabled=settings.mps and backend.name != "cpu"),
+                      checkpoints=settings.checkpoint_dir)
     except HyperSackError as exc:
         print(f"hypersack-agent: error: {exc}", file=sys.stderr)
         return 2

@@ -147,6 +147,10 @@ class AgentSettings(BaseSettings):
     metrics_listen: str | None = Field(
         default=None, max_length=300, description="serve Prometheus metrics at "
         "HOST:PORT/metrics (HTTPS with a client certificate when TLS is on)")
+    checkpoint_dir: Path | None = Field(
+        default=None, description="trials' checkpoints under this folder instead of the "
+        "node's work directory: on a file system every node mounts, a promoted trial "
+        "resumes from its checkpoint on any node")
     metrics_insecure: bool = Field(default=False, description="serve plain-HTTP metrics "
                                    "on a non-loopback address without TLS")
 

@@ -213,3 +213,23 @@ def test_a_pruned_trials_checkpoint_is_deleted_and_nothing_outside_it(tmp_path: 
     assert (kept / "state.npz").exists()
     assert (outside / "checkpoint").is_dir()  # a hostile name stays inside the work dir
     assert outbox.empty()
+
+
+def test_checkpoints_can_live_in_a_folder_every_node_sees(tmp_path: Path) -> None:
+    import queue
+
+    from hypersack._proto.v1 import hypersack_pb2 as pb
+    from hypersack.agent.agent import Agent
+
+    shared = tmp_path / "shared"
+    agents = [Agent("127.0.0.1:1", n, FakeBackend("1xA100-80GB@4", node=n),
+                    tmp_path / "work", checkpoints=shared) for n in ("n1", "n2")]
+    launch = pb.LaunchTrial(trial_id="s-1-t00003", study_id="s-1", stop_at_epoch=3)
+    # Paused on n1, resumed on n2: both name the same folder.
+    folder = Path(agents[0]._rung_env(launch)["HYPERSACK_CHECKPOINT_DIR"])
+    assert folder == Path(agents[1]._rung_env(launch)["HYPERSACK_CHECKPOINT_DIR"])
+    assert shared.resolve() in folder.parents
+    folder.mkdir(parents=True)
+    agents[1]._command(pb.ServerMessage(drop_checkpoint=pb.DropCheckpoint(
+        trial_id="s-1-t00003", study_id="s-1")), queue.Queue())
+    assert not folder.exists()
