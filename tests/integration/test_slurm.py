@@ -135,8 +135,8 @@ def test_a_study_runs_through_sbatch(slurm: dict[str, str], tmp_path: Path) -> N
 def test_scancel_leaves_no_process_and_no_lost_trial(slurm: dict[str, str],
                                                      tmp_path: Path) -> None:
     space = tmp_path / "space.yaml"
-    # Six trials of 4 s, one at a time on one GPU (ratio 1): scancel finds work running.
-    space.write_text(SPACE.format(name="cancelled", epochs=2, spe=2.0,
+    # Six trials of 3 s, one at a time on one GPU (ratio 1): scancel finds work running.
+    space.write_text(SPACE.format(name="cancelled", epochs=2, spe=1.5,
                                   lrs="[0.001, 0.002, 0.003, 0.004, 0.005, 0.006]"))
     home = tmp_path / "hs"
     port = free_port()
