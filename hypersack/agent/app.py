@@ -22,7 +22,7 @@ from hypersack.agent.mps import MpsControl
 from hypersack.agent.procs import become_subreaper
 from hypersack.core.bounds import is_name
 from hypersack.core.errors import HyperSackError, InvalidInput
-from hypersack.wire.logs import LOG_FORMATS, configure_logging
+from hypersack.wire.logs import add_log_flags, parse_daemon_args
 from hypersack.wire.metrics import serve_metrics
 from hypersack.wire.settings import AgentSettings, load_settings
 from hypersack.wire.tls import NODE, certificate_identity, channel_credentials
@@ -84,21 +84,13 @@ def _parser() -> argparse.ArgumentParser:
                    "TLS, HTTPS asking for a client certificate of the cluster CA)")
     p.add_argument("--metrics-insecure", action="store_true", default=None,
                    help="serve plain-HTTP metrics on a non-loopback address without TLS")
-    p.add_argument("--log-level", help="DEBUG, INFO, WARNING (default INFO, or "
-                   "HYPERSACK_LOG_LEVEL)")
-    p.add_argument("--log-format", choices=LOG_FORMATS, help="text lines, or one JSON "
-                   "object a line (default text, or HYPERSACK_LOG_FORMAT)")
+    add_log_flags(p)
     p.add_argument("--version", action="version", version=f"hypersack-agent {__version__}")
     return p
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = _parser()
-    args = parser.parse_args(argv)
-    try:
-        configure_logging(args.log_level, args.log_format)
-    except ValueError as exc:
-        parser.error(str(exc))
+    args = parse_daemon_args(_parser(), argv)
     try:
         settings = load_settings(AgentSettings, {
             "server": args.server, "node": args.node, "backend": args.backend,

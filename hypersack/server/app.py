@@ -30,7 +30,7 @@ from hypersack.server.metrics import ServerCollector
 from hypersack.server.service import SchedulerService
 from hypersack.server.servicers import AgentLinkServicer, SchedulerServicer
 from hypersack.store.sqlite import DatabaseLock, SqliteStore, StoreError
-from hypersack.wire.logs import LOG_FORMATS, configure_logging
+from hypersack.wire.logs import add_log_flags, parse_daemon_args
 from hypersack.wire.metrics import MetricsEndpoint, serve_metrics
 from hypersack.wire.settings import (
     ServerSettings,
@@ -252,10 +252,7 @@ def _parser() -> argparse.ArgumentParser:
                    "cluster CA (hypersack certs issue --client prometheus)")
     p.add_argument("--no-reflection", dest="reflection", action="store_false", default=None,
                    help="do not serve gRPC reflection (served by default, for grpcurl)")
-    p.add_argument("--log-level", help="DEBUG, INFO, WARNING (default INFO, or "
-                   "HYPERSACK_LOG_LEVEL)")
-    p.add_argument("--log-format", choices=LOG_FORMATS, help="text lines, or one JSON "
-                   "object a line (default text, or HYPERSACK_LOG_FORMAT)")
+    add_log_flags(p)
     p.add_argument("--version", action="version", version=f"hypersack-server {__version__}")
     return p
 
@@ -276,12 +273,7 @@ def settings_from_args(args: argparse.Namespace) -> ServerSettings:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = _parser()
-    args = parser.parse_args(argv)
-    try:
-        configure_logging(args.log_level, args.log_format)
-    except ValueError as exc:
-        parser.error(str(exc))
+    args = parse_daemon_args(_parser(), argv)
     try:
         server = HyperSackServer(settings_from_args(args))
         server.start()

@@ -3,10 +3,12 @@
 
 from __future__ import annotations
 
+import argparse
 import datetime
 import json
 import logging
 import os
+from collections.abc import Sequence
 
 LOG_FORMATS = ("text", "json")
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
@@ -51,3 +53,22 @@ def configure_logging(level: str | None = None, fmt: str | None = None) -> None:
     handler = logging.StreamHandler()
     handler.setFormatter(JsonFormatter() if fmt == "json" else logging.Formatter(TEXT_FORMAT))
     logging.basicConfig(level=level, handlers=[handler])
+
+
+def add_log_flags(p: argparse.ArgumentParser) -> None:
+    """A daemon's --log-level and --log-format."""
+    p.add_argument("--log-level", help="DEBUG, INFO, WARNING (default INFO, or "
+                   "HYPERSACK_LOG_LEVEL)")
+    p.add_argument("--log-format", choices=LOG_FORMATS, help="text lines, or one JSON "
+                   "object a line (default text, or HYPERSACK_LOG_FORMAT)")
+
+
+def parse_daemon_args(parser: argparse.ArgumentParser, argv: Sequence[str] | None
+                      ) -> argparse.Namespace:
+    """A daemon's flags, its logging configured from them (a bad level: usage error)."""
+    args = parser.parse_args(argv)
+    try:
+        configure_logging(args.log_level, args.log_format)
+    except ValueError as exc:
+        parser.error(str(exc))
+    return args
