@@ -456,11 +456,19 @@ class Orchestrator:
             capacity -= sum(c.used for c in claims if c.priority > claim.priority)
             fair = shares.targets(level, capacity, self._user_weight)
             share = fair.get(t.study_id, 0.0)
-            lines.append(f"fair share: its study holds {claim.used:.2f} of "
-                         f"{share:.2f} GPU-equivalents (weight {claim.weight:g}, "
-                         f"{len(level)} active studies at priority {claim.priority})"
-                         + ("; at or over its share, so others go first"
-                            if claim.used >= share - shares.EPS else ""))
+            line = (f"fair share: its study holds {claim.used:.2f} of {share:.2f} "
+                    f"GPU-equivalents (weight {claim.weight:g}, {len(level)} active "
+                    f"studies at priority {claim.priority})")
+            if claim.used >= share - shares.EPS:
+                under = [c for c in level if c.pending and c.study_id != t.study_id
+                         and c.used < fair.get(c.study_id, 0.0) - shares.EPS]
+                line += "; at or over its share, so "
+                line += (", ".join(f"{c.study_id} ({c.used:.2f} of "
+                                   f"{fair.get(c.study_id, 0.0):.2f})" for c in under[:10])
+                         if others and under else
+                         f"{len(under)} studies under theirs" if under else "others")
+                line += " go first"
+            lines.append(line)
         return lines + self._explain_windows(t.study_id)
 
     def _explain_windows(self, study_id: str) -> list[str]:

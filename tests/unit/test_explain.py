@@ -77,6 +77,18 @@ def test_a_drained_cluster_and_an_unprofiled_architecture_are_said() -> None:
     assert any("no node is connected and open" in line for line in lines)
 
 
+def test_the_studies_whose_share_goes_first_are_named_to_admins_only() -> None:
+    orch = _orch("1x2xA100-80GB")
+    orch.handle(StudySubmitted(study("a", n=8), "alice"))  # takes the idle cluster
+    orch.handle(StudySubmitted(study("b", n=8), "bob"))
+    waiting = _waiting(orch, "a-1")
+    line = orch.explain(waiting)[-1]
+    assert line.startswith("fair share: its study holds 2.00 of 1.00")
+    assert line.endswith("so b-1 (0.00 of 1.00) go first")
+    hidden = orch.explain(waiting, others=False)[-1]
+    assert hidden.endswith("so 1 studies under theirs go first") and "b-1" not in hidden
+
+
 def test_fair_share_priority_and_quota_are_said() -> None:
     orch = _orch("1x2xA100-80GB", shares={"bob": UserShare(max_gpus=1)})
     orch.handle(StudySubmitted(study("a", n=8), "alice"))
