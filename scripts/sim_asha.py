@@ -60,9 +60,10 @@ def curve(seed: int) -> Any:
     return loss
 
 
-def space(mode: str | None, epochs: int, window_s: float = 0.0) -> Any:
+def space(mode: str | None, epochs: int, window_s: float = 0.0, fusion: str = "auto") -> Any:
     data = load_space(str(EXAMPLES / "sp1-sleep.yaml")).model_dump(mode="json")
     data["settings"]["epochs"] = epochs
+    data["settings"]["fusion"] = fusion
     data["program"] = {"builtin": "train"}
     if mode is not None:
         data["pruner"] = {"type": "asha", "min_epochs": 1, "reduction_factor": 3, "mode": mode,
@@ -92,8 +93,9 @@ def main() -> None:
             config = OrchestratorConfig(fusion=name.endswith("-fused"))
             if exclusive:
                 config = replace(config, exclusive=True)
-            sim = Simulation(space(mode, args.epochs, window), cluster, truth, config=config,
-                             curve=loss)
+            sim = Simulation(space(mode, args.epochs, window,
+                                   "on" if name.endswith("-fused") else "auto"),
+                             cluster, truth, config=config, curve=loss)
             r = sim.run()
             trials = sim.orchestrator.trials()
             done = [t for t in trials if t.state == TrialState.COMPLETED]

@@ -353,9 +353,11 @@ class Settings(_Spec):
     demand: StatedDemand | Annotated[dict[Annotated[str, Field(pattern=ARCH_NAME)],
                                           StatedDemand], Field(max_length=64)] | None = None
     # Fused groups: trials that differ only in fusable hyperparameters (learning rate,
-    # weight decay, momentum, betas, seed) may train together in one process; `off`:
-    # never. `max_fusion_width`: the most trials in one group.
-    fusion: Literal["auto", "off"] = "auto"
+    # weight decay, momentum, betas, seed) may train together in one process where that
+    # places more work; `auto`: so, except in a study with a pruner (there a group
+    # delays each member's rung, and the simulator's ASHA studies ended 0-13 % later);
+    # `on`: also with a pruner; `off`: never. `max_fusion_width`: the most in a group.
+    fusion: Literal["auto", "on", "off"] = "auto"
     max_fusion_width: int = Field(default=8, ge=1, le=MAX_FUSED_MEMBERS)
     # Sharing the cluster with other studies (see the README's "Several studies"): a
     # higher priority decides first; `weight` is this study's part of its user's fair

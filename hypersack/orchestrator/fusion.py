@@ -34,8 +34,12 @@ FusionClass = tuple[WorkloadKey, float, tuple[tuple[str, str], ...]]
 
 
 def enabled(space: SearchSpace) -> bool:
-    """The study lets its trials fuse: the built-in trainer, fusion not turned off."""
-    return (space.program.builtin == "train" and space.settings.fusion == "auto"
+    """The study lets its trials fuse: the built-in trainer, and fusion `on`, or `auto`
+    in a study without a pruner (with one, fused members reach each rung later: see
+    `Settings.fusion`)."""
+    wanted = space.settings.fusion == "on" or (
+        space.settings.fusion == "auto" and space.pruner is None)
+    return (space.program.builtin == "train" and wanted
             and space.settings.max_fusion_width >= 2)
 
 

@@ -49,7 +49,7 @@ hyperparameters:
   batch_size: [64]
   lr: [0.05, 0.02, 0.1, 0.01]
 pruner: {type: asha, min_epochs: 1, reduction_factor: 2, promotion_window_s: 1}
-settings: {epochs: 4, retries: 0}
+settings: {epochs: 4, retries: 0, fusion: "on"}
 program: {builtin: train, options: {dataset: synthetic, train_samples: 64, val_samples: 16}}
 """
 

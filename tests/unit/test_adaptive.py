@@ -259,7 +259,7 @@ def test_a_rungs_trials_fuse_pause_together_and_promotions_fuse_again() -> None:
         store.put_profile(p)
     sp = parse_space({"name": "fz", "models": ["resnet18"],
                       "hyperparameters": {"batch_size": [64], "lr": LRS},
-                      "settings": {"epochs": 9, "policy": "ff",
+                      "settings": {"epochs": 9, "policy": "ff", "fusion": "on",
                                    "oversubscription": {"A100": 1.0}},
                       "pruner": {"type": "asha", "min_epochs": 1, "reduction_factor": 3,
                                  "promotion_window_s": 5}})
@@ -276,6 +276,15 @@ def test_a_rungs_trials_fuse_pause_together_and_promotions_fuse_again() -> None:
     promoted = [g for g in d.groups if g.members[0].done_epochs == 1]
     assert promoted and {m.stop_at for g in promoted for m in g.members} == {3.0}
     assert all(len(g.members) >= 2 for g in promoted)
+    # `fusion: auto` (the default) does not fuse where a pruner ranks trials.
+    auto = parse_space({**sp.model_dump(mode="json"),
+                        "settings": {**sp.settings.model_dump(mode="json"), "fusion": "auto"}})
+    store = MemoryStore()
+    for p in WIDE:
+        store.put_profile(p)
+    _, d, _ = start(auto, store, gpus="1x1xA100-80GB", fusion=True)
+    d.until_idle()
+    assert not d.groups and d.launches
     assert d.most_running <= 8
 
 
