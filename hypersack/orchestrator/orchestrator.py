@@ -7,7 +7,6 @@ commands for the drivers to carry out. It reads time only from the injected cloc
 
 from __future__ import annotations
 
-import heapq
 import logging
 import math
 import time
@@ -1045,18 +1044,6 @@ class Orchestrator:
             return []
         return [self._trials[tid] for tid in sorted(waiting, key=waiting.__getitem__)]
 
-    def _pending_in_order(self, study_id: str) -> Iterator[TrialRecord]:
-        """The same, sorted only as far as it is read: a decision of trials alone reads
-        the few dozen that could fit of 10,000 waiting (a heap, O(n) to build, against
-        sorting them all per decision)."""
-        waiting = self._waiting.get(study_id)
-        if not waiting:
-            return
-        heap = [(order, tid) for tid, order in waiting.items()]
-        heapq.heapify(heap)
-        while heap:
-            yield self._trials[heapq.heappop(heap)[1]]
-
     def _has_pending(self, study_id: str) -> bool:
         return bool(self._waiting.get(study_id))
 
@@ -1576,16 +1563,15 @@ class Orchestrator:
         for other studies, where it places nothing."""
         space = self._spaces[claim.study_id]
         view = _closed(self._cluster.view(open_nodes, space.settings.oversubscription), closed)
-        if not self._has_pending(claim.study_id):
+        pending = self._pending_of(claim.study_id)
+        if not pending:
             claim.pending = False
             return [], False
         fused: dict[str, _Fused] = {}
-        alone: Iterable[TrialRecord] = self._pending_in_order(claim.study_id)
+        alone = pending
         if self._fusion(space):
-            fused, alone = self._fused_items(space, self._pending_of(claim.study_id), archs,
-                                             view)
-        batch = [f.item for f in fused.values()] + \
-            self._plain_items(claim.study_id, alone, archs, view)
+            fused, alone = self._fused_items(space, pending, archs, view)
+        batch = [f.item for f in fused.values()] + self._plain_items(alone, archs, view)
         commands: list[Command] = []
         policy = self._policy(space)
         cut = False
@@ -1632,7 +1618,7 @@ class Orchestrator:
                 narrower = [w for w in f.widths if w < len(f.members)]
                 for chunk in fusion.chunks(f.members, narrower):
                     if len(chunk) == 1:
-                        batch += self._plain_items(claim.study_id, chunk, archs, view)
+                        batch += self._plain_items(chunk, archs, view)
                     else:
                         g = _Fused(chunk, f.widths, f.run_times, f.single_value)
                         fused[g.item.id] = g
@@ -1676,8 +1662,8 @@ class Orchestrator:
         space = self._spaces[claim.study_id]
         ratios = space.settings.oversubscription
         view = _freed(self._cluster.view(open_nodes, ratios), victims)
-        batch = self._plain_items(claim.study_id, self._pending_in_order(claim.study_id),
-                                  archs, view)
+        pending = self._pending_of(claim.study_id)
+        batch = self._plain_items(pending, archs, view)
         if not batch:
             return []
         policy = self._policy(space)
@@ -1745,17 +1731,19 @@ class Orchestrator:
     def _fusion(self, space: SearchSpace) -> bool:
         return self.config.fusion and not self.config.exclusive and fusion.enabled(space)
 
-    def _plain_items(self, study_id: str, trials: Iterable[TrialRecord],
-                     archs: frozenset[str], view: ClusterView) -> list[Item]:
+    def _plain_items(self, trials: list[TrialRecord], archs: frozenset[str],
+                     view: ClusterView) -> list[Item]:
         """Trials alone. Trials with equal needs are interchangeable: once one fails to
         fit, so do the rest. Each group passes only as many as could fit in the free
         compute, plus one, so a decision costs what is placeable, not what is pending;
         the scan stops once every group the study may have waiting has passed its
         share (with 10,000 pending, most decisions look at a few dozen)."""
         batch: list[Item] = []
+        if not trials:
+            return batch
         # Exact counts of the study's pending trials per group: a group is done once it
         # passed its share or its last pending trial was seen.
-        waiting = self._pending_groups.get(study_id)
+        waiting = self._pending_groups.get(trials[0].study_id)
         open_groups = len(waiting) if waiting is not None else -1
         fits = _FitBounds(view)
         groups: dict[tuple[int, int | None, float], _Scan] = {}

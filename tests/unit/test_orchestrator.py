@@ -326,11 +326,9 @@ def test_the_pending_scan_stops_early_and_passes_the_same_trials(shorthand: str)
     assert pending
     archs = frozenset(g.arch for n in parse_shorthand(shorthand).nodes for g in n.gpus)
     view = orch._cluster.view(orch._cluster.open_nodes(), {})
-    # The lazily sorted pending trials are the sorted ones.
-    assert [t.id for t in orch._pending_in_order(study_id)] == [t.id for t in pending]
-    early = orch._plain_items(study_id, orch._pending_in_order(study_id), archs, view)
+    early = orch._plain_items(pending, archs, view)
     counts = orch._pending_groups.pop(study_id)
-    full = orch._plain_items(study_id, pending, archs, view)  # no counts: every trial
+    full = orch._plain_items(pending, archs, view)  # without the counts: every trial
     orch._pending_groups[study_id] = counts
     assert sum(counts.values()) == len(pending)
     assert len(full) < len(pending)  # groups hold trials back: the scan may stop early
