@@ -1656,9 +1656,10 @@ class Orchestrator:
     def _make_room(self, claim: shares.Claim, victims: dict[str, TrialRecord],
                    priority: Mapping[str, int], open_nodes: list[Node],
                    archs: frozenset[str], quota: shares.Quota) -> list[Command]:
-        """Place the study's waiting trials (alone, not fused) as if the victims' trials
-        were gone, then stop, on each GPU chosen, just enough of them (lowest priority
-        first, then the latest started: the least work lost) for each trial to fit."""
+        """Place the study's waiting trials (alone, not fused), largest first, each on the
+        GPU where it needs the fewest of the victims stopped (none where it fits now),
+        then where those lose the least work; on that GPU stop just those (lowest
+        priority first, then the latest started)."""
         space = self._spaces[claim.study_id]
         ratios = space.settings.oversubscription
         view = _freed(self._cluster.view(open_nodes, ratios), victims)
@@ -1666,39 +1667,77 @@ class Orchestrator:
         batch = self._plain_items(pending, archs, view)
         if not batch:
             return []
-        policy = self._policy(space)
-        plan = policy.place(batch, view)
-        check_plan(batch, view, plan)
-        by_id = {it.id: it for it in batch}
+        now = self._clock.now()
         stops: list[Command] = []
         launches: list[Command] = []
         why = f"preempted by study {claim.study_id} (priority {claim.priority})"
-        for p in plan.placements:
-            node = self._cluster.live(p.node)
-            gpu = node.gpus[p.gpu_index]
-            need = by_id[p.item_id].needs[gpu.arch]
-            cap = compute_capacity(self.config.ratio(gpu.arch, ratios))
-            cost = self._cost(need.compute, gpu.arch)
-            if not quota.allows((p.node, p.gpu_index), cost):
+        for item in sorted(batch, key=lambda it: (-it.value, it.id)):
+            best: tuple[tuple[int, float, str, int], Node, int, list[TrialRecord]] | None \
+                = None
+            for node in open_nodes:
+                for idx, gpu in sorted(node.gpus.items()):
+                    need = item.needs.get(gpu.arch)
+                    if need is None or not quota.allows(
+                            (node.spec.name, idx), self._cost(need.compute, gpu.arch)):
+                        continue
+                    cap = compute_capacity(self.config.ratio(gpu.arch, ratios))
+                    chosen = self._stops_for(node, gpu, need, cap, victims, priority)
+                    if chosen is None:
+                        continue
+                    lost = sum(now - (t.started_at or now) for t in chosen)
+                    key = (len(chosen), lost, node.spec.name, idx)
+                    if best is None or key < best[0]:
+                        best = (key, node, idx, chosen)
+            if best is None:
                 continue
-            while not self._fits(node, gpu, need, cap):
-                victim = _victim(node, gpu, not self._gpu_fits(gpu, need, cap), victims,
-                                 priority)
-                if victim is None:
-                    break
+            _, node, idx, chosen = best
+            for victim in chosen:
                 for member in self._with_group(victim):
-                    victims.pop(member.id, None)
-                    stops.append(self._stop(member, why))
-            if not self._fits(node, gpu, need, cap):
-                continue
-            quota.take((p.node, p.gpu_index), cost)
+                    if victims.pop(member.id, None) is not None:
+                        stops.append(self._stop(member, why))
+            gpu = node.gpus[idx]
+            need = item.needs[gpu.arch]
+            if not self._fits(node, gpu, need,
+                              compute_capacity(self.config.ratio(gpu.arch, ratios))):
+                continue  # a fused group's memory stays held until its process ends
+            cost = self._cost(need.compute, gpu.arch)
+            quota.take((node.spec.name, idx), cost)
             claim.used += cost
-            launches.append(self._launch(self._trials[p.item_id], p.node, p.gpu_index))
+            launches.append(self._launch(self._trials[item.id], node.spec.name, idx))
         if stops:
             log.info("study %s: stopped %d trial(s) of lower priority to launch %d",
                      claim.study_id, len(stops), len(launches))
         claim.pending = self._has_pending(claim.study_id)
         return stops + launches  # the stops first: the agent frees the GPU, then launches
+
+    def _stops_for(self, node: Node, gpu: Gpu, need: Need, cap: int,
+                   victims: Mapping[str, TrialRecord], priority: Mapping[str, int]
+                   ) -> list[TrialRecord] | None:
+        """The victims to stop, in `_victim`'s order, for `need` to fit on `gpu` (none:
+        it fits now); None where stopping every victim there would not do."""
+        if gpu.profiling is not None or gpu.reserved_for is not None:
+            return None
+        compute, memory, cores = gpu.used_compute, gpu.used_memory, node.used_cores
+        full_cores = core_units(node.spec.cores)
+        chosen: list[TrialRecord] = []
+        left = dict(victims)
+
+        def short_on_gpu() -> bool:
+            return (compute + need.compute > cap or memory + need.memory > gpu.memory_mib
+                    or (self.config.exclusive and len(gpu.trials) > len(chosen)))
+
+        while short_on_gpu() or cores + need.cores > full_cores:
+            victim = _victim(node, gpu, short_on_gpu(), left, priority)
+            if victim is None or victim.demand is None:
+                return None
+            del left[victim.id]
+            chosen.append(victim)
+            held = Need.of(victim.demand)
+            if victim.gpu_index == gpu.spec_index:
+                compute -= held.compute
+                memory -= held.memory
+            cores -= held.cores
+        return chosen
 
     def _gpu_fits(self, gpu: Gpu, need: Need, cap: int) -> bool:
         """Whether the GPU itself takes the need now (`cap`: its scaled compute)."""

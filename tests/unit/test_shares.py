@@ -22,6 +22,7 @@ from hypersack.orchestrator import (
     NodeJoined,
     Orchestrator,
     OrchestratorConfig,
+    ProfilesImported,
     StudySubmitted,
     Tick,
     TrialFailed,
@@ -186,6 +187,27 @@ def test_preempt_stops_lower_priority_trials_and_requeues_them_without_a_failure
         finish_one(orch, clock, "urgent-1")
     assert running(orch) == {"bg-1": 4}
     assert all(orch.trial(k.trial_id).launches == 2 for k in kills)
+
+
+def test_preempt_picks_the_gpu_that_needs_the_fewest_stops() -> None:
+    """A trial of a whole GPU: the GPU with one background trial gives way (one stop),
+    not the one with two; a trial that fits where room is left stops nothing."""
+    orch, clock = orchestrator()  # 2 GPUs, ratio 1; resnet18 at batch 64: 50 %
+    orch.handle(ProfilesImported((prof("resnet18", 128, compute=100.0, memory=2000),)))
+    orch.handle(StudySubmitted(study("bg", n=3, priority=-1)))  # ff: 2 on GPU 0, 1 on 1
+    on = Counter(t.gpu_index for t in orch.trials("bg-1") if t.state == TrialState.RUNNING)
+    assert on == {0: 2, 1: 1}
+    clock.advance(5)
+    whole = parse_space({"name": "whole", "models": ["resnet18"],
+                         "hyperparameters": {"batch_size": [128], "lr": [0.01]},
+                         "settings": {"policy": "ff", "oversubscription": {"A100": 1.0},
+                                      "fusion": "off", "priority": 5, "preempt": True}})
+    cmds = orch.handle(StudySubmitted(whole))
+    kills = [c for c in cmds if isinstance(c, KillTrial)]
+    (start,) = [c for c in cmds if isinstance(c, LaunchTrial)]
+    assert len(kills) == 1 and start.gpu_index == 1
+    assert orch.trial(kills[0].trial_id).gpu_index is None  # requeued
+    assert running(orch) == {"bg-1": 2, "whole-1": 1}
 
 
 def test_preempt_never_stops_equal_or_higher_priority_studies() -> None:
