@@ -378,7 +378,7 @@ class Agent:
             if any(j.id == trial_id and j.exit_code is None for j in self.jobs.values()):
                 continue
             self._to_drop.discard((study_id, trial_id))
-            folder = job_dir(self.checkpoints, study_id, trial_id) / "checkpoint"
+            folder = self._checkpoint_dir(study_id, trial_id)
             try:
                 shutil.rmtree(folder)
             except FileNotFoundError:
@@ -454,14 +454,15 @@ class Agent:
         """A trial's checkpoint folder (kept across its attempts on this node) and the
         epoch its attempt stops at to be ranked, where the study's pruner pauses trials."""
         stop_at = sdk.epoch_count(m.stop_at_epoch)
-        env = {sdk.ENV_CHECKPOINT_DIR: str(self._checkpoint_dir(m))}
+        env = {sdk.ENV_CHECKPOINT_DIR: str(self._checkpoint_dir(m.study_id, m.trial_id))}
         if stop_at > 0:
             env[sdk.ENV_STOP_AT_EPOCH] = repr(stop_at)
         return env
 
-    def _checkpoint_dir(self, m: pb.LaunchTrial) -> Path:
-        """A trial's checkpoint folder, the same for every attempt on this node."""
-        return job_dir(self.checkpoints, m.study_id, m.trial_id) / "checkpoint"
+    def _checkpoint_dir(self, study_id: str, trial_id: str) -> Path:
+        """A trial's checkpoint folder, the same for every attempt on this node (on any
+        node, with a shared `checkpoints` folder)."""
+        return job_dir(self.checkpoints, study_id, trial_id) / "checkpoint"
 
     def _launch_group(self, g: pb.LaunchGroup, outbox: queue.Queue[pb.AgentMessage | None]
                       ) -> None:
@@ -506,7 +507,7 @@ class Agent:
                 key, first.epochs, options, [(j.id, json.loads(m.params_json or "{}"),
                                               j.metrics_path, j.stop_path)
                                              for j, m in zip(jobs, members, strict=True)],
-                checkpoints=[self._checkpoint_dir(m) for m in members],
+                checkpoints=[self._checkpoint_dir(m.study_id, m.trial_id) for m in members],
                 stop_at=sdk.epoch_count(first.stop_at_epoch)))
             for j in jobs:
                 j.start()

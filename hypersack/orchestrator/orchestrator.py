@@ -429,8 +429,7 @@ class Orchestrator:
         lines: list[str] = []
         waiting: Mapping[str, int] = self._waiting.get(t.study_id) or {}
         mine = self._wait_order(t)
-        ahead = sum(1 for tid in waiting if tid != t.id
-                    and self._wait_order(self._trials[tid]) < mine)
+        ahead = sum(1 for order in waiting.values() if order < mine)  # their wait orders
         if ahead:
             lines.append(f"{ahead} trial(s) of its study wait ahead of it")
         active = [s for s in self.studies() if s.state == StudyState.ACTIVE]
@@ -543,7 +542,6 @@ class Orchestrator:
             with self._undone_if_raises():
                 commands = self._dispatch(event) if event is not None else self._schedule()
         except StaleEvent as exc:
-            self._drops.clear()
             result.stale.append(exc)
         except Exception as exc:
             what = "a decision" if event is None else _short(repr(event))
@@ -555,20 +553,17 @@ class Orchestrator:
                 result.refused.append((event, exc))
             else:
                 self._decide_again = True
-            self._drops.clear()
         else:
             result.commands += commands + self._checkpoints_to_drop()
+        finally:
+            self._drops.clear()
 
     def _checkpoints_to_drop(self) -> list[Command]:
         """The checkpoints of the trials pruned by what was just handled (those an undone
         part took back are no longer PRUNED, and keep theirs)."""
-        out: list[Command] = []
-        for tid, node in self._drops:
-            t = self._trials.get(tid)
-            if t is not None and t.state == TrialState.PRUNED:
-                out.append(DropCheckpoint(tid, t.study_id, node))
-        self._drops.clear()
-        return out
+        return [DropCheckpoint(tid, self._trials[tid].study_id, node)
+                for tid, node in self._drops
+                if tid in self._trials and self._trials[tid].state == TrialState.PRUNED]
 
     def _dispatch(self, event: Event) -> list[Command]:
         handler = self._handlers.get(type(event))
@@ -1718,13 +1713,14 @@ class Orchestrator:
         if gpu.profiling is not None or gpu.reserved_for is not None:
             return None
         compute, memory, cores = gpu.used_compute, gpu.used_memory, node.used_cores
+        on_gpu = len(gpu.trials)
         full_cores = core_units(node.spec.cores)
         chosen: list[TrialRecord] = []
         left = dict(victims)
 
         def short_on_gpu() -> bool:
             return (compute + need.compute > cap or memory + need.memory > gpu.memory_mib
-                    or (self.config.exclusive and len(gpu.trials) > len(chosen)))
+                    or (self.config.exclusive and on_gpu > 0))
 
         while short_on_gpu() or cores + need.cores > full_cores:
             victim = _victim(node, gpu, short_on_gpu(), left, priority)
@@ -1736,6 +1732,7 @@ class Orchestrator:
             if victim.gpu_index == gpu.spec_index:
                 compute -= held.compute
                 memory -= held.memory
+                on_gpu -= 1
             cores -= held.cores
         return chosen
 

@@ -20,6 +20,7 @@ group's iterations: the profile of the fused width.
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 import os
@@ -39,7 +40,7 @@ from hypersack.core.trial_env import ENV_FUSED
 from hypersack.runner import datasets, sdk, zoo
 from hypersack.runner.fused import FusedGroup, Member
 from hypersack.runner.loop import Epochs
-from hypersack.runner.torch_train import Batches, make_optimizer, versions
+from hypersack.runner.torch_train import CHECKPOINT, Batches, make_optimizer, versions
 
 
 @dataclass(frozen=True)
@@ -93,8 +94,6 @@ def _epoch(raw: Any) -> float:
     return value if math.isfinite(value) and 0 < value <= 1e6 else 0.0
 
 
-CHECKPOINT = "checkpoint.pt"  # the plain trainer's name: either trainer resumes the other's
-
 
 def _resume(group: FusedGroup, spec: FusedSpec, device: torch.device) -> int:
     """Load every member's checkpoint; the epoch the group resumes after. Only when all
@@ -103,7 +102,7 @@ def _resume(group: FusedGroup, spec: FusedSpec, device: torch.device) -> int:
     which costs time and never correctness."""
     found: list[dict[str, Any] | None] = []
     for folder in spec.checkpoint_dirs:
-        path = folder / CHECKPOINT if folder is not None else None
+        path = sdk.checkpoint_file(folder, CHECKPOINT) if folder is not None else None
         if path is None or not path.exists():
             found.append(None)
             continue
@@ -139,13 +138,13 @@ def _save(group: FusedGroup, spec: FusedSpec, k: int, epoch: int,
     optimizer = make_optimizer(spec.optimizer, model, {
         "lr": m.lr, "momentum": m.momentum, "weight_decay": m.weight_decay,
         "beta1": m.beta1, "beta2": m.beta2, "eps": m.eps})
-    for p, state in zip(model.parameters(), opt_state.values(), strict=True):
-        optimizer.state[p] = {n: t.cpu() for n, t in state.items()}
-    path = folder / CHECKPOINT
-    tmp = path.with_name(path.name + ".tmp")
-    torch.save({"epoch": epoch, "model": model.state_dict(),
-                "optimizer": optimizer.state_dict(), "scaler": {}}, tmp)
-    os.replace(tmp, path)
+    for p, held in zip(model.parameters(), opt_state.values(), strict=True):
+        optimizer.state[p] = {n: t.cpu() for n, t in held.items()}
+    # The plain trainer's checkpoint file: either trainer resumes the other's.
+    state: dict[str, Any] = {"epoch": epoch, "model": model.state_dict(),
+                             "optimizer": optimizer.state_dict(), "scaler": {}}
+    sdk.write_whole(sdk.checkpoint_file(folder, CHECKPOINT),
+                    functools.partial(torch.save, state))
 
 
 def _report(path: Path, step: int, **metrics: float) -> None:

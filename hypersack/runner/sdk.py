@@ -93,19 +93,28 @@ def checkpoint_dir() -> Path | None:
     return path
 
 
+def checkpoint_file(folder: Path, suffix: str) -> Path:
+    """The checkpoint file `checkpoint<suffix>` in a trial's checkpoint folder."""
+    return folder / f"checkpoint{suffix}"
+
+
 def checkpoint_path(suffix: str) -> Path | None:
     """The file `checkpoint<suffix>` in `checkpoint_dir()` (None when not run by an
     agent)."""
     folder = checkpoint_dir()
-    return None if folder is None else folder / f"checkpoint{suffix}"
+    return None if folder is None else checkpoint_file(folder, suffix)
 
 
 def save_checkpoint(suffix: str, write: Callable[[Path], Any]) -> None:
-    """Write `checkpoint_path(suffix)` whole or not at all: `write(path)` writes a
-    temporary file, which is then renamed over it."""
+    """Write `checkpoint_path(suffix)` whole or not at all (see `write_whole`)."""
     path = checkpoint_path(suffix)
-    if path is None:
-        return
+    if path is not None:
+        write_whole(path, write)
+
+
+def write_whole(path: Path, write: Callable[[Path], Any]) -> None:
+    """`write(tmp)` writes a temporary file, which is then renamed over `path`: a
+    checkpoint is there whole or not at all."""
     tmp = path.with_name(path.name + ".tmp")
     write(tmp)
     os.replace(tmp, path)

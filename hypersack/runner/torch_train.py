@@ -35,6 +35,7 @@ from hypersack.runner.sdk import checkpoint_path, save_checkpoint
 
 PRECISIONS = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}
 EVAL_PROBE_BATCHES = 3
+CHECKPOINT = ".pt"  # `checkpoint.pt` in the trial's checkpoint folder (the fused trainer's too)
 
 
 def versions(device: torch.device) -> str:
@@ -109,7 +110,7 @@ def train(model_name: str, params: dict[str, Any], epochs: float, opts: TrainOpt
     val_b = Batches(data, data.val, device, False, opts.seed)
     ep = Epochs(data.train.size, batch, epochs, np.random.default_rng(opts.seed))
     profiling = ep.profiling
-    saved = None if profiling else checkpoint_path(".pt")
+    saved = None if profiling else checkpoint_path(CHECKPOINT)
     if saved is not None and saved.exists():
         state = torch.load(saved, map_location=device, weights_only=True)
         model.load_state_dict(state["model"])
@@ -180,7 +181,7 @@ def train(model_name: str, params: dict[str, Any], epochs: float, opts: TrainOpt
                     state = {"epoch": epoch, "model": model.state_dict(),
                              "optimizer": optimizer.state_dict(),
                              "scaler": scaler.state_dict()}
-                    save_checkpoint(".pt", functools.partial(torch.save, state))
+                    save_checkpoint(CHECKPOINT, functools.partial(torch.save, state))
                     break
     except torch.OutOfMemoryError:
         sdk.out_of_memory(f"out of memory: {model_name} at batch size {batch} on {device}")

@@ -69,11 +69,17 @@ class ServerCollector(Collector):
             studies = orch.studies()
             shown = [s for s in studies if s.state == StudyState.ACTIVE]
             shown += [s for s in studies if s.state != StudyState.ACTIVE][-RECENT_STUDIES:]
-            by_study = {s.id: collections.Counter(t.state for t in orch.trials(s.id))
-                        for s in shown}
-            everything = collections.Counter(t.state for t in orch.trials())
-            running = [t for s in studies if s.state == StudyState.ACTIVE
-                       for t in orch.trials(s.id) if t.state == TrialState.RUNNING]
+            # One pass over the trials: counts per study and in all, the running ones.
+            by_study: dict[str, collections.Counter[TrialState]] = {}
+            everything: collections.Counter[TrialState] = collections.Counter()
+            running = []
+            for s in studies:
+                counts = by_study[s.id] = collections.Counter()
+                for t in orch.trials(s.id):
+                    counts[t.state] += 1
+                    if t.state == TrialState.RUNNING:
+                        running.append(t)
+                everything.update(counts)
             nodes = orch.nodes()
             load = orch.gpu_load()
             sessions = dict(service.sessions())
