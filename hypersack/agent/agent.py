@@ -44,7 +44,7 @@ from hypersack.agent.mps import TIME_SLICING, MpsControl
 from hypersack.agent.procs import Records, kill_strays
 from hypersack.core import trial_env as sdk
 from hypersack.core.bounds import MAX_FUSED_MEMBERS, clamp
-from hypersack.core.errors import HyperSackError
+from hypersack.core.errors import HyperSackError, InvalidInput
 from hypersack.core.types import GpuSpec
 from hypersack.wire.convert import LOG_TAIL_CHARS, key_from_pb, program_from_pb
 
@@ -112,8 +112,14 @@ class Agent:
         self.records = Records(self.node_dir / "jobs")
         # Trials' checkpoint folders: under this node's directory, or under a folder
         # every node sees (a shared file system), where a trial resumes on any node.
-        self.checkpoints = checkpoints.resolve() if checkpoints is not None \
-            else self.node_dir.resolve()
+        self.checkpoints = self.node_dir.resolve()
+        if checkpoints is not None:
+            try:
+                checkpoints.mkdir(parents=True, exist_ok=True)
+            except OSError as exc:
+                raise InvalidInput(f"--checkpoint-dir {checkpoints}: not a folder this agent "
+                                   f"can use ({exc.strerror or exc})") from None
+            self.checkpoints = checkpoints.resolve()
         self._swept_at = 0.0
         self._ended_since_sweep = False
         self.heartbeat_timeout_s = 30.0

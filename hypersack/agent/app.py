@@ -156,7 +156,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         if settings.metrics_listen:
             metrics = serve_metrics(settings.metrics_listen, AgentCollector(agent), tls=tls,
-                                    insecure=settings.metrics_insecure)
+                                    insecure=settings.metrics_insecure,
+                                    insecure_flag="--metrics-insecure")
         agent.run()
     except HyperSackError as exc:
         print(f"hypersack-agent: error: {exc}", file=sys.stderr)

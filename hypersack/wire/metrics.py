@@ -55,15 +55,17 @@ def split_listen(listen: str) -> tuple[str, int]:
 
 
 def serve_metrics(listen: str, collector: Collector, *, tls: CertPaths | None,
-                  insecure: bool = False) -> MetricsEndpoint:
-    """Serve `collector` at http(s)://listen/metrics on a thread of its own."""
+                  insecure: bool = False, insecure_flag: str = "--insecure"
+                  ) -> MetricsEndpoint:
+    """Serve `collector` at http(s)://listen/metrics on a thread of its own
+    (`insecure_flag`: the daemon's flag that allows plain HTTP beyond loopback)."""
     host, port = split_listen(listen)
     if tls is None and not is_loopback(listen) and not insecure:
         raise InvalidInput(
             f"--metrics-listen {listen}: refused without TLS: the metrics name studies, "
             "their owners and trials. Give TLS files (the endpoint is then HTTPS and asks "
-            "for a client certificate of the cluster CA), listen on 127.0.0.1, or give "
-            "--insecure")
+            f"for a client certificate of the cluster CA), listen on 127.0.0.1, or give "
+            f"{insecure_flag}")
     registry = CollectorRegistry(auto_describe=False)
     registry.register(collector)
     if tls is not None:

@@ -182,6 +182,7 @@ def test_json_logs(cluster: Cluster) -> None:
 
 
 def test_a_daemon_refuses_bad_observability_flags(tmp_path: Path) -> None:
+    import os
     import sys
     base = [sys.executable, "-m", "hypersack.server.app", "--db", str(tmp_path / "x.db")]
     for flags, said in ((["--metrics-listen", "0.0.0.0:9464"], "refused without TLS"),
@@ -192,6 +193,18 @@ def test_a_daemon_refuses_bad_observability_flags(tmp_path: Path) -> None:
                              cwd=tmp_path)
         assert out.returncode == 2, (flags, out.stderr)
         assert said in out.stderr, (flags, out.stderr)
+    (tmp_path / "a-file").write_text("")
+    agent = [sys.executable, "-m", "hypersack.agent.app", "--server", "127.0.0.1:1",
+             "--backend", "fake", "--inventory", "1xA100-80GB@4",
+             "--workdir", str(tmp_path / "work"),
+             *(["--allow-root-trials"] if os.geteuid() == 0 else [])]
+    for flags, said in ((["--metrics-listen", "0.0.0.0:9465"], "or give --metrics-insecure"),
+                        (["--checkpoint-dir", str(tmp_path / "a-file")],
+                         "not a folder this agent can use")):
+        out = subprocess.run([*agent, *flags], capture_output=True, text=True, timeout=60,
+                             cwd=tmp_path)
+        assert out.returncode == 2, (flags, out.stderr)
+        assert said in out.stderr.strip().splitlines()[-1], (flags, out.stderr)
 
 
 def test_why_says_what_blocks_a_waiting_trial(cluster: Cluster) -> None:
