@@ -29,17 +29,18 @@ EXAMPLES = ROOT / "examples"
 
 
 def first_decision(space_data: object, cluster: str, ratio: float | None = None,
-                   fusion: bool = False) -> tuple[list[Item], ClusterView]:
+                   fusion: bool = False, profiles: list[Profile] | None = None
+                   ) -> tuple[list[Item], ClusterView]:
     """The pending trials and the empty cluster of a study's first decision (trials
     alone, as the paper packs them, unless `fusion`)."""
-    decision = submitted(space_data, cluster, ratio, fusion).decisions[-1]
+    decision = submitted(space_data, cluster, ratio, fusion, profiles).decisions[-1]
     return list(decision.batch), decision.view
 
 
 def submitted(space_data: object, cluster: str, ratio: float | None = None,
-              fusion: bool = False) -> Orchestrator:
-    """An orchestrator (example estimated profiles, manual clock) with the cluster's
-    nodes joined and the study submitted, its first decision taken."""
+              fusion: bool = False, profiles: list[Profile] | None = None) -> Orchestrator:
+    """An orchestrator (`profiles`, by default the example estimated ones; manual clock)
+    with the cluster's nodes joined and the study submitted, its first decision taken."""
     space = (load_space(space_data) if isinstance(space_data, (str, Path))
              else parse_space(space_data))
     if not fusion:
@@ -49,7 +50,9 @@ def submitted(space_data: object, cluster: str, ratio: float | None = None,
         space = space.model_copy(update={"settings": space.settings.model_copy(
             update={"oversubscription": {"A100": ratio, "H100": ratio}})})
     store = MemoryStore()
-    for p in load_profiles(EXAMPLES / "profiles-estimates.yaml"):
+    if profiles is None:
+        profiles = load_profiles(EXAMPLES / "profiles-estimates.yaml")
+    for p in profiles:
         store.put_profile(p)
     orch = Orchestrator(store, ManualClock(0.0))
     for node in parse_shorthand(cluster).nodes:
