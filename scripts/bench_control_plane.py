@@ -231,14 +231,15 @@ def main() -> int:
                   " an exit's arrival to the end of the batch that handled it")
             print(f"{'agents':>7}{'gpus':>6}{'trials':>8}{'p50 ms':>9}{'p99 ms':>9}"
                   f"{'server p50':>12}{'server p99':>12}{'decisions/s':>13}"
-                  f"{'decision ms':>13}{'RSS MiB':>9}")
+                  f"{'decision ms':>13}{'RSS MiB':>9}{'threads':>9}{'CPU ms/trial':>14}")
             for r in rows:
                 print(f"{r['agents']:>7}{r['gpus']:>6}{r['trials']:>8}"
                       f"{r['relaunch_delay_p50_ms']!s:>9}{r['relaunch_delay_p99_ms']!s:>9}"
                       f"{r['server_exit_handled_p50_ms']!s:>12}"
                       f"{r['server_exit_handled_p99_ms']!s:>12}"
                       f"{r['decisions_per_s']!s:>13}{r['decision_mean_ms']!s:>13}"
-                      f"{r['server_peak_rss_mib']!s:>9}")
+                      f"{r['server_peak_rss_mib']!s:>9}{r['server_peak_threads']!s:>9}"
+                      f"{r['server_cpu_ms_per_trial']!s:>14}")
         return 0
     modes = {"off": [False], "on": [True], "both": [False, True]}[args.tls]
     results = {("tls" if secured else "plain"): run_once(args, secured) for secured in modes}
@@ -303,12 +304,14 @@ def run_once(args: argparse.Namespace, secured: bool) -> dict[str, object]:
     proc = psutil.Process(server.pid)
     workers: list[subprocess.Popen[str]] = []
     peak_rss = [0]
+    peak_threads = [0]
     stop = threading.Event()
 
     def sample_rss() -> None:
         while not stop.is_set():
             try:
                 peak_rss[0] = max(peak_rss[0], proc.memory_info().rss)
+                peak_threads[0] = max(peak_threads[0], proc.num_threads())
             except psutil.Error:
                 return
             time.sleep(0.1)
@@ -362,6 +365,8 @@ def run_once(args: argparse.Namespace, secured: bool) -> dict[str, object]:
             threading.Thread(target=beat, daemon=True).start()
         connect_s = time.monotonic() - t0
         t_submit = time.monotonic()
+        cpu = proc.cpu_times()
+        cpu_at_submit = cpu.user + cpu.system
         study = client.submit(SPACE.format(
             trials=args.trials,
             models="[shufflenet, mobilenet_v2, vit_tiny, deit_tiny, resnet18, resnet34]"
@@ -384,6 +389,8 @@ def run_once(args: argparse.Namespace, secured: bool) -> dict[str, object]:
                 break
             time.sleep(0.5)
         wall = time.monotonic() - t_submit
+        cpu = proc.cpu_times()
+        cpu_s = cpu.user + cpu.system - cpu_at_submit
         stop.set()
         for w in workers:
             out, _ = w.communicate(timeout=60)  # closes its stdin: it reports and exits
@@ -416,6 +423,10 @@ def run_once(args: argparse.Namespace, secured: bool) -> dict[str, object]:
             "relaunch_delay_p50_ms": round(1000 * statistics.median(d), 1) if d else None,
             "relaunch_delay_p99_ms": round(1000 * d[int(0.99 * (len(d) - 1))], 1) if d else None,
             "server_peak_rss_mib": round(peak_rss[0] / 2**20, 1),
+            "server_peak_threads": peak_threads[0],
+            # CPU the server spent from the submission to the study's end, per trial: its
+            # cost, whatever else shares the machine's cores.
+            "server_cpu_ms_per_trial": round(1000 * cpu_s / max(1, total), 2),
         }
     finally:
         stop.set()

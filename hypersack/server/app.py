@@ -19,6 +19,7 @@ from grpc_reflection.v1alpha import reflection
 from pydantic import ValidationError
 
 from hypersack import __version__
+from hypersack._proto.v1 import hypersack_pb2 as pb
 from hypersack._proto.v1 import hypersack_pb2_grpc as pb_grpc
 from hypersack.core.clock import Clock
 from hypersack.core.errors import HyperSackError, InvalidInput
@@ -26,6 +27,7 @@ from hypersack.orchestrator import OrchestratorConfig
 from hypersack.policies.registry import policy_names
 from hypersack.sampler.profiles import load_profiles, to_import
 from hypersack.server.auth import Authenticator
+from hypersack.server.bridge import LoopThread, offloaded
 from hypersack.server.metrics import ServerCollector
 from hypersack.server.service import SchedulerService
 from hypersack.server.servicers import AgentLinkServicer, SchedulerServicer
@@ -110,26 +112,50 @@ class HyperSackServer:
         self.auth = Authenticator(self.store, enabled=self.tls is not None,
                                   share_results=settings.share_results, clock=clock)
         self.failed = threading.Event()
-        workers = settings.max_agents + 64
-        self._grpc = grpc.server(
-            futures.ThreadPoolExecutor(max_workers=workers, thread_name_prefix="hypersack-rpc"),
-            maximum_concurrent_rpcs=workers,
+        # grpc.aio on a loop of its own: agent streams are served there without a thread
+        # each; client calls run on the pool, watches (at most max_watches) included.
+        self._pool = futures.ThreadPoolExecutor(max_workers=32 + settings.max_watches,
+                                                thread_name_prefix="hypersack-rpc")
+        self._loop = LoopThread("hypersack-grpc")
+        self._health = health.aio.HealthServicer()
+        try:
+            self._grpc = self._loop.run(self._build(settings))
+        except BaseException:
+            self._loop.close()
+            self._pool.shutdown(wait=False)
+            self.store.close()
+            self._lock.release()
+            raise
+        self.port = 0
+        self.agent_port = 0
+        self.metrics: MetricsEndpoint | None = None
+
+    async def _build(self, settings: ServerSettings) -> grpc.aio.Server:
+        concurrent = settings.max_agents + 64 + settings.max_watches
+        server = grpc.aio.server(
+            maximum_concurrent_rpcs=concurrent,
             options=[("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
                      ("grpc.max_send_message_length", 64 << 20),
                      ("grpc.so_reuseport", 0)])
         pb_grpc.add_SchedulerServicer_to_server(  # type: ignore[no-untyped-call]
-            SchedulerServicer(self.service, self.auth), self._grpc)
+            offloaded(SchedulerServicer(self.service, self.auth),
+                      pb.DESCRIPTOR.services_by_name["Scheduler"], self._pool), server)
         pb_grpc.add_AgentLinkServicer_to_server(  # type: ignore[no-untyped-call]
-            AgentLinkServicer(self.service, self.auth, tls=self.tls is not None), self._grpc)
-        self._health = health.HealthServicer()
-        health_pb2_grpc.add_HealthServicer_to_server(self._health, self._grpc)
+            AgentLinkServicer(self.service, self.auth, tls=self.tls is not None,
+                              pool=self._pool), server)
+        health_pb2_grpc.add_HealthServicer_to_server(self._health, server)
         if settings.reflection:
             # The schema is public (proto/ in the source); calls still need a token.
             reflection.enable_server_reflection(
-                (*SERVICES, health.SERVICE_NAME, reflection.SERVICE_NAME), self._grpc)
-        self.port = 0
-        self.agent_port = 0
-        self.metrics: MetricsEndpoint | None = None
+                (*SERVICES, health.SERVICE_NAME, reflection.SERVICE_NAME), server)
+        return server
+
+    def _set_health(self, status: int) -> None:
+        async def set_all() -> None:
+            for name in ("", *SERVICES):
+                await self._health.set(name, status)
+        if not self._loop.closed:
+            self._loop.post(set_all())
 
     def start(self) -> int:
         """Listen and serve; returns the bound port (useful with port 0)."""
@@ -156,9 +182,8 @@ class HyperSackServer:
                                          ServerCollector(self.service), tls=self.tls,
                                          insecure=self.settings.insecure)
         self.service.start()
-        self._grpc.start()
-        for name in ("", *SERVICES):
-            self._health.set(name, health_pb2.HealthCheckResponse.SERVING)
+        self._loop.run(self._grpc.start())
+        self._set_health(health_pb2.HealthCheckResponse.SERVING)
         log.info("hypersack-server %s listening on %s (port %d), database %s", __version__,
                  self.settings.listen, self.port, self.settings.db)
         if self.tls:
@@ -180,21 +205,24 @@ class HyperSackServer:
 
     def _fatal(self, reason: str) -> None:
         """A loop of the service stopped: say NOT_SERVING, and let main() exit non-zero."""
-        for name in ("", *SERVICES):
-            self._health.set(name, health_pb2.HealthCheckResponse.NOT_SERVING)
+        self._set_health(health_pb2.HealthCheckResponse.NOT_SERVING)
         self.failed.set()
 
     def stop(self, grace_s: float = 1.0) -> None:
-        self._health.enter_graceful_shutdown()
-        self.service.stop()
-        self._grpc.stop(grace_s).wait()
+        if not self._loop.closed:  # stopping twice is stopping once
+            self._loop.run(self._health.enter_graceful_shutdown())
+            self.service.stop()
+            self._loop.run(self._grpc.stop(grace_s))
+            self._pool.shutdown(wait=False, cancel_futures=True)
+            self._loop.close()
         if self.metrics is not None:
             self.metrics.stop()
         self.store.close()
         self._lock.release()
 
     def wait(self) -> None:
-        self._grpc.wait_for_termination()
+        if not self._loop.closed:
+            self._loop.run(self._grpc.wait_for_termination())
 
 
 def _dial_host(listen: str) -> str:

@@ -112,16 +112,31 @@ class AgentSession:
     last_seen: float = 0.0
     gpu_state: dict[int, pb.GpuState] = field(default_factory=dict)
 
+    # Called after each message queued: the stream's writer on the event loop is woken.
+    on_send: Callable[[], None] | None = None
+
     def send(self, msg: pb.ServerMessage) -> None:
         self.outbox.put(msg)
+        self._woken()
 
-    def messages(self) -> Iterator[pb.ServerMessage]:
-        """What to send down the stream, until the session is closed."""
+    def close(self) -> None:
+        """End the stream once what is queued before has been sent."""
+        self.outbox.put(None)
+        self._woken()
+
+    def _woken(self) -> None:
+        on_send = self.on_send
+        if on_send is not None:
+            on_send()
+
+    def drain(self) -> list[pb.ServerMessage | None]:
+        """What is queued to send now, in order (None: the stream ends there)."""
+        out: list[pb.ServerMessage | None] = []
         while True:
-            msg = self.outbox.get()
-            if msg is None:
-                return
-            yield msg
+            try:
+                out.append(self.outbox.get_nowait())
+            except queue.Empty:
+                return out
 
 
 @dataclass(frozen=True)
@@ -209,7 +224,7 @@ class SchedulerService:
         self._stop.set()
         with self._lock:
             for s in self._sessions.values():
-                s.outbox.put(None)
+                s.close()
             self._changed.notify_all()
         for thread in (self._ticker, self._worker):
             if thread is not None:
@@ -497,7 +512,7 @@ class SchedulerService:
     def disconnected(self, session: AgentSession) -> None:
         with self._lock:
             session.connected = False
-            session.outbox.put(None)
+            session.close()
             self._changed.notify_all()
         if not self._stop.is_set():
             log.warning("agent %s disconnected; its node is lost unless it reconnects "

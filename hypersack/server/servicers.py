@@ -3,10 +3,12 @@ the orchestrator does."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
+from concurrent import futures
 from functools import wraps
 from typing import Any, TypeVar
 
@@ -26,6 +28,7 @@ from hypersack.core.errors import (
 from hypersack.core.types import StudyRecord, TokenRecord, UserRecord
 from hypersack.sampler.profiles import reject_repeats
 from hypersack.server.auth import Authenticator, Principal, bearer
+from hypersack.server.bridge import Aborted
 from hypersack.server.service import AgentSession, SchedulerService, Snapshot
 from hypersack.wire.convert import profile_from_pb, profile_to_pb, study_to_pb, trial_to_pb
 from hypersack.wire.tls import Identity, identity_of
@@ -60,6 +63,8 @@ def translated(fn: Callable[..., T]) -> Callable[..., T]:
     def wrapper(self: Any, request: Any, context: grpc.ServicerContext) -> T:
         try:
             return fn(self, request, context)
+        except Aborted:
+            raise
         except HyperSackError as exc:
             context.abort(status_of(exc), str(exc))
         except Exception as exc:
@@ -87,10 +92,11 @@ def _update(service: SchedulerService, snap: Snapshot) -> pb.StudyUpdate:
               for n, i, k, s in snap.gpus])
 
 
-def peer_identity(context: grpc.ServicerContext) -> Identity | None:
+def peer_identity(context: grpc.ServicerContext | grpc.aio.ServicerContext[Any, Any]
+                  ) -> Identity | None:
     """The identity in the certificate the peer presented. Only the mutual-TLS port asks
     for one, and it accepts only certificates signed by the cluster's CA."""
-    pems = context.auth_context().get("x509_pem_cert")
+    pems = list(context.auth_context().get("x509_pem_cert", ()))
     return identity_of(pems[0]) if pems else None
 
 
@@ -324,54 +330,94 @@ def node_messages(service: SchedulerService) -> list[pb.Node]:
 class AgentLinkServicer(pb_grpc.AgentLinkServicer):
     """One stream per agent: the first message registers, the rest are events."""
 
-    def __init__(self, service: SchedulerService, auth: Authenticator, *, tls: bool) -> None:
+    def __init__(self, service: SchedulerService, auth: Authenticator, *, tls: bool,
+                 pool: futures.Executor) -> None:
         self._s = service
         self._auth = auth
         self._tls = tls
+        self._pool = pool  # for what takes the service's lock
 
-    def Connect(self, request_iterator: Iterator[pb.AgentMessage],
-                context: grpc.ServicerContext) -> Iterator[pb.ServerMessage]:
+    async def Connect(self, request_iterator: AsyncIterator[pb.AgentMessage],
+                      context: grpc.aio.ServicerContext[Any, Any]
+                      ) -> AsyncIterator[pb.ServerMessage]:
+        """Served on the event loop: what the agent sends goes to the service's inbox as
+        it arrives, and what the service sends the agent is written as it is queued,
+        without a thread for either (bridge.py)."""
         peer = peer_identity(context)
         try:
             # Before reading anything: a peer without a node certificate never holds a
-            # stream (and a thread) open.
+            # stream open.
             self._auth.agent(peer, None, tls=self._tls)
         except HyperSackError as exc:
             log.warning("refused an agent from %s: %s", context.peer(), exc)
-            context.abort(status_of(exc), str(exc))
+            await context.abort(status_of(exc), str(exc))
         try:
-            first = next(request_iterator)
-        except StopIteration:
+            first = await anext(aiter(request_iterator))
+        except StopAsyncIteration:
             return
         if first.WhichOneof("body") != "register":
-            context.abort(grpc.StatusCode.INVALID_ARGUMENT,
-                          "the first message on the agent stream must be register")
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT,
+                                "the first message on the agent stream must be register")
+        loop = asyncio.get_running_loop()
         try:
             # The certificate's node, and only it: a client certificate, another node's
             # certificate or none (on a TLS server) never makes an agent.
             self._auth.agent(peer, first.register.node, tls=self._tls)
-            session = self._s.register(first.register)
+            # The service's lock may be held by a decision: not on the loop.
+            session = await loop.run_in_executor(self._pool, self._s.register, first.register)
         except HyperSackError as exc:
             if isinstance(exc, (Unauthenticated, PermissionDenied)):
                 log.warning("refused an agent from %s: %s", context.peer(), exc)
-            context.abort(status_of(exc), str(exc))
-        reader = threading.Thread(target=self._read, args=(session, request_iterator, context),
-                                  name=f"agent-{session.node}", daemon=True)
-        reader.start()
-        yield from session.messages()
+            await context.abort(status_of(exc), str(exc))
+        wake = asyncio.Event()
+        # One wake-up of the loop per batch of messages, not one per message: each costs
+        # the sending thread a write to the loop's self-pipe.
+        scheduled = threading.Event()
 
-    def _read(self, session: AgentSession, requests: Iterator[pb.AgentMessage],
-              context: grpc.ServicerContext) -> None:
+        def fire() -> None:
+            scheduled.clear()
+            wake.set()
+
+        def woken() -> None:
+            if scheduled.is_set():
+                return
+            scheduled.set()
+            try:
+                loop.call_soon_threadsafe(fire)
+            except RuntimeError:
+                pass  # the loop is closed: the server stopped
+        session.on_send = woken
+        reader = asyncio.create_task(self._read(session, request_iterator, wake))
         try:
-            for msg in requests:
+            while True:
+                wake.clear()
+                for msg in session.drain():
+                    if msg is None:
+                        return
+                    yield msg
+                if reader.done():
+                    return
+                await wake.wait()
+        finally:
+            reader.cancel()
+            session.on_send = None
+            try:
+                self._pool.submit(self._s.disconnected, session)
+            except RuntimeError:  # the pool is shut down: the server is stopping
+                self._s.disconnected(session)
+
+    async def _read(self, session: AgentSession, requests: AsyncIterator[pb.AgentMessage],
+                    done: asyncio.Event) -> None:
+        try:
+            async for msg in requests:
                 try:
                     self._s.agent_message(session, msg)
                 except HyperSackError as exc:
                     # A bad message is refused; the stream and the server go on.
                     log.warning("agent %s: refused message: %s", session.node, exc)
-        except grpc.RpcError:
-            pass  # the agent went away
+        except (grpc.RpcError, asyncio.CancelledError):
+            pass  # the agent went away, or the stream ended
         except Exception:
             log.exception("agent %s: stream failed", session.node)
         finally:
-            self._s.disconnected(session)
+            done.set()

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import queue
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -221,3 +222,42 @@ def _wait(check: object, timeout_s: float = 10) -> None:
             return
         time.sleep(0.05)
     raise AssertionError("timed out")
+
+
+def test_agent_streams_hold_no_server_thread_each(server: HyperSackServer) -> None:
+    """The streams are served on the event loop: connected agents leave the server with
+    the threads of its bounded pool (their registrations ran there), fewer than the
+    agents, where the synchronous server held a handler and a reader thread per agent."""
+
+    def server_threads() -> int:
+        return sum(t.name.startswith(("hypersack-rpc", "agent-"))
+                   for t in threading.enumerate())
+
+    before = server_threads()
+    n = 70  # more than the pool's threads
+    agents = [RawAgent(server.address) for _ in range(n)]
+    try:
+        for i, a in enumerate(agents):
+            a.register(f"n{i}")
+        for a in agents:
+            msg = a.next()
+            assert isinstance(msg, pb.ServerMessage) and msg.WhichOneof("body") == "registered"
+        with Client(server.address) as c:
+            _wait(lambda: sum(node.connected for node in c.nodes()) == n)
+            assert server_threads() - before < n
+            # and each stream still carries messages both ways
+            c.submit(SLEEP_SPACE, "tiny.yaml")
+            launched: list[pb.LaunchTrial] = []
+            deadline = time.monotonic() + 20
+            while len(launched) < 4 and time.monotonic() < deadline:
+                for a in agents:
+                    while not a.down.empty():
+                        msg = a.next()
+                        assert isinstance(msg, pb.ServerMessage), msg
+                        if msg.WhichOneof("body") == "launch":
+                            launched.append(msg.launch)
+                time.sleep(0.05)
+            assert len(launched) == 4
+    finally:
+        for a in agents:
+            a.close()
