@@ -12,6 +12,7 @@ import math
 import time
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Set as AbstractSet
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from typing import Any, TypeVar
@@ -1716,17 +1717,17 @@ class Orchestrator:
         on_gpu = len(gpu.trials)
         full_cores = core_units(node.spec.cores)
         chosen: list[TrialRecord] = []
-        left = dict(victims)
+        taken: set[str] = set()  # chosen already (no copy of every victim per GPU tried)
 
         def short_on_gpu() -> bool:
             return (compute + need.compute > cap or memory + need.memory > gpu.memory_mib
                     or (self.config.exclusive and on_gpu > 0))
 
         while short_on_gpu() or cores + need.cores > full_cores:
-            victim = _victim(node, gpu, short_on_gpu(), left, priority)
+            victim = _victim(node, gpu, short_on_gpu(), victims, priority, taken)
             if victim is None or victim.demand is None:
                 return None
-            del left[victim.id]
+            taken.add(victim.id)
             chosen.append(victim)
             held = Need.of(victim.demand)
             if victim.gpu_index == gpu.spec_index:
@@ -2129,12 +2130,13 @@ def _freed(view: ClusterView, victims: Mapping[str, TrialRecord]) -> ClusterView
 
 
 def _victim(node: Node, gpu: Gpu, gpu_short: bool, victims: Mapping[str, TrialRecord],
-            priority: Mapping[str, int]) -> TrialRecord | None:
-    """The next trial to stop for a need to fit on `gpu`: on that GPU while the GPU is
-    short, anywhere on the node while only its cores are; lowest priority first, then the
-    latest started."""
+            priority: Mapping[str, int], taken: AbstractSet[str] = frozenset()
+            ) -> TrialRecord | None:
+    """The next trial to stop for a need to fit on `gpu`, among the victims not `taken`
+    yet: on that GPU while the GPU is short, anywhere on the node while only its cores
+    are; lowest priority first, then the latest started."""
     where = gpu.trials if gpu_short else {tid for g in node.gpus.values() for tid in g.trials}
-    found = [victims[tid] for tid in where if tid in victims]
+    found = [victims[tid] for tid in where if tid in victims and tid not in taken]
     if not found:
         return None
     return min(found, key=lambda t: (priority.get(t.study_id, 0), -(t.started_at or 0.0),

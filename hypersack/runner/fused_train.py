@@ -94,7 +94,6 @@ def _epoch(raw: Any) -> float:
     return value if math.isfinite(value) and 0 < value <= 1e6 else 0.0
 
 
-
 def _resume(group: FusedGroup, spec: FusedSpec, device: torch.device) -> int:
     """Load every member's checkpoint; the epoch the group resumes after. Only when all
     members have one of the same epoch (a group is one rung's trials, and a promoted

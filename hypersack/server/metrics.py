@@ -75,9 +75,10 @@ class ServerCollector(Collector):
             running = []
             for s in studies:
                 counts = by_study[s.id] = collections.Counter()
+                active = s.state == StudyState.ACTIVE  # reservations: active studies'
                 for t in orch.trials(s.id):
                     counts[t.state] += 1
-                    if t.state == TrialState.RUNNING:
+                    if active and t.state == TrialState.RUNNING:
                         running.append(t)
                 everything.update(counts)
             nodes = orch.nodes()
