@@ -79,6 +79,7 @@ from hypersack.policies.base import (
     Need,
     Placement,
     Plan,
+    PlanError,
     Policy,
     check_plan,
     compute_capacity,
@@ -1540,11 +1541,18 @@ class Orchestrator:
         try:
             with self._undone_if_raises():
                 out, cut = self._decide(claim, open_nodes, archs, room, quota, closed)
-        except Exception:
+        except Exception as exc:
             self._decide_again = True
             claim.used, claim.pending, quota.compute, quota.gpus, quota.held = saved
-            log.exception("the decision for study %s failed and was undone; it is "
-                          "tried again at the next event", claim.study_id)
+            if isinstance(exc, PlanError):  # a policy's bug (a plug-in's, say), not ours
+                log.error("policy %r returned a plan for study %s that breaks an invariant "
+                          "(%s); nothing of it was launched, and the decision is tried "
+                          "again at the next event",
+                          self._policy(self._spaces[claim.study_id]).name, claim.study_id,
+                          exc)
+            else:
+                log.exception("the decision for study %s failed and was undone; it is "
+                              "tried again at the next event", claim.study_id)
             return False
         commands += out
         return cut

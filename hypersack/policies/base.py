@@ -348,31 +348,66 @@ def classes(items: Sequence[Item]) -> tuple[list[Item], list[list[int]]]:
     return reps, members
 
 
+class PlanError(AssertionError):
+    """A plan breaks an invariant every policy keeps (over a capacity, an item twice, an
+    unknown GPU...). Raised explicitly, not by `assert`, so the check holds under
+    `python -O` too: nothing of such a plan is launched."""
+
+
 def check_plan(items: Sequence[Item], cluster: ClusterView, plan: Plan) -> None:
-    """The invariants every policy keeps; raises AssertionError naming the broken one."""
+    """The invariants every policy keeps, whichever policy (a plug-in too) made the plan:
+    raises PlanError naming the first one broken."""
+    if not isinstance(plan, Plan):
+        raise PlanError(f"a policy returned {type(plan).__name__}, not a Plan")
+    if not isinstance(plan.placements, tuple) or not isinstance(plan.unplaced, tuple):
+        raise PlanError("a plan's placements and unplaced must be tuples")
+    for p in plan.placements:
+        if not (isinstance(p, Placement) and isinstance(p.item_id, str)
+                and isinstance(p.node, str) and type(p.gpu_index) is int):
+            raise PlanError(f"malformed placement {p!r}")
+    if not all(isinstance(i, str) for i in plan.unplaced):
+        raise PlanError("unplaced item ids must be strings")
+    if type(plan.objective) is not int:
+        raise PlanError(f"objective {plan.objective!r} is not an integer")
+    t = plan.solve_time_s
+    if not (isinstance(t, (int, float)) and not isinstance(t, bool) and math.isfinite(t)
+            and t >= 0):
+        raise PlanError(f"solve time {t!r} is not a finite number of seconds")
     by_id = {it.id: it for it in items}
-    assert len(by_id) == len(items), "item ids must be unique"
+    if len(by_id) != len(items):
+        raise PlanError("item ids must be unique")
     placed = [p.item_id for p in plan.placements]
-    assert len(set(placed)) == len(placed), "an item was placed twice"
-    assert set(placed) | set(plan.unplaced) == set(by_id), "every item is placed or unplaced"
-    assert not set(placed) & set(plan.unplaced), "an item is both placed and unplaced"
+    if len(set(placed)) != len(placed):
+        raise PlanError("an item was placed twice")
+    if set(placed) | set(plan.unplaced) != set(by_id):
+        raise PlanError("every item is placed or unplaced, and no other")
+    if set(placed) & set(plan.unplaced):
+        raise PlanError("an item is both placed and unplaced")
     flat = Flat(cluster)
     where = {(flat.node_names[flat.node_of[g]], flat.index[g]): g for g in range(len(flat))}
     objective = 0
     for p in plan.placements:
         g = where.get((p.node, p.gpu_index))
-        assert g is not None, f"placement on unknown GPU {p.node}:{p.gpu_index}"
+        if g is None:
+            raise PlanError(f"placement on unknown GPU {p.node}:{p.gpu_index}")
         need = by_id[p.item_id].needs.get(flat.arch[g])
-        assert need is not None, f"{p.item_id} placed on {flat.arch[g]} without a need for it"
+        if need is None:
+            raise PlanError(f"{p.item_id} placed on {flat.arch[g]} without a need for it")
         flat.take(g, need)
         objective += by_id[p.item_id].value
     for g in range(len(flat)):
-        assert flat.compute[g] >= 0, f"GPU {g} over its scaled compute"
-        assert flat.memory[g] >= 0, f"GPU {g} over its memory"
-        assert flat.slots[g] >= 0, f"GPU {g} over its slots"
+        name = f"GPU {flat.node_names[flat.node_of[g]]}:{flat.index[g]}"
+        if flat.compute[g] < 0:
+            raise PlanError(f"{name} over its scaled compute")
+        if flat.memory[g] < 0:
+            raise PlanError(f"{name} over its memory")
+        if flat.slots[g] < 0:
+            raise PlanError(f"{name} over its slots")
     for ni, cores in enumerate(flat.node_cores):
-        assert cores >= 0, f"node {flat.node_names[ni]} over its cores"
-    assert objective == plan.objective, f"objective {plan.objective} != placed value {objective}"
+        if cores < 0:
+            raise PlanError(f"node {flat.node_names[ni]} over its cores")
+    if objective != plan.objective:
+        raise PlanError(f"objective {plan.objective} != placed value {objective}")
 
 
 def why_unplaced(item: Item, cluster: ClusterView, after: Plan, items: Sequence[Item]) -> str:

@@ -6,6 +6,7 @@ hold them, and a user's policy plugs in by name or entry point."""
 
 from __future__ import annotations
 
+import subprocess
 import sys
 import textwrap
 from pathlib import Path
@@ -13,20 +14,34 @@ from typing import Any
 
 import pytest
 
+from hypersack.core.clock import ManualClock
+from hypersack.core.cluster import parse_shorthand
 from hypersack.core.errors import InvalidInput, UnknownName
+from hypersack.core.types import Demand, Profile, WorkloadKey
+from hypersack.grid.space import parse_space
+from hypersack.orchestrator import (
+    LaunchTrial,
+    NodeJoined,
+    Orchestrator,
+    OrchestratorConfig,
+    StudySubmitted,
+    Tick,
+)
 from hypersack.policies import (
     ClusterView,
     GpuBin,
     Item,
     Need,
     NodeBin,
+    Placement,
     Plan,
     make_policy,
     policy_names,
     register_policy,
     registry,
 )
-from hypersack.policies.base import check_plan
+from hypersack.policies.base import PlanError, check_plan
+from hypersack.store import MemoryStore
 
 
 def node(name: str, cores: int, *gpus: GpuBin) -> NodeBin:
@@ -366,3 +381,89 @@ def test_a_policy_from_a_packages_entry_point(tmp_path: Path,
     with pytest.raises(UnknownName):
         make_policy("broken")
     sys.modules.pop("my_policy", None)
+
+
+def _one_gpu() -> tuple[list[Item], ClusterView]:
+    items = [Item(f"t{i}", {"A100": Need(20000, 1000, 1000)}) for i in range(2)]
+    return items, ClusterView((node("a", 8000, gpu("a", 0, "A100", 30000, 40000)),))
+
+
+@pytest.mark.parametrize("bad", ["over", "twice", "gpu", "bool_index", "objective",
+                                 "time", "missing", "not_a_plan"])
+def test_a_plan_that_breaks_an_invariant_is_refused_by_name(bad: str) -> None:
+    items, view = _one_gpu()
+    both = (Placement("t0", "a", 0), Placement("t1", "a", 0))
+    plans: dict[str, object] = {
+        "over": Plan(both, (), 0.0, 40000),
+        "twice": Plan((Placement("t0", "a", 0), Placement("t0", "a", 0)), ("t1",), 0.0, 40000),
+        "gpu": Plan((Placement("t0", "a", 7),), ("t1",), 0.0, 20000),
+        "bool_index": Plan((Placement("t0", "a", False),), ("t1",), 0.0, 20000),  # type: ignore[arg-type]
+        "objective": Plan((Placement("t0", "a", 0),), ("t1",), 0.0, 20000.0),  # type: ignore[arg-type]
+        "time": Plan((Placement("t0", "a", 0),), ("t1",), float("nan"), 20000),
+        "missing": Plan((Placement("t0", "a", 0),), (), 0.0, 20000),
+        "not_a_plan": {"placements": []},
+    }
+    with pytest.raises(PlanError):
+        check_plan(items, view, plans[bad])  # type: ignore[arg-type]
+    check_plan(items, view, Plan((Placement("t0", "a", 0),), ("t1",), 0.0, 20000))
+
+
+def test_plans_are_checked_under_python_O_too() -> None:
+    # `python -O` strips asserts: the production check must not be one.
+    code = textwrap.dedent("""
+        from hypersack.policies import ClusterView, GpuBin, Item, Need, NodeBin, Placement, Plan
+        from hypersack.policies.base import PlanError, check_plan
+        assert False, "asserts are on"  # stripped under -O: the check below must still run
+        items = [Item(f"t{i}", {"A100": Need(20000, 1000, 1000)}) for i in range(2)]
+        g = GpuBin("a", 0, "A100", 30000, 40000, 30000, 40000)
+        view = ClusterView((NodeBin("a", 8000, (g,), 8000),))
+        plan = Plan((Placement("t0", "a", 0), Placement("t1", "a", 0)), (), 0.0, 40000)
+        try:
+            check_plan(items, view, plan)
+        except PlanError as exc:
+            print("refused:", exc)
+        """)
+    out = subprocess.run([sys.executable, "-O", "-c", code], capture_output=True, text=True,
+                         timeout=60, check=True)
+    assert "refused: GPU a:0 over its scaled compute" in out.stdout
+
+
+def test_a_policy_whose_plan_breaks_a_capacity_launches_nothing(
+        monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    # A user's policy that puts every trial on the first GPU, whatever it holds: the
+    # orchestrator checks the plan before any launch, launches none of it, says which
+    # policy broke what, and schedules again once the policy is fixed.
+
+    class Greedy:
+        name = "all-on-one"
+        broken = True
+
+        def place(self, items: list[Item], cluster: ClusterView) -> Plan:
+            if not Greedy.broken:
+                return make_policy("ff").place(items, cluster)
+            g = cluster.nodes[0].gpus[0]
+            return Plan(tuple(Placement(it.id, g.node, g.index) for it in items), (), 0.0,
+                        sum(it.value for it in items))
+
+    monkeypatch.setattr(registry, "_REGISTRY", dict(registry._REGISTRY))
+    register_policy("all-on-one", Greedy)
+    store = MemoryStore()
+    store.put_profile(Profile(key=WorkloadKey(model="resnet18", batch_size=64), arch="A100",
+                              demand=Demand(compute_pct=60.0, memory_mib=1000, cores=1),
+                              iter_time_s=0.1, iters_per_epoch=100))
+    clock = ManualClock(100.0)
+    orch = Orchestrator(store, clock, OrchestratorConfig(policy="all-on-one"))
+    orch.handle(NodeJoined(parse_shorthand("1x2xA100-80GB").nodes[0]))
+    space = parse_space({"name": "t", "models": ["resnet18"],
+                         "hyperparameters": {"batch_size": [64], "lr": [0.1, 0.2, 0.3]},
+                         "settings": {"oversubscription": {"A100": 1.0}, "fusion": "off"}})
+    with caplog.at_level("ERROR"):
+        cmds = orch.handle(StudySubmitted(space))
+    assert not [c for c in cmds if isinstance(c, LaunchTrial)]
+    assert "policy 'all-on-one' returned a plan" in caplog.text
+    assert "over its scaled compute" in caplog.text
+    assert "Traceback" not in caplog.text
+    Greedy.broken = False
+    clock.advance(1.0)
+    cmds = orch.handle(Tick())
+    assert len([c for c in cmds if isinstance(c, LaunchTrial)]) == 2  # one per GPU
