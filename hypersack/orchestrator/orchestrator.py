@@ -370,7 +370,7 @@ class Orchestrator:
         if not open_nodes:
             out.append("no node is connected and open: start an agent, or undrain a node")
             return out
-        archs = frozenset(g.arch for n in open_nodes for g in n.gpus.values())
+        archs = frozenset().union(*[n.archs() for n in open_nodes])
         needs = self._needs(t, archs)
         for arch in sorted(archs - set(needs)):
             failed = self._profile_failed.get((t.key, arch))
@@ -1409,7 +1409,7 @@ class Orchestrator:
         self._decide_again = False
         commands: list[Command] = []
         open_nodes = self._cluster.open_nodes()
-        archs = frozenset(g.arch for n in open_nodes for g in n.gpus.values())
+        archs = frozenset().union(*[n.archs() for n in open_nodes])
         active = [s for s in self.studies() if s.state == StudyState.ACTIVE]
         if open_nodes:
             self._ask(active, open_nodes, archs)

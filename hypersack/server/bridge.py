@@ -157,6 +157,34 @@ def offloaded(servicer: object, service: ServiceDescriptor, pool: futures.Execut
     return SimpleNamespace(**methods)
 
 
+class Waker:
+    """Runs callbacks on an event loop from other threads, with one wake-up of the loop
+    (a write to its self-pipe) for all the callbacks asked for before it runs, however
+    many streams they are for: the event worker's decision may queue launches for tens of
+    agents at once."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self._loop = loop
+        self._lock = threading.Lock()
+        self._due: list[Callable[[], None]] = []
+
+    def call(self, callback: Callable[[], None]) -> None:
+        with self._lock:
+            self._due.append(callback)
+            if len(self._due) > 1:
+                return  # the loop is already asked to run what is due
+        try:
+            self._loop.call_soon_threadsafe(self._run)
+        except RuntimeError:
+            pass  # the loop is closed: the server stopped
+
+    def _run(self) -> None:
+        with self._lock:
+            due, self._due = self._due, []
+        for callback in due:
+            callback()
+
+
 class LoopThread:
     """An asyncio event loop running in a daemon thread; `run` waits for a coroutine on
     it from any other thread."""

@@ -28,7 +28,7 @@ from hypersack.core.errors import (
 from hypersack.core.types import StudyRecord, TokenRecord, UserRecord
 from hypersack.sampler.profiles import reject_repeats
 from hypersack.server.auth import Authenticator, Principal, bearer
-from hypersack.server.bridge import Aborted
+from hypersack.server.bridge import Aborted, Waker
 from hypersack.server.service import AgentSession, SchedulerService, Snapshot
 from hypersack.wire.convert import profile_from_pb, profile_to_pb, study_to_pb, trial_to_pb
 from hypersack.wire.tls import Identity, identity_of
@@ -336,6 +336,7 @@ class AgentLinkServicer(pb_grpc.AgentLinkServicer):
         self._auth = auth
         self._tls = tls
         self._pool = pool  # for what takes the service's lock
+        self._waker: Waker | None = None
 
     async def Connect(self, request_iterator: AsyncIterator[pb.AgentMessage],
                       context: grpc.aio.ServicerContext[Any, Any]
@@ -370,9 +371,13 @@ class AgentLinkServicer(pb_grpc.AgentLinkServicer):
                 log.warning("refused an agent from %s: %s", context.peer(), exc)
             await context.abort(status_of(exc), str(exc))
         wake = asyncio.Event()
-        # One wake-up of the loop per batch of messages, not one per message: each costs
-        # the sending thread a write to the loop's self-pipe.
+        # One wake-up of the loop per batch of messages, for all the streams the batch
+        # writes to, not one per message: each costs the sending thread a write to the
+        # loop's self-pipe.
         scheduled = threading.Event()
+        if self._waker is None:
+            self._waker = Waker(loop)  # every stream is served on the one loop
+        waker = self._waker
 
         def fire() -> None:
             scheduled.clear()
@@ -382,10 +387,7 @@ class AgentLinkServicer(pb_grpc.AgentLinkServicer):
             if scheduled.is_set():
                 return
             scheduled.set()
-            try:
-                loop.call_soon_threadsafe(fire)
-            except RuntimeError:
-                pass  # the loop is closed: the server stopped
+            waker.call(fire)
         session.on_send = woken
         reader = asyncio.create_task(self._read(session, request_iterator, wake))
         try:

@@ -3,6 +3,8 @@ raw agent stream that sends exactly the messages a test wants."""
 
 from __future__ import annotations
 
+import asyncio
+import functools
 import json
 import queue
 import threading
@@ -19,6 +21,7 @@ from hypersack._proto.v1 import hypersack_pb2_grpc as pb_grpc
 from hypersack.cli.client import Client
 from hypersack.core.errors import InvalidInput, NotFound
 from hypersack.server.app import HyperSackServer
+from hypersack.server.bridge import LoopThread, Waker
 from hypersack.wire.settings import ServerSettings
 from tests.conftest import EXAMPLES
 
@@ -222,6 +225,42 @@ def _wait(check: object, timeout_s: float = 10) -> None:
             return
         time.sleep(0.05)
     raise AssertionError("timed out")
+
+
+def test_one_wake_up_of_the_loop_for_many_streams() -> None:
+    # A decision that queues launches for 50 agents wakes the event loop once (one write
+    # to its self-pipe), not once per agent stream; every stream's callback still runs,
+    # and callbacks asked for after that wake-up ran get one of their own.
+    loop_thread = LoopThread("test-loop")
+    try:
+        loop = loop_thread.run(_running_loop())
+        writes = 0
+        original = loop.call_soon_threadsafe
+
+        def counted(*args: object) -> object:
+            nonlocal writes
+            writes += 1
+            return original(*args)  # type: ignore[arg-type]
+        loop.call_soon_threadsafe = counted  # type: ignore[method-assign,assignment]
+        waker = Waker(loop)
+        ran: list[int] = []
+        blocker = threading.Event()
+        loop.call_soon_threadsafe(blocker.wait, 10)  # hold the loop while 50 are asked for
+        for i in range(50):
+            waker.call(functools.partial(ran.append, i))
+        blocker.set()
+        loop_thread.run(_running_loop())  # the loop ran what was due before this
+        assert sorted(ran) == list(range(50))
+        assert writes == 1 + 1 + 1  # the blocker, the 50 streams, the barrier
+        waker.call(lambda: ran.append(50))
+        loop_thread.run(_running_loop())
+        assert ran[-1] == 50 and writes == 5
+    finally:
+        loop_thread.close()
+
+
+async def _running_loop() -> asyncio.AbstractEventLoop:
+    return asyncio.get_running_loop()
 
 
 def test_agent_streams_hold_no_server_thread_each(server: HyperSackServer) -> None:
