@@ -369,6 +369,10 @@ def check_plan(items: Sequence[Item], cluster: ClusterView, plan: Plan) -> None:
         raise PlanError("unplaced item ids must be strings")
     if type(plan.objective) is not int:
         raise PlanError(f"objective {plan.objective!r} is not an integer")
+    if plan.bound is not None and type(plan.bound) is not int:
+        raise PlanError(f"bound {plan.bound!r} is not an integer")
+    if not isinstance(plan.status, str):
+        raise PlanError(f"status {plan.status!r} is not a string")
     t = plan.solve_time_s
     if not (isinstance(t, (int, float)) and not isinstance(t, bool) and math.isfinite(t)
             and t >= 0):

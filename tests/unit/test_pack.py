@@ -389,7 +389,7 @@ def _one_gpu() -> tuple[list[Item], ClusterView]:
 
 
 @pytest.mark.parametrize("bad", ["over", "twice", "gpu", "bool_index", "objective",
-                                 "time", "missing", "not_a_plan"])
+                                 "time", "bound", "missing", "not_a_plan"])
 def test_a_plan_that_breaks_an_invariant_is_refused_by_name(bad: str) -> None:
     items, view = _one_gpu()
     both = (Placement("t0", "a", 0), Placement("t1", "a", 0))
@@ -400,6 +400,7 @@ def test_a_plan_that_breaks_an_invariant_is_refused_by_name(bad: str) -> None:
         "bool_index": Plan((Placement("t0", "a", False),), ("t1",), 0.0, 20000),  # type: ignore[arg-type]
         "objective": Plan((Placement("t0", "a", 0),), ("t1",), 0.0, 20000.0),  # type: ignore[arg-type]
         "time": Plan((Placement("t0", "a", 0),), ("t1",), float("nan"), 20000),
+        "bound": Plan((Placement("t0", "a", 0),), ("t1",), 0.0, 20000, bound=float("inf")),  # type: ignore[arg-type]
         "missing": Plan((Placement("t0", "a", 0),), (), 0.0, 20000),
         "not_a_plan": {"placements": []},
     }
