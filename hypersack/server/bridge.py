@@ -161,16 +161,18 @@ class Waker:
     """Runs callbacks on an event loop from other threads, with one wake-up of the loop
     (a write to its self-pipe) for all the callbacks asked for before it runs, however
     many streams they are for: the event worker's decision may queue launches for tens of
-    agents at once."""
+    agents at once. A callback asked for again before it ran runs once."""
 
     def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
         self._loop = loop
         self._lock = threading.Lock()
-        self._due: list[Callable[[], None]] = []
+        self._due: dict[Callable[[], None], None] = {}  # in the order asked for
 
     def call(self, callback: Callable[[], None]) -> None:
         with self._lock:
-            self._due.append(callback)
+            if callback in self._due:
+                return
+            self._due[callback] = None
             if len(self._due) > 1:
                 return  # the loop is already asked to run what is due
         try:
@@ -180,7 +182,7 @@ class Waker:
 
     def _run(self) -> None:
         with self._lock:
-            due, self._due = self._due, []
+            due, self._due = self._due, {}
         for callback in due:
             callback()
 

@@ -6,10 +6,9 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-import threading
 from collections.abc import AsyncIterator, Callable, Iterator
 from concurrent import futures
-from functools import wraps
+from functools import partial, wraps
 from typing import Any, TypeVar
 
 import grpc
@@ -374,21 +373,9 @@ class AgentLinkServicer(pb_grpc.AgentLinkServicer):
         # One wake-up of the loop per batch of messages, for all the streams the batch
         # writes to, not one per message: each costs the sending thread a write to the
         # loop's self-pipe.
-        scheduled = threading.Event()
         if self._waker is None:
             self._waker = Waker(loop)  # every stream is served on the one loop
-        waker = self._waker
-
-        def fire() -> None:
-            scheduled.clear()
-            wake.set()
-
-        def woken() -> None:
-            if scheduled.is_set():
-                return
-            scheduled.set()
-            waker.call(fire)
-        session.on_send = woken
+        session.on_send = partial(self._waker.call, wake.set)
         reader = asyncio.create_task(self._read(session, request_iterator, wake))
         try:
             while True:

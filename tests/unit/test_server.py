@@ -255,6 +255,15 @@ def test_one_wake_up_of_the_loop_for_many_streams() -> None:
         waker.call(lambda: ran.append(50))
         loop_thread.run(_running_loop())
         assert ran[-1] == 50 and writes == 5
+        # A stream's writer asked to wake twice before the loop ran wakes once.
+        again = functools.partial(ran.append, 51)
+        blocker.clear()
+        loop.call_soon_threadsafe(blocker.wait, 10)
+        waker.call(again)
+        waker.call(again)
+        blocker.set()
+        loop_thread.run(_running_loop())
+        assert ran.count(51) == 1 and writes == 8
     finally:
         loop_thread.close()
 
