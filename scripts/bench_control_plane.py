@@ -284,6 +284,12 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
+def cpu_seconds(proc: psutil.Process) -> float:
+    """The process's CPU time so far, user and system."""
+    cpu = proc.cpu_times()
+    return float(cpu.user + cpu.system)
+
+
 def run_once(args: argparse.Namespace, secured: bool) -> dict[str, object]:
 
     tmp = Path(tempfile.mkdtemp(prefix="hs-bench-"))
@@ -365,8 +371,7 @@ def run_once(args: argparse.Namespace, secured: bool) -> dict[str, object]:
             threading.Thread(target=beat, daemon=True).start()
         connect_s = time.monotonic() - t0
         t_submit = time.monotonic()
-        cpu = proc.cpu_times()
-        cpu_at_submit = cpu.user + cpu.system
+        cpu_at_submit = cpu_seconds(proc)
         study = client.submit(SPACE.format(
             trials=args.trials,
             models="[shufflenet, mobilenet_v2, vit_tiny, deit_tiny, resnet18, resnet34]"
@@ -389,8 +394,7 @@ def run_once(args: argparse.Namespace, secured: bool) -> dict[str, object]:
                 break
             time.sleep(0.5)
         wall = time.monotonic() - t_submit
-        cpu = proc.cpu_times()
-        cpu_s = cpu.user + cpu.system - cpu_at_submit
+        cpu_s = cpu_seconds(proc) - cpu_at_submit
         stop.set()
         for w in workers:
             out, _ = w.communicate(timeout=60)  # closes its stdin: it reports and exits

@@ -2138,8 +2138,7 @@ def _freed(view: ClusterView, victims: Mapping[str, TrialRecord]) -> ClusterView
 
 
 def _victim(node: Node, gpu: Gpu, gpu_short: bool, victims: Mapping[str, TrialRecord],
-            priority: Mapping[str, int], taken: AbstractSet[str] = frozenset()
-            ) -> TrialRecord | None:
+            priority: Mapping[str, int], taken: AbstractSet[str]) -> TrialRecord | None:
     """The next trial to stop for a need to fit on `gpu`, among the victims not `taken`
     yet: on that GPU while the GPU is short, anywhere on the node while only its cores
     are; lowest priority first, then the latest started."""
