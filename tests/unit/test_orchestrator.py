@@ -34,6 +34,8 @@ from hypersack.orchestrator import (
     TrialProgress,
     TrialStarted,
 )
+from hypersack.policies import ClusterView, Item, Placement, Plan, make_policy, register_policy
+from hypersack.policies import registry as policy_registry
 from hypersack.store import MemoryStore, SqliteStore, Store
 
 
@@ -335,3 +337,35 @@ def test_the_pending_scan_stops_early_and_passes_the_same_trials(shorthand: str)
     assert [it.id for it in early] == [it.id for it in full]
     assert [(it.needs, it.run_time_s) for it in early] == [(it.needs, it.run_time_s)
                                                            for it in full]
+
+
+def test_a_policy_whose_plan_breaks_a_capacity_launches_nothing(
+        monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    # A user's policy that puts every trial on the first GPU, whatever it holds: the
+    # orchestrator checks the plan before any launch, launches none of it, says which
+    # policy broke what, and schedules again once the policy is fixed.
+
+    class Greedy:
+        name = "all-on-one"
+        broken = True
+
+        def place(self, items: list[Item], cluster: ClusterView) -> Plan:
+            if not Greedy.broken:
+                return make_policy("ff").place(items, cluster)
+            g = cluster.nodes[0].gpus[0]
+            return Plan(tuple(Placement(it.id, g.node, g.index) for it in items), (), 0.0,
+                        sum(it.value for it in items))
+
+    monkeypatch.setattr(policy_registry, "_REGISTRY", dict(policy_registry._REGISTRY))
+    register_policy("all-on-one", Greedy)
+    orch, _, clock = make(profiles=[prof("resnet18", 64, compute=60.0)], policy="all-on-one")
+    orch.handle(NodeJoined(parse_shorthand("1x2xA100-80GB").nodes[0]))
+    with caplog.at_level("ERROR"):
+        cmds = orch.handle(StudySubmitted(space(n_lr=3)))
+    assert not launches(cmds)
+    assert "policy 'all-on-one' returned a plan" in caplog.text
+    assert "over its scaled compute" in caplog.text
+    assert "Traceback" not in caplog.text
+    Greedy.broken = False
+    clock.advance(1.0)
+    assert len(launches(orch.handle(Tick()))) == 2  # one per GPU

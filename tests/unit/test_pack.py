@@ -14,19 +14,7 @@ from typing import Any
 
 import pytest
 
-from hypersack.core.clock import ManualClock
-from hypersack.core.cluster import parse_shorthand
 from hypersack.core.errors import InvalidInput, UnknownName
-from hypersack.core.types import Demand, Profile, WorkloadKey
-from hypersack.grid.space import parse_space
-from hypersack.orchestrator import (
-    LaunchTrial,
-    NodeJoined,
-    Orchestrator,
-    OrchestratorConfig,
-    StudySubmitted,
-    Tick,
-)
 from hypersack.policies import (
     ClusterView,
     GpuBin,
@@ -41,7 +29,6 @@ from hypersack.policies import (
     registry,
 )
 from hypersack.policies.base import PlanError, check_plan
-from hypersack.store import MemoryStore
 
 
 def node(name: str, cores: int, *gpus: GpuBin) -> NodeBin:
@@ -427,44 +414,3 @@ def test_plans_are_checked_under_python_O_too() -> None:
     out = subprocess.run([sys.executable, "-O", "-c", code], capture_output=True, text=True,
                          timeout=60, check=True)
     assert "refused: GPU a:0 over its scaled compute" in out.stdout
-
-
-def test_a_policy_whose_plan_breaks_a_capacity_launches_nothing(
-        monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
-    # A user's policy that puts every trial on the first GPU, whatever it holds: the
-    # orchestrator checks the plan before any launch, launches none of it, says which
-    # policy broke what, and schedules again once the policy is fixed.
-
-    class Greedy:
-        name = "all-on-one"
-        broken = True
-
-        def place(self, items: list[Item], cluster: ClusterView) -> Plan:
-            if not Greedy.broken:
-                return make_policy("ff").place(items, cluster)
-            g = cluster.nodes[0].gpus[0]
-            return Plan(tuple(Placement(it.id, g.node, g.index) for it in items), (), 0.0,
-                        sum(it.value for it in items))
-
-    monkeypatch.setattr(registry, "_REGISTRY", dict(registry._REGISTRY))
-    register_policy("all-on-one", Greedy)
-    store = MemoryStore()
-    store.put_profile(Profile(key=WorkloadKey(model="resnet18", batch_size=64), arch="A100",
-                              demand=Demand(compute_pct=60.0, memory_mib=1000, cores=1),
-                              iter_time_s=0.1, iters_per_epoch=100))
-    clock = ManualClock(100.0)
-    orch = Orchestrator(store, clock, OrchestratorConfig(policy="all-on-one"))
-    orch.handle(NodeJoined(parse_shorthand("1x2xA100-80GB").nodes[0]))
-    space = parse_space({"name": "t", "models": ["resnet18"],
-                         "hyperparameters": {"batch_size": [64], "lr": [0.1, 0.2, 0.3]},
-                         "settings": {"oversubscription": {"A100": 1.0}, "fusion": "off"}})
-    with caplog.at_level("ERROR"):
-        cmds = orch.handle(StudySubmitted(space))
-    assert not [c for c in cmds if isinstance(c, LaunchTrial)]
-    assert "policy 'all-on-one' returned a plan" in caplog.text
-    assert "over its scaled compute" in caplog.text
-    assert "Traceback" not in caplog.text
-    Greedy.broken = False
-    clock.advance(1.0)
-    cmds = orch.handle(Tick())
-    assert len([c for c in cmds if isinstance(c, LaunchTrial)]) == 2  # one per GPU
