@@ -41,5 +41,18 @@ class Overloaded(HyperSackError):
     """A bounded resource (watches, agent sessions) is full; try again later."""
 
 
+STORE_UNAVAILABLE = "the server's database is unavailable"  # how its message begins
+
+
+class StoreUnavailable(HyperSackError):
+    """The store cannot be written (a read-only file, a full disk, an I/O error): what was
+    being done was undone whole, and can be tried again once the store works."""
+
+    def __init__(self, detail: str) -> None:
+        super().__init__(f"{STORE_UNAVAILABLE} ({detail}); nothing was "
+                         "changed: try again once it works")
+        self.detail = detail
+
+
 class StaleEvent(HyperSackError):
     """An event names a trial or node that does not hold what the event claims."""

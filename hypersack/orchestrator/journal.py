@@ -3,17 +3,25 @@ changes nothing: the store rolls back its savepoint, the journal rolls back memo
 
 Dictionaries are `JournaledDict`s that record the old value of every key they change
 while the journal is open; mutable objects (a node's allocation) are saved whole the
-first time they are touched after a mark. Rolling back to a mark replays the records
-backwards. The cost is proportional to what an event changed, never to the state's size.
+first time they are touched after a mark; a `JournaledLog` records its appends. Rolling
+back to a mark replays the records backwards. The cost is proportional to what an event
+changed, never to the state's size.
+
+Everything else the core keeps is a cache, and a cache registers with `on_rollback` how it
+is invalidated: after any rollback, every registered invalidation runs, so no cache can
+outlive the state it was computed from (a trial id that an undone submission handed out
+comes back with other parameters; a study id with another space).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
-from typing import Any, Protocol, TypeVar
+from collections import deque
+from collections.abc import Callable, Iterable, Iterator
+from typing import Any, Generic, Protocol, TypeVar
 
 K = TypeVar("K")
 V = TypeVar("V")
+T = TypeVar("T")
 
 _MISSING: Any = object()
 
@@ -28,7 +36,13 @@ class Journal:
     def __init__(self) -> None:
         self._entries: list[tuple[Any, Any, Any]] = []
         self._touched: set[int] = set()
+        self._invalidations: list[Callable[[], None]] = []
         self.open = False
+        self.rollbacks = 0  # how many rollbacks ran (for tests and logs)
+
+    def on_rollback(self, invalidate: Callable[[], None]) -> None:
+        """Register a cache's invalidation: it runs after every rollback."""
+        self._invalidations.append(invalidate)
 
     def begin(self) -> None:
         self._entries.clear()
@@ -57,6 +71,9 @@ class Journal:
             else:
                 target.restore(old)
         self._touched.clear()
+        self.rollbacks += 1
+        for invalidate in self._invalidations:
+            invalidate()
 
     def record(self, target: Any, key: Any, old: Any) -> None:
         self._entries.append((target, key, old))
@@ -119,3 +136,43 @@ def journaled(journal: Journal, items: Iterable[tuple[K, V]] = ()) -> JournaledD
     for k, v in items:
         dict.__setitem__(d, k, v)
     return d
+
+
+class JournaledLog(Generic[T]):
+    """The latest `maxlen` entries of an append-only log, with how many were ever added
+    and the sum of a number over them; the journal undoes appends (a decision that was
+    undone is neither kept nor counted)."""
+
+    def __init__(self, journal: Journal, maxlen: int,
+                 weight: Callable[[T], float] = lambda _: 0.0) -> None:
+        self._journal = journal
+        self._recent: deque[T] = deque(maxlen=max(1, maxlen))
+        self._weight = weight
+        self.count = 0
+        self.total = 0.0
+
+    def append(self, entry: T) -> None:
+        full = len(self._recent) == self._recent.maxlen
+        dropped = self._recent[0] if full else _MISSING
+        if self._journal.open:
+            self._journal.record(self, None, dropped)
+        self._recent.append(entry)
+        self.count += 1
+        self.total += self._weight(entry)
+
+    def restore(self, dropped: Any) -> None:
+        """Undo the last append (`dropped`: the oldest entry it pushed out, if any)."""
+        entry = self._recent.pop()
+        if dropped is not _MISSING:
+            self._recent.appendleft(dropped)
+        self.count -= 1
+        self.total -= self._weight(entry)
+
+    def __iter__(self) -> Iterator[T]:
+        return iter(self._recent)
+
+    def __len__(self) -> int:
+        return len(self._recent)
+
+    def __getitem__(self, i: int) -> T:
+        return self._recent[i]

@@ -10,7 +10,6 @@ from __future__ import annotations
 import logging
 import math
 import time
-from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from collections.abc import Set as AbstractSet
 from contextlib import contextmanager
@@ -18,7 +17,13 @@ from dataclasses import dataclass, field, replace
 from typing import Any, TypeVar
 
 from hypersack.core.clock import Clock
-from hypersack.core.errors import HyperSackError, InvalidInput, NotFound, StaleEvent
+from hypersack.core.errors import (
+    HyperSackError,
+    InvalidInput,
+    NotFound,
+    StaleEvent,
+    StoreUnavailable,
+)
 from hypersack.core.types import (
     MAX_RUNG_VALUES,
     Demand,
@@ -46,6 +51,7 @@ from hypersack.orchestrator.commands import (
     LaunchTrial,
     ProfileWorkload,
 )
+from hypersack.orchestrator.cycle import CycleState
 from hypersack.orchestrator.events import (
     Event,
     Heartbeat,
@@ -68,7 +74,7 @@ from hypersack.orchestrator.events import (
     TrialStarted,
     Wake,
 )
-from hypersack.orchestrator.journal import Journal, JournaledDict, journaled
+from hypersack.orchestrator.journal import Journal, JournaledDict, JournaledLog, journaled
 from hypersack.orchestrator.outcomes import divergence, missing_objective
 from hypersack.orchestrator.retries import after_failure, after_out_of_memory
 from hypersack.policies.base import (
@@ -191,8 +197,11 @@ class Orchestrator:
         # `_plain_items` stops scanning once every group waiting has passed what could fit.
         self._pending_groups: dict[str, JournaledDict[tuple[int, int | None, float], int]] = \
             journaled(j)
-        self._place: dict[str, int] = {}  # trial id -> its place in its study
-        self._key_numbers: dict[WorkloadKey, int] = {}  # caches: never undone, never wrong
+        self._place: dict[str, int] = journaled(j)  # trial id -> its place in its study
+        # Caches. A small number per workload key (append-only: a key keeps its number, so
+        # the journaled group counts stay valid), and each trial's, invalidated by any
+        # rollback (an undone submission's trial ids come back with other keys).
+        self._key_numbers: dict[WorkloadKey, int] = {}
         self._key_of_trial: dict[str, int] = {}
         self._cluster = ClusterState(j, self.config.ratio, self.config.exclusive)
         self._profiles: dict[Slot, Profile] = journaled(j)
@@ -210,7 +219,7 @@ class Orchestrator:
         self._drops: list[tuple[str, str]] = []
         # Studies with an Optuna search: their Optuna study, saved whole by the journal
         # (an undone event leaves it stale, and it is rebuilt from the trial records).
-        self._searches: dict[str, OptunaSearch] = {}
+        self._searches: dict[str, OptunaSearch] = journaled(j)
         # Caches: each bracket's rungs (never wrong), and per study the rankings at each
         # (bracket, rung), built from the trial records when first needed and dropped
         # whenever an event is undone.
@@ -223,9 +232,10 @@ class Orchestrator:
                                 dict[str, Need]] = {}
         self._dirty: set[str] = set()
         self._dirty_studies: set[str] = set()
-        self.decisions: deque[Decision] = deque(maxlen=self.config.decision_log)
-        self.decision_count = 0
-        self.decision_time_s = 0.0
+        # The recent policy runs, how many there were and their solve time: an undone
+        # decision is neither kept nor counted (`plan` and /metrics read them as fact).
+        self.decisions: JournaledLog[Decision] = JournaledLog(
+            j, self.config.decision_log, lambda d: d.solve_time_s)
         self._deferred = False
         self._schedule_wanted = False
         # Profile bookkeeping scans every waiting trial: it runs only after something
@@ -234,6 +244,7 @@ class Orchestrator:
         self._profiling_dirty = True
         self._profiling_waiting = False
         self._decide_again = False  # a decision failed: the next tick tries again
+        j.on_rollback(self._forget_caches)
         # Event dispatch: one handler per event type.
         self._handlers: dict[type, Callable[[Any], list[Command]]] = dict([
             _handler(TrialProgress, self._on_progress),
@@ -256,6 +267,22 @@ class Orchestrator:
             _handler(Wake, self._on_wake),
         ])
         self._restore()
+
+    def _forget_caches(self) -> None:
+        """Every cache derived from journaled state, invalidated after a rollback."""
+        self._key_of_trial.clear()
+        self._needs_cache.clear()  # it may hold needs of a profile that was undone
+        self._rankings.clear()  # they may hold a rung value that was undone
+        self._ladders.clear()  # a study id may come back with another space
+        self._profiling_dirty = True  # what was planned may have been undone
+
+    @property
+    def decision_count(self) -> int:
+        return self.decisions.count
+
+    @property
+    def decision_time_s(self) -> float:
+        return self.decisions.total
 
     # ----------------------------------------------------------------- restore
     def _restore(self) -> None:
@@ -339,6 +366,33 @@ class Orchestrator:
         if gpu is None:
             raise NotFound(f"no GPU {node}:{gpu_index}")
         return gpu.used_compute, gpu.used_memory, len(gpu.trials)
+
+    def gpu_trials(self, node: str, gpu_index: int) -> frozenset[str]:
+        """The trials a GPU holds."""
+        gpu = self._cluster.gpu(node, gpu_index)
+        if gpu is None:
+            raise NotFound(f"no GPU {node}:{gpu_index}")
+        return frozenset(gpu.trials)
+
+    def decision_inputs(self) -> dict[str, Any]:
+        """What the next decision reads, comparable between two orchestrators (a live one
+        and one rebuilt from its store): each active study's waiting trials in order with
+        their needs, its pending counts per workload group, and the cluster's free
+        capacity as the policies see it."""
+        open_nodes = self._cluster.open_nodes()
+        archs = frozenset().union(*[n.archs() for n in open_nodes])
+        key_of = {number: key for key, number in self._key_numbers.items()}
+        out: dict[str, Any] = {"view": self._cluster.view(open_nodes, {})}
+        for s in self.studies():
+            if s.state != StudyState.ACTIVE:
+                continue
+            pending = [(t.id, t.state, sorted(self._needs(t, archs).items()))
+                       for t in self._pending_of(s.id)]
+            counts = {(key_of[number].label(), override, segment): n
+                      for (number, override, segment), n in
+                      (self._pending_groups.get(s.id) or {}).items()}
+            out[s.id] = (pending, counts)
+        return out
 
     def gpu_load(self) -> dict[tuple[str, int], tuple[int, float]]:
         """(node, GPU index) -> (trials running, scaled-compute share used, 0..1)."""
@@ -497,7 +551,9 @@ class Orchestrator:
         of the journal: one whose handling raises is refused and undone, in memory and in
         the store, and the others go on. A decision that raises is undone the same way
         (the next event or tick decides again). If the store itself fails, the whole batch
-        is undone and the error raised."""
+        is undone and StoreUnavailable raised: a failure of the store at any point (an
+        event's savepoint too) is no event's fault, and refuses none of them, so that
+        their senders can give them again."""
         result = BatchResult()
         self._journal.begin()
         try:
@@ -511,13 +567,13 @@ class Orchestrator:
                 if self._schedule_wanted:
                     self._guarded(None, result)
                 self._flush()
-        except BaseException:
+        except BaseException as exc:
             self._journal.rollback_to(0)
-            self._profiling_dirty = self._decide_again = True
-            self._needs_cache.clear()
-            self._rankings.clear()
+            self._decide_again = True
             self._dirty.clear()
             self._dirty_studies.clear()
+            if self._store.failed(exc) and not isinstance(exc, StoreUnavailable):
+                raise StoreUnavailable(str(exc)[:300]) from exc
             raise
         finally:
             self._journal.end()
@@ -533,9 +589,6 @@ class Orchestrator:
                 yield
         except BaseException:
             self._journal.rollback_to(mark)
-            self._profiling_dirty = True
-            self._needs_cache.clear()  # it may hold needs of a profile that was undone
-            self._rankings.clear()  # they may hold a rung value that was undone
             raise
 
     def _guarded(self, event: Event | None, result: BatchResult) -> None:
@@ -546,6 +599,8 @@ class Orchestrator:
         except StaleEvent as exc:
             result.stale.append(exc)
         except Exception as exc:
+            if self._store.failed(exc):
+                raise  # the whole batch is undone: see handle_batch
             what = "a decision" if event is None else _short(repr(event))
             if isinstance(exc, HyperSackError):
                 log.warning("refused %s: %s", what, exc)
@@ -1419,13 +1474,13 @@ class Orchestrator:
         if not active or not open_nodes:
             return commands
         claims, quotas = self._claims(active)
+        cycle = CycleState(claims, quotas)
         capacity = float(sum(len(n.gpus) for n in open_nodes))
         above = 0.0  # what studies of higher priority hold
-        reserved: dict[tuple[str, int], str] = {}  # GPU -> the study it drains for
+        reserved = cycle.reserved
 
         def decide(c: shares.Claim, room: float | None) -> bool:
-            return self._decide_guarded(c, open_nodes, archs, room, quotas, commands,
-                                        {g for g, sid in reserved.items() if sid != c.study_id})
+            return self._decide_guarded(c, open_nodes, archs, room, cycle, commands)
 
         for level in shares.levels(claims):
             fair = shares.targets(level, capacity - above, self._user_weight)
@@ -1450,7 +1505,7 @@ class Orchestrator:
                 if c.pending:
                     decide(c, None)
             above += sum(c.used for c in level)
-        commands += self._preempt(claims, open_nodes, archs, quotas)
+        commands += self._preempt(cycle, open_nodes, archs)
         return commands
 
     def _reserve(self, claim: shares.Claim, budget: float, open_nodes: list[Node],
@@ -1531,19 +1586,19 @@ class Orchestrator:
         return list(claims.values()), quotas
 
     def _decide_guarded(self, claim: shares.Claim, open_nodes: list[Node],
-                        archs: frozenset[str], room: float | None,
-                        quotas: dict[str, shares.Quota], commands: list[Command],
-                        closed: set[tuple[str, int]]) -> bool:
-        """One study's decision; one study's failed decision is undone and leaves the
-        others to theirs. True when its share (`room`) stopped it short."""
-        quota = quotas[claim.user]
-        saved = (claim.used, claim.pending, quota.compute, quota.gpus, set(quota.held))
+                        archs: frozenset[str], room: float | None, cycle: CycleState,
+                        commands: list[Command]) -> bool:
+        """One study's decision; one study's failed decision is undone (in memory, in the
+        store and in the cycle) and leaves the others to theirs. True when its share
+        (`room`) stopped it short."""
+        closed = cycle.closed_to(claim.study_id)
         try:
-            with self._undone_if_raises():
-                out, cut = self._decide(claim, open_nodes, archs, room, quota, closed)
+            with cycle.attempt(claim) as (mine, quota), self._undone_if_raises():
+                out, cut = self._decide(mine, open_nodes, archs, room, quota, closed)
         except Exception as exc:
+            if self._store.failed(exc):
+                raise
             self._decide_again = True
-            claim.used, claim.pending, quota.compute, quota.gpus, quota.held = saved
             if isinstance(exc, PlanError):  # a policy's bug (a plug-in's, say), not ours
                 log.error("policy %r returned a plan for study %s that breaks an invariant "
                           "(%s); nothing of it was launched, and the decision is tried "
@@ -1583,8 +1638,6 @@ class Orchestrator:
         while batch:
             plan = policy.place(batch, view)
             check_plan(batch, view, plan)  # no plan over a capacity is ever launched
-            self.decision_count += 1
-            self.decision_time_s += plan.solve_time_s
             self.decisions.append(Decision(self._clock.now(), claim.study_id, policy.name,
                                            len(batch), len(plan.placements),
                                            plan.solve_time_s, plan, view, tuple(batch)))
@@ -1634,13 +1687,13 @@ class Orchestrator:
         return commands, cut
 
     # ----------------------------------------------------------------- preemption
-    def _preempt(self, claims: list[shares.Claim], open_nodes: list[Node],
-                 archs: frozenset[str], quotas: dict[str, shares.Quota]) -> list[Command]:
+    def _preempt(self, cycle: CycleState, open_nodes: list[Node], archs: frozenset[str]
+                 ) -> list[Command]:
         """For each study with `preempt: true` that still waits, highest priority first:
         stop trials of lower-priority studies where that lets its trials fit."""
         commands: list[Command] = []
-        priority = {c.study_id: c.priority for c in claims}
-        for c in sorted(claims, key=lambda c: (-c.priority, c.seq)):
+        priority = {c.study_id: c.priority for c in cycle.claims}
+        for c in sorted(cycle.claims, key=lambda c: (-c.priority, c.seq)):
             if not (c.pending and self._spaces[c.study_id].settings.preempt):
                 continue
             victims = {tid: self._trials[tid] for node in open_nodes
@@ -1649,10 +1702,12 @@ class Orchestrator:
             if not victims:
                 continue
             try:
-                with self._undone_if_raises():
-                    commands += self._make_room(c, victims, priority, open_nodes, archs,
-                                                quotas[c.user])
-            except Exception:
+                with cycle.attempt(c) as (mine, quota), self._undone_if_raises():
+                    commands += self._make_room(mine, victims, priority, open_nodes, archs,
+                                                quota)
+            except Exception as exc:
+                if self._store.failed(exc):
+                    raise
                 self._decide_again = True
                 log.exception("preempting for study %s failed and was undone", c.study_id)
         return commands

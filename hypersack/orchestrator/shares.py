@@ -133,6 +133,9 @@ class Quota:
     gpus: int | None = None
     held: set[tuple[str, int]] = field(default_factory=set)
 
+    def copy(self) -> Quota:
+        return Quota(self.compute, self.gpus, set(self.held))
+
     def allows(self, gpu: tuple[str, int], cost: float) -> bool:
         if self.compute is not None and cost > self.compute + EPS:
             return False

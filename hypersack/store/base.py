@@ -6,6 +6,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from contextlib import AbstractContextManager
 
+from hypersack.core.errors import StoreUnavailable
 from hypersack.core.types import (
     NodeRecord,
     Profile,
@@ -31,6 +32,11 @@ class Store(ABC):
     def savepoint(self) -> AbstractContextManager[None]:
         """Inside a transaction: the block's writes are undone if it raises, and the
         transaction goes on. Outside one, a transaction of its own."""
+
+    def failed(self, exc: BaseException) -> bool:
+        """Whether an exception raised inside a transaction is this store failing (it
+        cannot write: read-only, full, I/O), not the caller's data being refused."""
+        return isinstance(exc, StoreUnavailable)
 
     @abstractmethod
     def add_study(self, study: StudyRecord, trials: Sequence[TrialRecord]) -> None:

@@ -129,6 +129,13 @@ class SqliteStore(Store):
         except sqlite3.Error as exc:
             raise StoreError(f"{self.path}: not a HyperSack database ({exc})") from None
 
+    def failed(self, exc: BaseException) -> bool:
+        """SQLite's own failures (read-only, full disk, I/O, locked) are the store failing;
+        a constraint it enforces (a duplicate id) is the caller's data."""
+        return super().failed(exc) or (
+            isinstance(exc, sqlite3.Error) and not isinstance(
+                exc, (sqlite3.IntegrityError, sqlite3.ProgrammingError, sqlite3.InterfaceError)))
+
     def _check_schema(self) -> None:
         row = self._db.execute("SELECT value FROM meta WHERE key='schema'").fetchone()
         if row is None:

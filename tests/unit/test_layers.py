@@ -29,6 +29,9 @@ ALLOWED: dict[str, set[str]] = {
     "sim": _ORCH,
     "cli": _ORCH | {"wire", "server", "agent", "sim", "_proto"},
     "runner": _BASE,
+    # What tests and plug-in authors build on (as optuna.testing): stores that fail on
+    # demand, and the contract suites of the interfaces below the drivers.
+    "testing": _ORCH,
     "_proto": set(),
 }
 
