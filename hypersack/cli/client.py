@@ -11,6 +11,7 @@ import grpc
 from hypersack._proto.v1 import hypersack_pb2 as pb
 from hypersack._proto.v1 import hypersack_pb2_grpc as pb_grpc
 from hypersack.core.errors import (
+    STORE_UNAVAILABLE,
     AlreadyExists,
     HyperSackError,
     InvalidInput,
@@ -39,6 +40,8 @@ def domain_error(exc: grpc.RpcError, server: str) -> HyperSackError:
         return PermissionDenied(f"permission denied: {detail}")
     if code in (grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.RESOURCE_EXHAUSTED):
         return InvalidInput(detail)
+    if code == grpc.StatusCode.UNAVAILABLE and detail.startswith(STORE_UNAVAILABLE):
+        return HyperSackError(detail)  # the server answered: its database fails
     if code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
         return Unreachable(f"cannot reach the HyperSack server at {server} ({detail}); is "
                            "hypersack-server running there? (--server or HYPERSACK_SERVER)")

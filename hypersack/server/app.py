@@ -107,6 +107,7 @@ class HyperSackServer:
             self._lock.release()
             raise
         self.service.on_fatal = self._fatal
+        self.service.on_store = self._store_state
         # With TLS every client call needs a token (or a client certificate), and agents
         # a node certificate; without it everyone is the local admin (loopback only).
         self.auth = Authenticator(self.store, enabled=self.tls is not None,
@@ -202,6 +203,11 @@ class HyperSackServer:
     @property
     def agent_address(self) -> str:
         return f"{_dial_host(self.agent_listen)}:{self.agent_port}"
+
+    def _store_state(self, failure: str | None) -> None:
+        """NOT_SERVING while the store fails, SERVING again once it works."""
+        self._set_health(health_pb2.HealthCheckResponse.SERVING if failure is None
+                         else health_pb2.HealthCheckResponse.NOT_SERVING)
 
     def _fatal(self, reason: str) -> None:
         """A loop of the service stopped: say NOT_SERVING, and let main() exit non-zero."""

@@ -31,6 +31,7 @@ from hypersack.core.errors import (
     NotFound,
     Overloaded,
     PermissionDenied,
+    StoreUnavailable,
 )
 from hypersack.core.files import load_yaml
 from hypersack.core.train_options import dataset_for, parse_train_options
@@ -100,6 +101,7 @@ SHARING_MODES = ("mps", "time-slicing")
 MAX_SPACE_BYTES = 1 << 20
 MAX_RUNNING_PER_NODE = 100_000
 MAX_WATCH_INTERVAL_S = 60.0
+MAX_RETRY = 200_000  # agents' events kept while the store fails
 
 
 @dataclass
@@ -193,6 +195,12 @@ class SchedulerService:
         # daemon exits non-zero so that its supervisor restarts it.
         self.fatal: str | None = None
         self.on_fatal: Callable[[str], None] | None = None
+        # While the store fails: why (health says NOT_SERVING, writes answer UNAVAILABLE);
+        # the agents' events of the undone batches, applied again with the next batch (a
+        # tick's at the latest), so that an exit is not lost to a full or read-only disk.
+        self.store_failure: str | None = None
+        self.on_store: Callable[[str | None], None] | None = None
+        self._retry: list[Event] = []
 
     # ----------------------------------------------------------------- lifecycle
     def start(self) -> None:
@@ -233,36 +241,65 @@ class SchedulerService:
     def _tick_loop(self) -> None:
         while not self._stop.wait(self.tick_interval_s):
             with self._lock:
-                self._apply(Tick())
+                self._apply_retrying(Tick())
                 # Sessions of nodes that are gone are forgotten, not kept for ever.
                 for name in [n for n, s in self._sessions.items()
                              if not s.connected and not self.orch.has_node(n)]:
                     del self._sessions[name]
 
     # ----------------------------------------------------------------- core
-    def _apply(self, *events: Event) -> BatchResult | None:
+    def _apply_retrying(self, *events: Event) -> BatchResult | None:
+        """Apply the agents' events with those of batches the store failed; if it fails
+        again, keep them all for the next try (at most MAX_RETRY, the newest; heartbeats
+        and ticks are not kept: the next ones say the same). None: the store failed."""
+        batch = (*self._retry, *events)
+        try:
+            result = self._apply(*batch)
+        except StoreUnavailable:
+            kept: list[Event] = [e for e in batch if not isinstance(e, (Tick, Heartbeat))]
+            if len(kept) > MAX_RETRY:
+                log.error("%d events of undone batches dropped (at most %d are kept)",
+                          len(kept) - MAX_RETRY, MAX_RETRY)
+            self._retry = kept[-MAX_RETRY:]
+            return None
+        self._retry = []
+        return result
+
+    def _apply(self, *events: Event) -> BatchResult:
         """Hand events to the orchestrator, which decides once after all of them, and
         deliver the commands (lock held). A stale event is logged and changes nothing.
-        None: the store failed and the whole batch was undone."""
+        Raises StoreUnavailable when the store failed: the whole batch was undone."""
         try:
             result = self.orch.handle_batch(events)
-        except Exception:
-            # The store failed: the orchestrator undid the whole batch, memory and store.
-            log.exception("a batch of %d events was undone: the store failed", len(events))
+        except StoreUnavailable as exc:
+            # The orchestrator undid the whole batch, in memory and in the store.
             self.stats["failed_batches"] += 1
-            return None
+            if self.store_failure is None:
+                log.error("the store failed, so a batch of %d events was undone; the server "
+                          "answers NOT_SERVING until it works again: %s", len(events),
+                          exc.detail)
+                self._store_state(exc.detail)
+            raise
+        if self.store_failure is not None:
+            log.warning("the store works again; serving")
+            self._store_state(None)
         self.stats["events"] += len(events) - len(result.stale) - len(result.refused)
         self.stats["profiles_failed"] += sum(isinstance(e, ProfileFailed) for e in events)
         self.stats["stale"] += len(result.stale)
         self.stats["refused"] += len(result.refused)
         self.stats["batches"] += 1
         self.histograms.observe_decisions(self)
-        for exc in result.stale:
-            log.warning("ignored an event: %s", exc)
+        for stale in result.stale:
+            log.warning("ignored an event: %s", stale)
         self._route(result.commands)
         self._version += 1
         self._changed.notify_all()
         return result
+
+    def _store_state(self, failure: str | None) -> None:
+        self.store_failure = failure
+        if self.on_store is not None:
+            self.on_store(failure)
 
     def _route(self, commands: list[Command]) -> None:
         for c in commands:
@@ -340,11 +377,12 @@ class SchedulerService:
             space = space.model_copy(update={"settings": settings})
         with self._lock:
             before = len(self.orch.studies())
-            self._apply(StudySubmitted(space, owner))
+            result = self._apply(StudySubmitted(space, owner))
+            if result.refused:
+                # Refused by the orchestrator (and undone): its reason, to whoever sent it.
+                raise _reason(result, source)
             if len(self.orch.studies()) == before:
-                # Refused by the orchestrator (and undone): never answer with another study.
-                raise InvalidInput(f"{source}: the study could not be created (see the "
-                                   "server's log)")
+                raise HyperSackError(f"{source}: the study was not created")
             keep_out_of_gc()
             return self.orch.studies()[-1]
 
@@ -353,10 +391,8 @@ class SchedulerService:
         with self._lock:
             before = len(self.orch.trials(study_id))
             result = self._apply(TrialsAsked(study_id, tuple(params)))
-            if result is None:
-                raise HyperSackError("the trials could not be stored; nothing was added")
             if result.refused:
-                raise result.refused[0][1]
+                raise _reason(result, f"study {study_id}")
             return self.orch.trials(study_id)[before:]
 
     def explain(self, trial_id: str, others: bool = True) -> list[str]:
@@ -498,13 +534,22 @@ class SchedulerService:
                                  "(max_agents)")
             session = AgentSession(node=spec.name, backend=msg.backend or "?", spec=spec,
                                    last_seen=self._clock.now())
-            self._sessions[spec.name] = session
-            session.send(pb.ServerMessage(registered=pb.Registered(
-                heartbeat_interval_s=self.heartbeat_interval_s,
-                heartbeat_timeout_s=self.orch.config.heartbeat_timeout_s)))
             running = tuple(RunningTrial(r.trial_id, r.gpu_index, attempt=r.attempt)
                             for r in msg.running)
-            self._apply(NodeJoined(spec, running))
+            self._sessions[spec.name] = session
+            try:
+                self._apply(NodeJoined(spec, running))
+            except StoreUnavailable:
+                # Not joined: the agent is told UNAVAILABLE and dials again later.
+                if old is None:
+                    del self._sessions[spec.name]
+                else:
+                    self._sessions[spec.name] = old
+                raise
+            # First on the stream, before the commands the join caused.
+            session.outbox.queue.appendleft(pb.ServerMessage(registered=pb.Registered(
+                heartbeat_interval_s=self.heartbeat_interval_s,
+                heartbeat_timeout_s=self.orch.config.heartbeat_timeout_s)))
             log.info("agent %s connected (%s backend, %d GPUs, %d trials still running)",
                      spec.name, session.backend, len(spec.gpus), len(running))
             return session
@@ -550,7 +595,7 @@ class SchedulerService:
                         continue
                     if event is not None:
                         events.append(event)
-                self._apply(*events)
+                self._apply_retrying(*events)
             done = time.monotonic()
             self.batch_time.append(done - began)
             self.histograms.batch.observe(done - began)
@@ -631,6 +676,16 @@ class SchedulerService:
             return ProfileFailed(key, p.arch, node, "invalid measurement: it names another "
                                  f"workload ({profile.key.label()} on {profile.arch})")
         return ProfileMeasured(profile, node)
+
+
+def _reason(result: BatchResult, source: str) -> HyperSackError:
+    """The core's reason for refusing a client's event, as the client will read it: a
+    domain error as it is; anything else (a bug) as a failure that names the log."""
+    exc = result.refused[0][1]
+    if isinstance(exc, HyperSackError):
+        return exc
+    return HyperSackError(f"{source}: the server failed to handle it ({type(exc).__name__}: "
+                          f"{str(exc)[:200]}); its log has the traceback")
 
 
 def check_runnable(space: SearchSpace, source: str) -> None:

@@ -22,6 +22,7 @@ from hypersack.core.errors import (
     NotFound,
     Overloaded,
     PermissionDenied,
+    StoreUnavailable,
     Unauthenticated,
 )
 from hypersack.core.types import StudyRecord, TokenRecord, UserRecord
@@ -50,6 +51,8 @@ def status_of(exc: Exception) -> grpc.StatusCode:
         return grpc.StatusCode.PERMISSION_DENIED
     if isinstance(exc, Overloaded):
         return grpc.StatusCode.RESOURCE_EXHAUSTED
+    if isinstance(exc, StoreUnavailable):
+        return grpc.StatusCode.UNAVAILABLE
     if isinstance(exc, HyperSackError):
         return grpc.StatusCode.FAILED_PRECONDITION
     return grpc.StatusCode.INTERNAL

@@ -1,0 +1,126 @@
+"""A store that fails (read-only or full disk) is the server's trouble, said as such:
+writes answer UNAVAILABLE with the reason, health says NOT_SERVING, the agents' events
+of the undone batches are applied again, and the server resumes by itself once the store
+works. A submission the core refuses is answered with the core's reason."""
+
+from __future__ import annotations
+
+import sys
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import grpc
+import pytest
+
+from hypersack._proto.v1 import hypersack_pb2 as pb
+from hypersack.cli.client import Client, domain_error
+from hypersack.core.errors import InvalidInput, StoreUnavailable
+from hypersack.core.types import TrialState
+from hypersack.server.app import HyperSackServer
+from hypersack.server.service import SchedulerService
+from hypersack.server.servicers import status_of
+from hypersack.store import SqliteStore
+from hypersack.testing.stores import FailingStore
+from hypersack.wire.settings import ServerSettings
+from tests.conftest import EXAMPLES
+
+SPACE = """
+name: tiny
+models: [resnet18]
+hyperparameters: {batch_size: [64], lr: [0.001, 0.01]}
+settings: {epochs: 1, objective: {metric: loss, mode: min}, fusion: 'off'}
+program: {builtin: sleep}
+"""
+
+
+def _until(what: Callable[[], bool], timeout_s: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not what():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.02)
+
+
+@pytest.fixture
+def service(tmp_path: Path) -> Iterator[tuple[SchedulerService, FailingStore, list[str | None]]]:
+    from hypersack.sampler.profiles import load_profiles
+
+    inner = SqliteStore(tmp_path / "s.db")
+    for p in load_profiles(EXAMPLES / "profiles-estimates.yaml"):
+        inner.put_profile(p)
+    store = FailingStore(inner)
+    svc = SchedulerService(store, tick_interval_s=0.05)
+    states: list[str | None] = []
+    svc.on_store = states.append
+    svc.start()
+    try:
+        yield svc, store, states
+    finally:
+        svc.stop()
+        inner.close()
+
+
+def test_a_failing_store_is_unavailable_then_the_server_resumes(
+        service: tuple[SchedulerService, FailingStore, list[str | None]]) -> None:
+    svc, store, states = service
+    store.fail_commits = 1
+    with pytest.raises(StoreUnavailable, match="read-?only"):
+        svc.submit(SPACE, "tiny.yaml")
+    assert svc.orch.studies() == []  # undone whole
+    assert states and states[0] is not None and svc.store_failure is not None
+    _until(lambda: svc.store_failure is None)  # the next tick commits: serving again
+    assert states[-1] is None
+    assert svc.submit(SPACE, "tiny.yaml").id == "tiny-1"
+
+
+def test_an_exit_in_a_batch_the_store_undid_is_applied_again(
+        service: tuple[SchedulerService, FailingStore, list[str | None]]) -> None:
+    svc, store, states = service
+    session = svc.register(pb.Register(node="n0", cores=8, backend="fake", gpus=[
+        pb.GpuInfo(index=0, arch="A100", memory_mib=81920, uuid="g0")]))
+    study = svc.submit(SPACE, "tiny.yaml")
+    launches = [m.launch for m in session.drain() if m is not None and m.HasField("launch")]
+    assert len(launches) == 2
+    first = launches[0]
+    store.fail_commits = 1  # the exit's batch fails to commit, and is undone
+    svc.agent_message(session, pb.AgentMessage(exited=pb.TrialExited(
+        trial_id=first.trial_id, exit_code=0, attempt=first.attempt)))
+    _until(lambda: svc.orch.trial(first.trial_id).state == TrialState.COMPLETED)
+    assert store.failures == 1 and states[0] is not None and states[-1] is None
+    assert svc.stats["failed_batches"] >= 1
+    assert svc.orch.trial(first.trial_id).launches == 1  # counted once, never run again
+    assert svc.orch.study(study.id).state.value == "ACTIVE"
+
+
+def test_unavailable_is_its_own_status_and_the_client_says_the_database_failed() -> None:
+    exc = StoreUnavailable("attempt to write a readonly database")
+    assert status_of(exc) == grpc.StatusCode.UNAVAILABLE
+
+    class Rpc(grpc.RpcError):
+        def code(self) -> grpc.StatusCode:
+            return grpc.StatusCode.UNAVAILABLE
+
+        def details(self) -> str:
+            return str(exc)
+
+    said = str(domain_error(Rpc(), "127.0.0.1:1"))
+    assert "database is unavailable" in said and "is hypersack-server running" not in said
+
+
+def test_a_submission_the_core_refuses_is_answered_with_its_reason(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # The server cannot run the cmaes sampler (its package missing): the core refuses the
+    # study when it is submitted, and the client reads why, not "see the server's log".
+    monkeypatch.setitem(sys.modules, "cmaes", None)
+    server = HyperSackServer(ServerSettings(listen="127.0.0.1:0", db=tmp_path / "s.db",
+                                            tick_interval_s=0.1))
+    server.start()
+    try:
+        client = Client(server.address)
+        space = SPACE.replace("settings:", "search: {type: optuna, sampler: cmaes, trials: 4}\n"
+                              "settings:")
+        with pytest.raises(InvalidInput, match="search.sampler cmaes: the server needs cmaes"):
+            client.submit(space, "tiny.yaml")
+        client.close()
+    finally:
+        server.stop(0)
