@@ -122,9 +122,21 @@ class SchedulerServicer(pb_grpc.SchedulerServicer):
         return self._auth.client(bearer(context.invocation_metadata()), peer_identity(context))
 
     def _readable(self, who: Principal, study_id: str) -> StudyRecord:
-        study = self._s.orch.study(study_id)
+        with self._s.locked():
+            study = self._s.orch.study(study_id)
         self._auth.require_read(who, study)
         return study
+
+    def _study_pb(self, study_id: str) -> pb.Study:
+        """A study's message as of the last batch (read under the service's lock, so never
+        a state that a refused event is rolling back)."""
+        with self._s.locked():
+            return _study(self._s, self._s.orch.study(study_id), self._s.counts(study_id))
+
+    def _readable_any(self, study_id: str) -> StudyRecord:
+        """The study's record, read under the lock (its owner is checked by the caller)."""
+        with self._s.locked():
+            return self._s.orch.study(study_id)
 
     def _trial(self, who: Principal, trial: pb.Trial, study: StudyRecord) -> pb.Trial:
         if not self._auth.owns(who, study):
@@ -137,33 +149,37 @@ class SchedulerServicer(pb_grpc.SchedulerServicer):
         who = self._who(context)
         study = self._s.submit(request.space_yaml, request.source or "search space",
                                owner=who.name, admin=who.is_admin)
-        return _study(self._s, study, self._s.counts(study.id))
+        return self._study_pb(study.id)
 
     @translated
     def GetStudy(self, request: pb.GetStudyRequest, context: grpc.ServicerContext) -> pb.Study:
         study = self._readable(self._who(context), request.study_id)
-        return _study(self._s, study, self._s.counts(study.id))
+        return self._study_pb(study.id)
 
     @translated
     def ListStudies(self, request: pb.ListStudiesRequest, context: grpc.ServicerContext
                     ) -> pb.ListStudiesResponse:
         who = self._who(context)
-        return pb.ListStudiesResponse(studies=[_study(self._s, s, self._s.counts(s.id))
-                                               for s in self._s.orch.studies()
-                                               if self._auth.may_read(who, s)])
+        with self._s.locked():
+            readable = [s for s in self._s.orch.studies() if self._auth.may_read(who, s)]
+            return pb.ListStudiesResponse(studies=[_study(self._s, s, self._s.counts(s.id))
+                                                   for s in readable])
 
     @translated
     def ListTrials(self, request: pb.ListTrialsRequest, context: grpc.ServicerContext
                    ) -> pb.ListTrialsResponse:
         who = self._who(context)
         study = self._readable(who, request.study_id)
+        with self._s.locked():  # the records are immutable: converted outside the lock
+            trials = self._s.orch.trials(request.study_id)
         return pb.ListTrialsResponse(trials=[self._trial(who, trial_to_pb(t), study)
-                                             for t in self._s.orch.trials(request.study_id)])
+                                             for t in trials])
 
     @translated
     def GetTrial(self, request: pb.GetTrialRequest, context: grpc.ServicerContext) -> pb.Trial:
         who = self._who(context)
-        trial = self._s.orch.trial(request.trial_id)
+        with self._s.locked():
+            trial = self._s.orch.trial(request.trial_id)
         study = self._readable(who, trial.study_id)
         return self._trial(who, trial_to_pb(trial), study)
 
@@ -171,7 +187,8 @@ class SchedulerServicer(pb_grpc.SchedulerServicer):
     def ExplainTrial(self, request: pb.GetTrialRequest, context: grpc.ServicerContext
                      ) -> pb.TrialExplanation:
         who = self._who(context)
-        trial = self._s.orch.trial(request.trial_id)
+        with self._s.locked():
+            trial = self._s.orch.trial(request.trial_id)
         self._readable(who, trial.study_id)
         lines = self._s.explain(trial.id, others=who.is_admin)
         return pb.TrialExplanation(trial_id=trial.id, state=trial.state.value, lines=lines)
@@ -192,16 +209,16 @@ class SchedulerServicer(pb_grpc.SchedulerServicer):
     @translated
     def CancelStudy(self, request: pb.CancelStudyRequest, context: grpc.ServicerContext
                     ) -> pb.Study:
-        self._auth.require_owner(self._who(context), self._s.orch.study(request.study_id),
+        self._auth.require_owner(self._who(context), self._readable_any(request.study_id),
                                  "cancelling")
         study = self._s.cancel(request.study_id)
-        return _study(self._s, study, self._s.counts(study.id))
+        return self._study_pb(study.id)
 
     @translated
     def AskTrials(self, request: pb.AskTrialsRequest, context: grpc.ServicerContext
                   ) -> pb.ListTrialsResponse:
         who = self._who(context)
-        study = self._s.orch.study(request.study_id)
+        study = self._readable_any(request.study_id)
         self._auth.require_owner(who, study, "adding trials to")
         if len(request.params_json) > MAX_ASKED:
             raise InvalidInput(f"at most {MAX_ASKED} trials per call "
@@ -307,10 +324,12 @@ def peer_host(peer: str) -> str:
 
 
 def node_messages(service: SchedulerService) -> list[pb.Node]:
-    sessions = service.sessions()
-    load = service.orch.gpu_load()
+    with service.locked():
+        sessions = service.sessions()
+        load = service.orch.gpu_load()
+        nodes = service.orch.nodes()
     out = []
-    for rec in service.orch.nodes():
+    for rec in nodes:
         s = sessions.get(rec.spec.name)
         gpus = []
         for g in rec.spec.gpus:

@@ -124,3 +124,31 @@ def test_a_submission_the_core_refuses_is_answered_with_its_reason(
         client.close()
     finally:
         server.stop(0)
+
+
+def test_client_reads_wait_for_the_batch_in_progress(tmp_path: Path) -> None:
+    """Reads take the service's lock: never a dictionary changing under them, nor a state
+    that a refused event is rolling back."""
+    import threading
+
+    server = HyperSackServer(ServerSettings(listen="127.0.0.1:0", db=tmp_path / "s.db",
+                                            tick_interval_s=0.1))
+    server.start()
+    try:
+        client = Client(server.address)
+        study = client.submit(SPACE, "tiny.yaml")
+        got: list[object] = []
+        reads = [lambda: client.trials(study.id), lambda: client.studies(),
+                 lambda: client.study(study.id), lambda: client.nodes()]
+        with server.service.locked():  # a batch in progress
+            threads = [threading.Thread(target=lambda r=r: got.append(r())) for r in reads]
+            for t in threads:
+                t.start()
+            time.sleep(0.3)
+            assert got == []  # every read waits for the batch
+        for t in threads:
+            t.join(timeout=30)
+        assert len(got) == len(reads)
+        client.close()
+    finally:
+        server.stop(0)
