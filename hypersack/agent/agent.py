@@ -46,11 +46,11 @@ from hypersack.core import trial_env as sdk
 from hypersack.core.bounds import MAX_FUSED_MEMBERS, clamp
 from hypersack.core.errors import HyperSackError, InvalidInput
 from hypersack.core.types import GpuSpec
-from hypersack.wire.convert import LOG_TAIL_CHARS, key_from_pb, program_from_pb
+from hypersack.wire.convert import LOG_TAIL_CHARS, ack_id, key_from_pb, program_from_pb
 
 log = logging.getLogger(__name__)
 
-RESEND_WINDOW_S = 30.0
+MAX_UNACKED = 10_000  # reports kept for the server's acknowledgement; the oldest go past it
 OBSERVE_INTERVAL_S = 1.0  # how often running trials' device use is sampled
 LOG_CHECK_INTERVAL_S = 1.0  # how often trial logs are checked against their cap
 MPS_CHECK_INTERVAL_S = 5.0  # how often the MPS daemons are asked whether they live
@@ -125,9 +125,13 @@ class Agent:
         self.heartbeat_timeout_s = 30.0
         self._profile_keys: dict[str, pb.ProfileWorkload] = {}
         self._stop = threading.Event()
-        # Exit and profile reports, with the device they were about, kept for a re-send.
-        self._resend: list[tuple[pb.AgentMessage, int]] = []
-        self._sent: list[tuple[float, pb.AgentMessage, int]] = []
+        # Exit and profile reports the server has not yet acknowledged as committed, by
+        # their ack id: (the message, the device it was about, when it was last sent).
+        # Sent again at each (re)connection and every `resend_s` until acknowledged, so
+        # no exit is lost to a broken stream or to a server whose store failed. Guarded
+        # by jobs_lock (heartbeats list the trials whose exits wait here as running).
+        self._unacked: dict[str, tuple[pb.AgentMessage, int, float]] = {}
+        self.resend_s = 2.0
         self.connected = threading.Event()
         self.sessions = 0
         self.heartbeat_interval_s = 5.0
@@ -210,12 +214,19 @@ class Agent:
 
     # ----------------------------------------------------------------- one stream
     def _running(self) -> list[pb.RunningTrial]:
+        """The trials this node runs, and those whose exit the server has yet to
+        acknowledge: to the server they still hold their place (it neither requeues them
+        nor may start them elsewhere) until their exit is committed."""
         with self.jobs_lock:
             jobs = list(self.jobs.values())
+            exited = [(m.exited, gpu) for m, gpu, _ in self._unacked.values()
+                      if m.WhichOneof("body") == "exited"]
         return [pb.RunningTrial(trial_id=j.id, gpu_index=j.gpu_index,
                                 peak_memory_mib=j.peak_memory_mib,
                                 peak_utilization_pct=j.peak_util_pct, attempt=j.attempt)
-                for j in jobs if not j.profile and j.exit_code is None]
+                for j in jobs if not j.profile and j.exit_code is None] + [
+            pb.RunningTrial(trial_id=e.trial_id, gpu_index=gpu, attempt=e.attempt)
+            for e, gpu in exited]
 
     def _observe(self) -> None:
         """Sample each running trial's device use; the peaks go out with heartbeats and
@@ -238,9 +249,6 @@ class Agent:
 
     def _register(self) -> pb.AgentMessage:
         running = self._running()
-        running += [pb.RunningTrial(trial_id=m.exited.trial_id, gpu_index=gpu,
-                                    attempt=m.exited.attempt)
-                    for m, gpu in self._resend if m.WhichOneof("body") == "exited"]
         return pb.AgentMessage(register=pb.Register(
             node=self.node, cores=self.backend.cores(), backend=self.backend.name,
             version=__version__, running=running,
@@ -252,13 +260,7 @@ class Agent:
         outbox: queue.Queue[pb.AgentMessage | None] = queue.Queue()
         inbox: queue.Queue[pb.ServerMessage | _Ended] = queue.Queue()
         outbox.put(self._register())
-        for m, _ in self._resend:
-            outbox.put(m)
-        # Until a session has lasted the window, what is re-sent stays to be re-sent: a
-        # server that is down for several attempts still gets every exit.
-        now = time.monotonic()
-        self._sent = [(now, m, gpu) for m, gpu in self._resend]
-        self._resend = []
+        self._send_unacked(outbox, 0.0)  # all of them, after the registration
         channel = (grpc.insecure_channel(self.server, options=self.channel_options)
                    if self.credentials is None else
                    grpc.secure_channel(self.server, self.credentials,
@@ -317,17 +319,35 @@ class Agent:
             outbox.put(None)
             call.cancel()
             channel.close()
-            # Exits sent less than the window before the break may not have arrived (a
-            # stream to a dead server swallows them): send them again.
-            horizon = time.monotonic() - RESEND_WINDOW_S
-            self._resend = [(m, gpu) for t, m, gpu in self._sent if t >= horizon]
         return (ended.error if ended is not None else None), was_connected
 
     def _send(self, outbox: queue.Queue[pb.AgentMessage | None], msg: pb.AgentMessage,
               gpu_index: int) -> None:
-        """Send an exit or profile report, remembered for a re-send after a broken stream."""
+        """Send an exit or profile report, kept to be sent again until the server
+        acknowledges it (see `_unacked`)."""
+        ack = ack_id(msg)
+        with self.jobs_lock:
+            if ack is not None:
+                self._unacked.pop(ack, None)
+                self._unacked[ack] = (msg, gpu_index, time.monotonic())
+                while len(self._unacked) > MAX_UNACKED:
+                    dropped = next(iter(self._unacked))
+                    del self._unacked[dropped]
+                    log.error("dropped the unacknowledged report %s: more than %d wait",
+                              dropped, MAX_UNACKED)
         outbox.put(msg)
-        self._sent.append((time.monotonic(), msg, gpu_index))
+
+    def _send_unacked(self, outbox: queue.Queue[pb.AgentMessage | None], older_s: float
+                      ) -> None:
+        """Send again the reports not acknowledged and last sent more than `older_s` ago."""
+        now = time.monotonic()
+        with self.jobs_lock:
+            due = [(ack, m, gpu) for ack, (m, gpu, at) in self._unacked.items()
+                   if now - at >= older_s]
+            for ack, m, gpu in due:
+                self._unacked[ack] = (m, gpu, now)
+        for _, m, _ in due:
+            outbox.put(m)
 
     def _heartbeat(self) -> pb.AgentMessage:
         running = self._running()
@@ -372,6 +392,9 @@ class Agent:
                 job.kill()
         elif kind == "profile":
             self._profile(msg.profile, outbox)
+        elif kind == "acked":
+            with self.jobs_lock:
+                self._unacked.pop(msg.acked.id, None)
         elif kind == "drop_checkpoint":
             d = msg.drop_checkpoint
             self._to_drop.add((d.study_id, d.trial_id))
@@ -579,6 +602,8 @@ class Agent:
 
     # ----------------------------------------------------------------- processes
     def _poll(self, outbox: queue.Queue[pb.AgentMessage | None]) -> None:
+        if self._unacked and self.connected.is_set():
+            self._send_unacked(outbox, self.resend_s)
         if self.mps is not None and \
                 time.monotonic() - self._mps_checked_at >= MPS_CHECK_INTERVAL_S:
             self._mps_checked_at = time.monotonic()

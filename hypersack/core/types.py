@@ -194,6 +194,9 @@ class TrialRecord(Frozen):
     node: str | None = None
     gpu_index: int | None = None
     launched_on: str | None = None  # the node of the latest attempt, kept when it is lost
+    # The latest attempt whose exit was handled: agents send an exit again until the
+    # server acknowledges it, and a repeat of one already handled changes nothing.
+    exited: int = Field(default=0, ge=0)
     demand: Demand | None = None
     started_at: float | None = None
     finished_at: float | None = None

@@ -50,14 +50,17 @@ class Node:
     _archs: tuple[str, ...] | None = None
 
     def save(self) -> tuple[Any, ...]:
-        """What the journal keeps to undo changes made in place."""
-        return (self.draining, self.last_seen, self.used_cores,
+        """What the journal keeps to undo changes made in place. Not `last_seen`: that a
+        node was heard from is a fact of its link, not a change an undone batch takes
+        back (after a store outage longer than the heartbeat timeout, every node would
+        otherwise look silent)."""
+        return (self.draining, self.used_cores,
                 {i: (g.used_compute, g.used_memory, set(g.trials), g.profiling, g.reserved_for)
                  for i, g in self.gpus.items()})
 
     def restore(self, saved: tuple[Any, ...]) -> None:
         self.version += 1
-        self.draining, self.last_seen, self.used_cores, gpus = saved
+        self.draining, self.used_cores, gpus = saved
         for i, (compute, memory, trials, profiling, reserved) in gpus.items():
             g = self.gpus[i]
             g.used_compute, g.used_memory, g.trials = compute, memory, set(trials)
@@ -139,7 +142,7 @@ class ClusterState:
         node.version += 1
 
     def seen(self, node: Node, now: float) -> None:
-        self._journal.touch(node)  # what the view shows is unchanged: no new version
+        """The node was heard from (kept even if the batch is undone; see Node.save)."""
         node.last_seen = now
 
     def silent(self, now: float, timeout_s: float) -> list[str]:

@@ -119,6 +119,11 @@ class OrchestratorConfig:
     default_ratio: float = 1.0
     heartbeat_timeout_s: float = 30.0
     restore_grace_s: float = 30.0  # extra time for the nodes of a restarted server
+    # A node's heartbeats list what it runs (and the trials whose exits it has yet to see
+    # acknowledged): a trial held RUNNING there that its heartbeats leave out for longer
+    # than this, with no exit, goes back to PENDING for its next attempt (its launch was
+    # lost, or its agent restarted without it).
+    missing_grace_s: float = 15.0
     exclusive: bool = False  # one trial per GPU: the baseline the paper compares against
     fusion: bool = True  # False: no fused groups for any study (packing alone)
     oom_growth: float = 1.5  # memory demand factor after an out-of-memory death
@@ -227,6 +232,9 @@ class Orchestrator:
         # The last epoch each running trial of a pruned study reported (not kept across a
         # restart): a trial that ran past the rung it was to pause at did not pause.
         self._last_step: dict[str, int] = journaled(j)
+        # Running trials a live node's heartbeats leave out, and since when (not kept
+        # across a restart: a restarted server counts afresh).
+        self._missing: dict[str, float] = journaled(j)
         self._rankings: dict[str, dict[tuple[int, int], rungs.Ranking]] = {}
         self._needs_cache: dict[tuple[WorkloadKey, int | None, frozenset[str]],
                                 dict[str, Need]] = {}
@@ -710,6 +718,9 @@ class Orchestrator:
         if attempt and attempt != t.launches:
             raise StaleEvent(f"trial {trial_id}: attempt {attempt} was superseded by attempt "
                              f"{t.launches}")
+        if exit and attempt and attempt <= t.exited:
+            raise StaleEvent(f"trial {trial_id}: the exit of attempt {attempt} was handled "
+                             "already")
         if exit and attempt and t.state == TrialState.PENDING and t.launched_on == node:
             log.info("%s: the exit of attempt %d arrived after its node was lost; it counts",
                      trial_id, attempt)
@@ -717,6 +728,15 @@ class Orchestrator:
         if t.state != TrialState.RUNNING or t.node != node:
             raise StaleEvent(f"trial {trial_id} is {t.state.value}"
                              + (f" on {t.node}" if t.node else "") + f", not running on {node}")
+        return t
+
+    def _exit_of(self, event: TrialFinished | TrialFailed | TrialOutOfMemory, *,
+                 late: bool = True) -> TrialRecord:
+        """The trial whose attempt exited, marked as exited in that attempt (a repeat of
+        the exit is then stale). `late`: the exit counts after a loss of its node too."""
+        t = self._running_on(event.trial_id, event.node, event.attempt, exit=late)
+        if event.attempt:
+            t = self._set(t, exited=event.attempt)
         return t
 
     def _on_submitted(self, event: StudySubmitted) -> list[Command]:
@@ -816,8 +836,9 @@ class Orchestrator:
 
     def _reconcile(self, node: Node, running: Iterable[RunningTrial], *, joined: bool
                    ) -> list[Command]:
-        """Adopt what the node runs for us, kill what it runs that we do not want, and, on
-        (re)registration, requeue what it should run but does not."""
+        """Adopt what the node runs for us, kill what it runs that we do not want, and
+        requeue what it should run but does not: at once on (re)registration, after
+        `missing_grace_s` of heartbeats that leave it out otherwise."""
         commands: list[Command] = []
         reported = set()
         for r in running:
@@ -851,12 +872,24 @@ class Orchestrator:
             else:
                 commands.append(KillTrial(r.trial_id, node.spec.name,
                                           "not scheduled here (duplicate or unknown)"))
-        if joined:
-            for gpu in node.gpus.values():
-                for tid in sorted(gpu.trials - reported):
-                    self._release(tid)
-                    self._requeue(self._trials[tid])
-                    log.info("%s did not survive on %s; requeued", tid, node.spec.name)
+        now = self._clock.now()
+        requeued = False
+        for tid in reported & self._missing.keys():
+            del self._missing[tid]
+        for gpu in node.gpus.values():
+            for tid in sorted(gpu.trials - reported):
+                if not joined:
+                    since = self._missing.setdefault(tid, now)
+                    if now - since <= self.config.missing_grace_s:
+                        continue
+                self._release(tid)
+                self._requeue(self._trials[tid], reason=f"not running on {node.spec.name}"
+                              + ("" if joined else f" (left out of its heartbeats for "
+                                 f"{now - since:.0f} s, and no exit came)"))
+                log.info("%s is not running on %s; requeued", tid, node.spec.name)
+                requeued = True
+        if requeued and not joined:  # a join decides anyway
+            commands += self._schedule()
         return commands
 
     def _lose(self, name: str, reason: str) -> None:
@@ -872,7 +905,7 @@ class Orchestrator:
         log.warning("node %s lost (%s); its trials are pending again", name, reason)
 
     def _on_finished(self, event: TrialFinished) -> list[Command]:
-        t = self._running_on(event.trial_id, event.node, event.attempt, exit=True)
+        t = self._exit_of(event)
         self._release(t.id)
         if self._paused_at_rung(t, event):
             return self._schedule()
@@ -903,7 +936,7 @@ class Orchestrator:
         log.warning("study %s: %s", study_id, text)
 
     def _on_failed(self, event: TrialFailed) -> list[Command]:
-        t = self._running_on(event.trial_id, event.node, event.attempt, exit=True)
+        t = self._exit_of(event)
         self._release(t.id)
         after = after_failure(event.exit_code, t.failures,
                               self._spaces[t.study_id].settings.retries)
@@ -915,7 +948,7 @@ class Orchestrator:
         return self._schedule()
 
     def _on_oom(self, event: TrialOutOfMemory) -> list[Command]:
-        t = self._running_on(event.trial_id, event.node, event.attempt)
+        t = self._exit_of(event, late=False)
         assert t.demand is not None
         if t.group_width > 1:
             return self._group_oom(t, event)
@@ -1041,6 +1074,7 @@ class Orchestrator:
             self._open[t.study_id] += -1 if new.state.terminal else 1
         if t.state == TrialState.RUNNING and new.state != TrialState.RUNNING:
             self._last_step.pop(t.id, None)
+            self._missing.pop(t.id, None)
         if (new.state == TrialState.PENDING) != (t.state == TrialState.PENDING):
             waiting = self._waiting_in(t.study_id)
             if new.state == TrialState.PENDING:

@@ -90,6 +90,10 @@ class HyperSackServer:
                                         default_ratio=settings.default_ratio,
                                         heartbeat_timeout_s=settings.heartbeat_timeout_s,
                                         restore_grace_s=settings.heartbeat_timeout_s,
+                                        # Three heartbeats, so a launch in flight when
+                                        # one was sent is never taken for a lost one.
+                                        missing_grace_s=max(
+                                            5.0, 3 * settings.heartbeat_interval_s),
                                         policy=settings.policy,
                                         shares=dict(settings.shares))
             self.service = SchedulerService(

@@ -83,6 +83,7 @@ from hypersack.server.metrics import LatencyHistograms
 from hypersack.store.base import Store
 from hypersack.wire.convert import (
     LOG_TAIL_CHARS,
+    ack_id,
     clean_memory,
     clean_metrics,
     clean_percent,
@@ -595,7 +596,8 @@ class SchedulerService:
                         continue
                     if event is not None:
                         events.append(event)
-                self._apply_retrying(*events)
+                if self._apply_retrying(*events) is not None:
+                    self._acknowledge(items)
             done = time.monotonic()
             self.batch_time.append(done - began)
             self.histograms.batch.observe(done - began)
@@ -603,6 +605,16 @@ class SchedulerService:
                 if msg.WhichOneof("body") == "exited":
                     self.exit_latency.append(done - at)
                     self.histograms.exit.observe(done - at)
+
+    @staticmethod
+    def _acknowledge(items: list[tuple[AgentSession, pb.AgentMessage, float]]) -> None:
+        """Tell each agent which of its reports the batch committed (applied, or stale or
+        refused: sending them again would change nothing); it stops sending those. A batch
+        the store undid acknowledges nothing, and the agent sends them again."""
+        for session, msg, _ in items:
+            ack = ack_id(msg)
+            if ack is not None and session.connected:
+                session.send(pb.ServerMessage(acked=pb.Acked(id=ack)))
 
     def _event_of(self, session: AgentSession, msg: pb.AgentMessage) -> Event | None:
         kind = msg.WhichOneof("body")

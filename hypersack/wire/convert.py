@@ -26,6 +26,19 @@ MAX_METRIC_NAME = 64
 LOG_TAIL_CHARS = 4000
 
 
+def ack_id(msg: pb.AgentMessage) -> str | None:
+    """The name under which the server acknowledges an agent's report, and the agent keeps
+    it until then: an exit by trial and attempt, a profile result by workload and
+    architecture. None: a message that is not acknowledged (heartbeats, metrics)."""
+    kind = msg.WhichOneof("body")
+    if kind == "exited":
+        return f"exit:{msg.exited.attempt}:{msg.exited.trial_id}"
+    if kind == "profile":
+        key = msg.profile.key.SerializeToString(deterministic=True).hex()
+        return f"profile:{key}:{msg.profile.arch}"
+    return None
+
+
 def key_to_pb(key: WorkloadKey) -> pb.WorkloadKey:
     return pb.WorkloadKey(model=key.model, batch_size=key.batch_size, optimizer=key.optimizer,
                           precision=key.precision, fusion_width=key.fusion_width,

@@ -106,15 +106,20 @@ class CoreUnderStoreFailures(RuleBasedStateMachine):
         # What each node's agent runs (trial -> (gpu, attempt)): it goes on running when
         # the server loses the node, and reports it when it joins again.
         self.agents: dict[str, dict[str, tuple[int, int]]] = {n: {} for n in NODES}
+        # Exits not yet committed: sent again with the next batch, and listed as running
+        # by their node until then, as the agent does until the server acknowledges them.
+        self.unacked: list[Event] = []
 
     # ----------------------------------------------------------------- driving
     def _apply(self, events: list[Event], failure: str, where: int) -> None:
+        events = [*self.unacked, *events]
         probe = failure == "none"
         expected = None
-        if probe and not any(isinstance(e, Tick) for e in events):
+        if probe and not any(isinstance(e, (Tick, Heartbeat)) for e in events):
             # The same events on an orchestrator rebuilt from the store: it must decide
             # as the live one does (liveness aside: a tick depends on when each node was
-            # last heard from, which the store does not keep).
+            # last heard from, a heartbeat on how long a trial has been left out of the
+            # node's heartbeats, and the store keeps neither).
             rebuilt = Orchestrator(copy_store(self.store.inner), self.clock, self.config)
             expected = _decision(rebuilt.handle_batch(events).commands)
         if failure == "commit":
@@ -125,9 +130,12 @@ class CoreUnderStoreFailures(RuleBasedStateMachine):
             result = self.orch.handle_batch(events)
         except StoreUnavailable:
             self.batches["undone"] += 1
+            self.unacked = [e for e in events if isinstance(
+                e, (TrialFinished, TrialFailed, TrialOutOfMemory))]
             return
         finally:
             self.store.fail_commits = self.store.fail_savepoints = 0
+        self.unacked = []
         self.batches["committed"] += 1
         # Every event made here is valid: a refusal could only be the store's failure
         # blamed on an event (an exit dropped as if it were bad input).
@@ -149,8 +157,13 @@ class CoreUnderStoreFailures(RuleBasedStateMachine):
         return [t for t in self.orch.trials() if t.state == TrialState.RUNNING]
 
     def _reported(self, node: str) -> tuple[RunningTrial, ...]:
+        runs = dict(self.agents[node])
+        for e in self.unacked:
+            if isinstance(e, (TrialFinished, TrialFailed, TrialOutOfMemory)) and e.node == node:
+                t = self.orch.trial(e.trial_id)
+                runs.setdefault(e.trial_id, (t.gpu_index or 0, e.attempt))
         return tuple(RunningTrial(tid, gpu, attempt=attempt)
-                     for tid, (gpu, attempt) in sorted(self.agents[node].items()))
+                     for tid, (gpu, attempt) in sorted(runs.items()))
 
     # ----------------------------------------------------------------- rules
     @rule(batches=st.lists(st.sampled_from(sorted(WORKLOADS)), min_size=1, max_size=2,
@@ -209,6 +222,14 @@ class CoreUnderStoreFailures(RuleBasedStateMachine):
                 self.agents.get(e.node, {}).pop(e.trial_id, None)
         self._apply(events, failure, where)
 
+    @rule(data=st.data())
+    def agent_forgets(self, data: st.DataObject) -> None:
+        """An agent that restarted without a trial (or never got its launch): its
+        heartbeats leave it out, and past the grace it runs again."""
+        node = data.draw(st.sampled_from(sorted(NODES)))
+        if self.agents[node]:
+            del self.agents[node][data.draw(st.sampled_from(sorted(self.agents[node])))]
+
     @rule(data=st.data(), failure=FAILURE, where=st.integers(0, 3))
     def cancel(self, data: st.DataObject, failure: str, where: int) -> None:
         studies = self.orch.studies()
@@ -216,7 +237,8 @@ class CoreUnderStoreFailures(RuleBasedStateMachine):
             study = data.draw(st.sampled_from(studies))
             self._apply([StudyCancelled(study.id)], failure, where)
 
-    @rule(seconds=st.sampled_from([1.0, 40.0]), failure=FAILURE, where=st.integers(0, 3))
+    @rule(seconds=st.sampled_from([1.0, 10.0, 40.0]), failure=FAILURE,
+          where=st.integers(0, 3))
     def tick(self, seconds: float, failure: str, where: int) -> None:
         self.clock.advance(seconds)
         self._apply([Tick()], failure, where)

@@ -64,7 +64,7 @@ def test_a_failing_store_is_unavailable_then_the_server_resumes(
         service: tuple[SchedulerService, FailingStore, list[str | None]]) -> None:
     svc, store, states = service
     store.fail_commits = 1
-    with pytest.raises(StoreUnavailable, match="read-?only"):
+    with pytest.raises(StoreUnavailable, match=r"read-?only"):
         svc.submit(SPACE, "tiny.yaml")
     assert svc.orch.studies() == []  # undone whole
     assert states and states[0] is not None and svc.store_failure is not None
@@ -119,7 +119,7 @@ def test_a_submission_the_core_refuses_is_answered_with_its_reason(
         client = Client(server.address)
         space = SPACE.replace("settings:", "search: {type: optuna, sampler: cmaes, trials: 4}\n"
                               "settings:")
-        with pytest.raises(InvalidInput, match="search.sampler cmaes: the server needs cmaes"):
+        with pytest.raises(InvalidInput, match=r"search\.sampler cmaes: the server needs cmaes"):
             client.submit(space, "tiny.yaml")
         client.close()
     finally:
@@ -152,3 +152,22 @@ def test_client_reads_wait_for_the_batch_in_progress(tmp_path: Path) -> None:
         client.close()
     finally:
         server.stop(0)
+
+
+def test_a_node_heard_in_a_batch_the_store_undid_was_still_heard() -> None:
+    from hypersack.core.clock import ManualClock
+    from hypersack.core.cluster import parse_shorthand
+    from hypersack.orchestrator import Heartbeat, NodeJoined, Orchestrator, Tick
+    from hypersack.store import MemoryStore
+
+    clock = ManualClock(100.0)
+    store = FailingStore(MemoryStore())
+    orch = Orchestrator(store, clock)  # heartbeat timeout 30 s
+    orch.handle(NodeJoined(parse_shorthand("1x1xA100-80GB@8").nodes[0]))
+    clock.advance(25.0)
+    store.fail_commits = 1
+    with pytest.raises(StoreUnavailable):
+        orch.handle(Heartbeat("node0"))
+    clock.advance(10.0)  # 35 s after it joined, 10 s after it was last heard
+    orch.handle(Tick())
+    assert orch.has_node("node0")

@@ -671,20 +671,28 @@ class ProfileWorkload(_message.Message):
     def __init__(self, key: _Optional[_Union[WorkloadKey, _Mapping]] = ..., arch: _Optional[str] = ..., gpu_index: _Optional[int] = ..., iterations: _Optional[int] = ..., warmup: _Optional[int] = ..., program: _Optional[_Union[Program, _Mapping]] = ..., params_json: _Optional[str] = ..., epochs: _Optional[float] = ..., owner: _Optional[str] = ...) -> None: ...
 
 class ServerMessage(_message.Message):
-    __slots__ = ("registered", "launch", "kill", "profile", "launch_group", "drop_checkpoint")
+    __slots__ = ("registered", "launch", "kill", "profile", "launch_group", "drop_checkpoint", "acked")
     REGISTERED_FIELD_NUMBER: _ClassVar[int]
     LAUNCH_FIELD_NUMBER: _ClassVar[int]
     KILL_FIELD_NUMBER: _ClassVar[int]
     PROFILE_FIELD_NUMBER: _ClassVar[int]
     LAUNCH_GROUP_FIELD_NUMBER: _ClassVar[int]
     DROP_CHECKPOINT_FIELD_NUMBER: _ClassVar[int]
+    ACKED_FIELD_NUMBER: _ClassVar[int]
     registered: Registered
     launch: LaunchTrial
     kill: KillTrial
     profile: ProfileWorkload
     launch_group: LaunchGroup
     drop_checkpoint: DropCheckpoint
-    def __init__(self, registered: _Optional[_Union[Registered, _Mapping]] = ..., launch: _Optional[_Union[LaunchTrial, _Mapping]] = ..., kill: _Optional[_Union[KillTrial, _Mapping]] = ..., profile: _Optional[_Union[ProfileWorkload, _Mapping]] = ..., launch_group: _Optional[_Union[LaunchGroup, _Mapping]] = ..., drop_checkpoint: _Optional[_Union[DropCheckpoint, _Mapping]] = ...) -> None: ...
+    acked: Acked
+    def __init__(self, registered: _Optional[_Union[Registered, _Mapping]] = ..., launch: _Optional[_Union[LaunchTrial, _Mapping]] = ..., kill: _Optional[_Union[KillTrial, _Mapping]] = ..., profile: _Optional[_Union[ProfileWorkload, _Mapping]] = ..., launch_group: _Optional[_Union[LaunchGroup, _Mapping]] = ..., drop_checkpoint: _Optional[_Union[DropCheckpoint, _Mapping]] = ..., acked: _Optional[_Union[Acked, _Mapping]] = ...) -> None: ...
+
+class Acked(_message.Message):
+    __slots__ = ("id",)
+    ID_FIELD_NUMBER: _ClassVar[int]
+    id: str
+    def __init__(self, id: _Optional[str] = ...) -> None: ...
 
 class DropCheckpoint(_message.Message):
     __slots__ = ("trial_id", "study_id")

@@ -1,0 +1,155 @@
+"""No exit lost, none counted twice: agents keep each exit until the server acknowledges it
+as committed and send it again until then; a repeated exit changes nothing; a trial that a
+node's heartbeats leave out for longer than a grace, with no exit, runs again."""
+
+from __future__ import annotations
+
+import queue
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from hypersack._proto.v1 import hypersack_pb2 as pb
+from hypersack.agent.agent import Agent
+from hypersack.agent.devices import FakeBackend
+from hypersack.core.clock import ManualClock
+from hypersack.core.cluster import parse_shorthand
+from hypersack.core.errors import StaleEvent
+from hypersack.core.types import Demand, Profile, TrialState, WorkloadKey
+from hypersack.grid.space import parse_space
+from hypersack.orchestrator import (
+    Heartbeat,
+    NodeDrained,
+    NodeJoined,
+    Orchestrator,
+    OrchestratorConfig,
+    RunningTrial,
+    StudySubmitted,
+    TrialFailed,
+    launched,
+)
+from hypersack.sampler.profiles import load_profiles
+from hypersack.server.service import SchedulerService
+from hypersack.store import MemoryStore, SqliteStore
+from hypersack.testing.stores import FailingStore
+from hypersack.wire.convert import ack_id
+from tests.conftest import EXAMPLES
+
+
+def _orchestrator(clock: ManualClock, grace_s: float = 10.0) -> Orchestrator:
+    store = MemoryStore()
+    store.put_profile(Profile(key=WorkloadKey(model="resnet18", batch_size=64), arch="A100",
+                              demand=Demand(compute_pct=40, memory_mib=1000, cores=1),
+                              iter_time_s=0.1, iters_per_epoch=10))
+    orch = Orchestrator(store, clock, OrchestratorConfig(missing_grace_s=grace_s))
+    orch.handle(NodeJoined(parse_shorthand("1x1xA100-80GB@8").nodes[0]))
+    return orch
+
+
+def _space(n: int = 2, retries: int = 2) -> Any:
+    return parse_space({"name": "t", "models": ["resnet18"],
+                        "hyperparameters": {"batch_size": [64],
+                                            "lr": [0.1 * (i + 1) for i in range(n)]},
+                        "settings": {"fusion": "off", "retries": retries}})
+
+
+def test_a_repeated_exit_of_a_handled_attempt_is_stale() -> None:
+    orch = _orchestrator(ManualClock(100.0))
+    t = launched(orch.handle(StudySubmitted(_space(n=3))))[0]
+    orch.handle(NodeDrained("node0"))  # so that it waits, PENDING, after its failure
+    orch.handle(TrialFailed(t.trial_id, "node0", 1, "boom", attempt=t.attempt))
+    assert orch.trial(t.trial_id).failures == 1
+    assert orch.trial(t.trial_id).state == TrialState.PENDING
+    try:
+        orch.handle(TrialFailed(t.trial_id, "node0", 1, "boom", attempt=t.attempt))
+        raise AssertionError("a repeated exit should be stale")
+    except StaleEvent as exc:
+        assert "handled already" in str(exc)
+    assert orch.trial(t.trial_id).failures == 1  # counted once
+
+
+def test_a_trial_left_out_of_heartbeats_past_the_grace_runs_again() -> None:
+    clock = ManualClock(100.0)
+    orch = _orchestrator(clock, grace_s=10.0)
+    first = launched(orch.handle(StudySubmitted(_space(n=2))))
+    a, b = (c.trial_id for c in first)
+    both = (RunningTrial(a, 0, attempt=1), RunningTrial(b, 0, attempt=1))
+    only_a = both[:1]
+    orch.handle(Heartbeat("node0", both))
+    orch.handle(Heartbeat("node0", only_a))  # b left out: its launch may be in flight
+    clock.advance(10.0)
+    assert orch.handle(Heartbeat("node0", only_a)) == []
+    assert orch.trial(b).state == TrialState.RUNNING  # within the grace
+    clock.advance(0.5)
+    again = launched(orch.handle(Heartbeat("node0", only_a)))
+    t = orch.trial(b)
+    assert "left out of its heartbeats" in t.reason and t.failures == 0
+    assert [(c.trial_id, c.attempt) for c in again] == [(b, 2)]  # its next attempt
+    # A trial listed again before the grace ends starts the count afresh.
+    orch.handle(Heartbeat("node0", (both[0],)))
+    clock.advance(8.0)
+    orch.handle(Heartbeat("node0", (both[0], RunningTrial(b, 0, attempt=2))))
+    clock.advance(8.0)
+    orch.handle(Heartbeat("node0", (both[0],)))
+    assert orch.trial(b).state == TrialState.RUNNING
+
+
+def _until(what: Callable[[], bool], timeout_s: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not what():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.02)
+
+
+def test_the_server_acknowledges_an_exit_only_once_committed(tmp_path: Path) -> None:
+    inner = SqliteStore(tmp_path / "s.db")
+    for p in load_profiles(EXAMPLES / "profiles-estimates.yaml"):
+        inner.put_profile(p)
+    store = FailingStore(inner)
+    svc = SchedulerService(store, tick_interval_s=0.05)
+    svc.start()
+    try:
+        session = svc.register(pb.Register(node="n0", cores=8, backend="fake", gpus=[
+            pb.GpuInfo(index=0, arch="A100", memory_mib=81920, uuid="g0")]))
+        svc.submit("name: tiny\nmodels: [resnet18]\nhyperparameters: {batch_size: [64], "
+                   "lr: [0.1, 0.2]}\nsettings: {fusion: 'off'}\nprogram: {builtin: sleep}\n",
+                   "tiny.yaml")
+        launch = next(m.launch for m in session.drain() if m is not None
+                      and m.HasField("launch"))
+        exit_msg = pb.AgentMessage(exited=pb.TrialExited(
+            trial_id=launch.trial_id, exit_code=1, attempt=launch.attempt, log_tail="boom"))
+        store.fail_commits = 1
+        svc.agent_message(session, exit_msg)
+        _until(lambda: store.failures == 1)
+        _until(lambda: svc.store_failure is None)  # the tick retried it, and committed
+        assert not any(m is not None and m.HasField("acked") for m in session.drain())
+        svc.agent_message(session, exit_msg)  # the agent sends it again: stale, acknowledged
+        acked: list[str] = []
+        _until(lambda: bool(acked.extend(m.acked.id for m in session.drain()
+                                         if m is not None and m.HasField("acked"))
+                            or acked))
+        assert acked == [ack_id(exit_msg)]
+        assert svc.orch.trial(launch.trial_id).failures == 1  # counted once
+    finally:
+        svc.stop()
+        inner.close()
+
+
+def test_an_agent_keeps_an_exit_as_running_until_it_is_acknowledged(tmp_path: Path) -> None:
+    agent = Agent("127.0.0.1:1", "n1", FakeBackend("1xA100-80GB@4", node="n1"),
+                  tmp_path / "work")
+    outbox: queue.Queue[pb.AgentMessage | None] = queue.Queue()
+    exit_msg = pb.AgentMessage(exited=pb.TrialExited(trial_id="s-1-t00000", exit_code=0,
+                                                     attempt=2))
+    agent._send(outbox, exit_msg, 0)
+    assert outbox.get_nowait() == exit_msg
+    # Its heartbeats and registration list it, so the server neither requeues it nor
+    # launches it elsewhere before the exit is committed.
+    assert [(r.trial_id, r.attempt) for r in agent._running()] == [("s-1-t00000", 2)]
+    agent._send_unacked(outbox, 0.0)  # a reconnection sends it again
+    assert outbox.get_nowait() == exit_msg
+    agent._command(pb.ServerMessage(acked=pb.Acked(id=ack_id(exit_msg) or "")), outbox)
+    assert agent._running() == []
+    agent._send_unacked(outbox, 0.0)
+    assert outbox.empty()
