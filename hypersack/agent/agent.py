@@ -14,6 +14,7 @@ import queue
 import random
 import resource
 import shutil
+import subprocess
 import threading
 import time
 from collections.abc import Iterable
@@ -27,8 +28,10 @@ from hypersack._proto.v1 import hypersack_pb2 as pb
 from hypersack._proto.v1 import hypersack_pb2_grpc as pb_grpc
 from hypersack.agent.accounts import TrialUsers
 from hypersack.agent.devices import DeviceBackend, DeviceState, Measured
+from hypersack.agent.fence import FENCED_MARK, Lease, fence_of, kill_grace_of, watchdog_argv
 from hypersack.agent.guard import CommandPolicy, clean_env
 from hypersack.agent.launcher import (
+    KILL_GRACE_S,
     LOG_MAX_BYTES,
     Job,
     MemberJob,
@@ -132,6 +135,14 @@ class Agent:
         # by jobs_lock (heartbeats list the trials whose exits wait here as running).
         self._unacked: dict[str, tuple[pb.AgentMessage, int, float]] = {}
         self.resend_s = 2.0
+        # The fence (see hypersack.agent.fence): the lease its trials' watchdogs read,
+        # renewed by each heartbeat the server acknowledges; the heartbeats' send times.
+        self.lease = Lease(self.node_dir / "lease")
+        self.lease.path.write_text("0")  # nothing may run before the server is heard
+        self.fence_s = fence_of(self.heartbeat_timeout_s)
+        self._beats = 0
+        self._beat_sent: dict[int, float] = {}
+        self.watchdogs: dict[str, subprocess.Popen[bytes]] = {}  # by the job's key
         self.connected = threading.Event()
         self.sessions = 0
         self.heartbeat_interval_s = 5.0
@@ -210,6 +221,12 @@ class Agent:
             time.sleep(0.05)
         for job in every:
             self.records.remove(job.key)
+        for watchdog in self.watchdogs.values():  # each ends with its trial
+            try:
+                watchdog.wait(timeout=2)
+            except subprocess.TimeoutExpired:
+                watchdog.kill()
+        self.watchdogs.clear()
         kill_strays(self.agent_dir, set())
 
     # ----------------------------------------------------------------- one stream
@@ -248,6 +265,7 @@ class Agent:
             job.peak_util_pct = max(job.peak_util_pct, u.utilization_pct)
 
     def _register(self) -> pb.AgentMessage:
+        self._fence_if_lapsed()
         running = self._running()
         return pb.AgentMessage(register=pb.Register(
             node=self.node, cores=self.backend.cores(), backend=self.backend.name,
@@ -349,7 +367,44 @@ class Agent:
         for _, m, _ in due:
             outbox.put(m)
 
+    def _fence_if_lapsed(self) -> None:
+        """Stop every trial if the lease lapsed (the watchdogs do it too, and a frozen
+        agent that wakes must not report a trial as running that the server may have
+        started elsewhere): before anything is reported."""
+        if not self.lease.lapsed():
+            return
+        with self.jobs_lock:
+            every = [*self.jobs.values(), *self.groups.values()]
+        victims = [j for j in every if not j.profile and j.exit_code is None
+                   and not j.fenced and j.killed_at is None]
+        if not victims:
+            return
+        log.warning("fence: no word from the server for %.1f s (fence %g s); stopping %d "
+                    "trial(s), which run again once the server reschedules them",
+                    self.fence_s - self.lease.left_s(), self.fence_s, len(victims))
+        for job in victims:
+            job.fenced = True
+            job.kill()
+
+    def _guard(self, job: Job) -> None:
+        """Start the watchdog that fences the job's process group (see agent.fence)."""
+        if job.proc is None:
+            return
+        grace = kill_grace_of(self.heartbeat_timeout_s, KILL_GRACE_S)
+        try:
+            self.watchdogs[job.key] = subprocess.Popen(
+                watchdog_argv(self.lease.path, job.proc.pid, job.workdir / FENCED_MARK, grace),
+                stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                start_new_session=True, env={"PATH": os.environ.get("PATH", "/usr/bin:/bin")})
+        except OSError as exc:  # the agent's own fence still holds while it runs
+            log.warning("%s: no fence watchdog: %s", job.id, exc)
+
+    def _reap_watchdogs(self) -> None:
+        for key in [k for k, w in self.watchdogs.items() if w.poll() is not None]:
+            del self.watchdogs[key]
+
     def _heartbeat(self) -> pb.AgentMessage:
+        self._fence_if_lapsed()
         running = self._running()
         try:
             states = self.backend.sample()
@@ -358,8 +413,12 @@ class Agent:
             states = []
         self.device_states = states
         self.heartbeat_sent_at = time.monotonic()
+        self._beats += 1
+        self._beat_sent[self._beats] = self.heartbeat_sent_at
+        for old in [n for n in self._beat_sent if n <= self._beats - 64]:
+            del self._beat_sent[old]
         return pb.AgentMessage(heartbeat=pb.Heartbeat(
-            running=running,
+            seq=self._beats, running=running,
             gpus=[self._gpu_state(s) for s in states]))
 
     def _gpu_state(self, s: DeviceState) -> pb.GpuState:
@@ -378,6 +437,13 @@ class Agent:
             self.heartbeat_interval_s = clamp(r.heartbeat_interval_s, 0.05, 3600.0, 5.0)
             self.heartbeat_timeout_s = clamp(r.heartbeat_timeout_s or 30.0, 0.5, 1e6, 30.0)
             self.sessions += 1
+            self.fence_s = fence_of(self.heartbeat_timeout_s)
+            if self.heartbeat_interval_s >= self.fence_s:
+                log.warning("heartbeats every %g s, fence %g s: trials would be fenced "
+                            "between heartbeats; the server's heartbeat timeout should be "
+                            "several heartbeat intervals", self.heartbeat_interval_s,
+                            self.fence_s)
+            self.lease.renew(time.monotonic() + self.fence_s)  # it just heard us
             self.connected.set()
             log.info("registered with %s as %s (%d devices)", self.server, self.node,
                      len(self.backend.devices()))
@@ -393,8 +459,14 @@ class Agent:
         elif kind == "profile":
             self._profile(msg.profile, outbox)
         elif kind == "acked":
+            ack = msg.acked.id
+            if ack.startswith("heartbeat:"):
+                sent = self._beat_sent.pop(int(ack.split(":", 1)[1] or 0), None)
+                if sent is not None:
+                    self.lease.renew(sent + self.fence_s)
+                return
             with self.jobs_lock:
-                self._unacked.pop(msg.acked.id, None)
+                self._unacked.pop(ack, None)
         elif kind == "drop_checkpoint":
             d = msg.drop_checkpoint
             self._to_drop.add((d.study_id, d.trial_id))
@@ -445,7 +517,7 @@ class Agent:
         env = {**self.backend.env_for(device), sdk.ENV_TRIAL_ID: job_id,
                sdk.ENV_STUDY_ID: study_id, sdk.ENV_PARAMS: params_json or "{}",
                sdk.ENV_EPOCHS: repr(epochs), sdk.ENV_OPTIONS: program.options_json or "{}",
-               **(extra_env or {})}
+               **({sdk.ENV_ATTEMPT: str(attempt)} if attempt else {}), **(extra_env or {})}
         return Job(job_id, gpu_index, workdir, argv, env, profile=profile, attempt=attempt,
                    agent_dir=self.agent_dir, log_max_bytes=self.log_max_bytes,
                    base_env=self.base_env, account=account), device
@@ -472,6 +544,7 @@ class Agent:
             return
         if job.proc is not None:
             self.records.add(job.key, job.proc.pid, job.attempt)
+        self._guard(job)
         with self.jobs_lock:
             self.jobs[job.key] = job
         log.info("launched %s (attempt %d) on device %d: %s", m.trial_id, m.attempt,
@@ -549,6 +622,7 @@ class Agent:
             return
         if process.proc is not None:
             self.records.add(process.key, process.proc.pid, 0)
+        self._guard(process)
         with self.jobs_lock:
             self.groups[process.key] = process
             for j in jobs:
@@ -602,6 +676,9 @@ class Agent:
 
     # ----------------------------------------------------------------- processes
     def _poll(self, outbox: queue.Queue[pb.AgentMessage | None]) -> None:
+        self._fence_if_lapsed()
+        if self.watchdogs:
+            self._reap_watchdogs()
         if self._unacked and self.connected.is_set():
             self._send_unacked(outbox, self.resend_s)
         if self.mps is not None and \
@@ -636,18 +713,21 @@ class Agent:
             if not isinstance(job, MemberJob):
                 self.records.remove(job.key)
             self._ended_since_sweep = True
-            if job.killed_at is not None:
+            fenced = job.fenced or self._fenced_by_watchdog(job)
+            if job.killed_at is not None and not fenced:
                 continue  # the server asked for it; nothing to report
             if job.profile:
                 self._send(outbox, self._profile_result(job, code), job.gpu_index)
                 continue
             job.new_metrics()
             job.cap_log()
-            log.info("%s exited with code %d", job.id, code)
+            log.info("%s exited with code %d%s", job.id, code,
+                     " (fenced)" if fenced else "")
             self._send(outbox, pb.AgentMessage(exited=pb.TrialExited(
                 trial_id=job.id, exit_code=code, log_tail=job.log_tail(LOG_TAIL_CHARS),
-                metrics=job.metrics, out_of_memory=code == sdk.OOM_EXIT_CODE,
-                peak_memory_mib=job.peak_memory_mib, attempt=job.attempt)), job.gpu_index)
+                metrics=job.metrics, out_of_memory=code == sdk.OOM_EXIT_CODE and not fenced,
+                peak_memory_mib=job.peak_memory_mib, attempt=job.attempt, fenced=fenced)),
+                job.gpu_index)
         if self._to_drop:
             self._drop_checkpoints()
         if self._ended_since_sweep and time.monotonic() - self._swept_at >= SWEEP_INTERVAL_S:
@@ -659,6 +739,12 @@ class Agent:
                 kill_strays(self.agent_dir, set(self.jobs) | set(self.groups))
             except Exception as exc:  # a scan that fails must not stop the agent
                 log.warning("looking for processes left by trials failed: %s", exc)
+
+    @staticmethod
+    def _fenced_by_watchdog(job: Job) -> bool:
+        """Whether the job's watchdog (its group's, for a fused member) fenced it."""
+        process = job.group if isinstance(job, MemberJob) and job.group is not None else job
+        return (process.workdir / FENCED_MARK).exists()
 
     def _profile_result(self, job: Job, code: int) -> pb.AgentMessage:
         m = self._profile_keys.pop(job.id)

@@ -106,6 +106,7 @@ class Job:
     memory_mib: int = 0  # as last observed
     util_pct: float = 0.0
     ended: str = ""  # a fused member's own end (completed, diverged, stopped), from its file
+    fenced: bool = False  # stopped by the node's fence (see hypersack.agent.fence)
     _metrics_pos: int = 0
     _log: IO[bytes] | None = None
     _tree: list[psutil.Process] = field(default_factory=list)

@@ -99,6 +99,8 @@ class TrialFailed:
     exit_code: int
     log_tail: str = ""
     attempt: int = 0
+    # Stopped by its node's fence (its agent lost the server): not the trial's failure.
+    fenced: bool = False
 
 
 @dataclass(frozen=True)

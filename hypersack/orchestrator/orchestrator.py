@@ -938,6 +938,11 @@ class Orchestrator:
     def _on_failed(self, event: TrialFailed) -> list[Command]:
         t = self._exit_of(event)
         self._release(t.id)
+        if event.fenced:
+            self._requeue(t, reason=f"stopped on {event.node} by its fence (its agent did "
+                                    "not hear from the server in time); it runs again, no "
+                                    "failure counted")
+            return self._schedule()
         after = after_failure(event.exit_code, t.failures,
                               self._spaces[t.study_id].settings.retries)
         tail = event.log_tail[-4000:]

@@ -566,7 +566,10 @@ class SchedulerService:
 
     def agent_message(self, session: AgentSession, msg: pb.AgentMessage) -> None:
         """Queue one message from an agent; the event worker applies queued messages in
-        batches and decides once per batch."""
+        batches and decides once per batch. A heartbeat is acknowledged on receipt, batch
+        or no batch, store or no store: the agent's fence lease runs from it."""
+        if msg.WhichOneof("body") == "heartbeat" and msg.heartbeat.seq and session.connected:
+            session.send(pb.ServerMessage(acked=pb.Acked(id=f"heartbeat:{msg.heartbeat.seq}")))
         self._inbox.put((session, msg, time.monotonic()))
 
     def _event_loop(self) -> None:
@@ -664,6 +667,9 @@ class SchedulerService:
         if e.exit_code == 0:
             return TrialFinished(e.trial_id, node, clean_metrics(e.metrics), log_tail=tail,
                                  attempt=e.attempt, nonfinite=nonfinite_names(e.metrics))
+        if e.fenced:
+            return TrialFailed(e.trial_id, node, e.exit_code, tail, attempt=e.attempt,
+                               fenced=True)
         if e.out_of_memory or e.exit_code == OOM_EXIT_CODE:
             return TrialOutOfMemory(e.trial_id, node, clean_memory(e.peak_memory_mib),
                                     attempt=e.attempt)

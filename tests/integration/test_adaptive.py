@@ -64,8 +64,13 @@ program: {builtin: sleep, options: {seconds_per_epoch: 0.6, iters_per_epoch: 2}}
 """
 
 
+# A restart shorter than the agent's fence (half the heartbeat timeout): its trials keep
+# running through it.
+RESTART_FLAGS = ("--heartbeat-timeout-s", "20")
+
+
 def test_server_killed_mid_optuna_asha_study_finishes_it_once(cluster: Cluster) -> None:
-    cluster.start_server()
+    cluster.start_server(*RESTART_FLAGS)
     cluster.start_agent("n1", "1xA100-80GB@16")
     with cluster.client() as c:
         study = str(c.submit(ADAPTIVE, "adaptive.yaml").id)
@@ -82,7 +87,7 @@ def test_server_killed_mid_optuna_asha_study_finishes_it_once(cluster: Cluster) 
     before = {t.id: json.loads(t.params_json) for t in trials()}
     cluster.kill_server()
     time.sleep(1.0)  # the agent keeps its trials running meanwhile
-    cluster.start_server()
+    cluster.start_server(*RESTART_FLAGS)
 
     def state() -> str:
         with cluster.client() as c:

@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
+import itertools
 import os
+import signal
 import subprocess
 import sys
 import time
 from pathlib import Path
 
 from tests.integration.conftest import Cluster, space_yaml, wait_for
+
+RESTART_FLAGS = ("--heartbeat-timeout-s", "20")  # the agents' fence: 10 s
 
 
 def _submit(c: Cluster, text: str) -> str:
@@ -106,7 +110,10 @@ def test_crashing_trial_is_retried_then_failed_with_its_log(cluster: Cluster,
 
 
 def test_server_killed_and_restarted_study_completes_once(cluster: Cluster) -> None:
-    cluster.start_server()
+    # A restart shorter than the agents' fence (half the heartbeat timeout): their trials
+    # keep running through it. (Longer, and they stop: the fence cannot tell a restarting
+    # server from one that lost the node and runs its trials elsewhere.)
+    cluster.start_server(*RESTART_FLAGS)
     cluster.start_agent("n1")
     cluster.start_agent("n2")
     study = _submit(cluster, space_yaml("restart", seconds_per_epoch=1.5, ratio=1.0,
@@ -116,7 +123,7 @@ def test_server_killed_and_restarted_study_completes_once(cluster: Cluster) -> N
     running = {t.id for t in _trials(cluster, study) if t.state == "RUNNING"}
     cluster.kill_server()
     time.sleep(1.0)  # agents notice and keep their trials running
-    cluster.start_server()
+    cluster.start_server(*RESTART_FLAGS)
     trials = _done(cluster, study)
     assert {t.state for t in trials} == {"COMPLETED"}
     # Adopted, not started again: every trial's process started exactly once (a launch
@@ -200,3 +207,70 @@ def test_killed_agent_leaves_nothing_running_twice_and_nothing_after(
         client.cancel(study)
     # Cancelled: the whole tree goes, the child that ignores SIGTERM included.
     wait_for("no process left", lambda: not _marked(agent_dir), 30, 0.2)
+
+
+LOGGER = """
+import os, signal, sys, time
+log, seconds = sys.argv[1], float(sys.argv[2])
+me = f"{os.environ['HYPERSACK_TRIAL_ID']} {os.environ['HYPERSACK_ATTEMPT']}"
+def say(what):
+    with open(log, "a") as f:
+        f.write(f"{what} {me} {time.time():.3f}\\n")
+def stopped(*_):
+    say("killed")
+    sys.exit(143)
+signal.signal(signal.SIGTERM, stopped)
+say("start")
+end = time.monotonic() + seconds
+while time.monotonic() < end:
+    say("alive")
+    time.sleep(0.2)
+say("end")
+"""
+
+
+def _runs(log: Path) -> dict[tuple[str, str], tuple[float, float, bool]]:
+    """(trial, attempt) -> (first seen, last seen, ran to its end), from the log."""
+    out: dict[tuple[str, str], tuple[float, float, bool]] = {}
+    for line in log.read_text().splitlines():
+        what, trial, attempt, at = line.split()
+        first, last, ended = out.get((trial, attempt), (float(at), float(at), False))
+        out[trial, attempt] = (min(first, float(at)), max(last, float(at)),
+                               ended or what == "end")
+    return out
+
+
+def test_a_frozen_agents_trials_are_fenced_before_they_run_elsewhere(
+        cluster: Cluster, tmp_path: Path) -> None:
+    """The issue's freeze: an agent SIGSTOPped for three heartbeat timeouts. Its trials
+    stop by its fence before the server runs them on the other node, so no trial runs in
+    two places at once, and each completes exactly once."""
+    script, log = tmp_path / "logger.py", tmp_path / "runs.log"
+    script.write_text(LOGGER)
+    cluster.start_server()
+    cluster.start_agent("n1", "1xA100-80GB@48")
+    cluster.start_agent("n2", "1xA100-80GB@48")
+    study = _submit(cluster, space_yaml(
+        "freeze", models="[resnet18]", batch_sizes="[64]", epochs=1,
+        lrs="[" + ", ".join(f"0.00{i}" for i in range(1, 9)) + "]",
+        program=f"{{command: '{{python}} {script} {log} 4'}}"))
+    wait_for("trials on both nodes", lambda: {t.node for t in _trials(cluster, study)
+                                             if t.state == "RUNNING"} == {"n1", "n2"}, 60, 0.1)
+    frozen = cluster.agents["n1"]
+    os.kill(frozen.pid, signal.SIGSTOP)
+    time.sleep(9.0)  # three times the heartbeat timeout (3 s)
+    os.kill(frozen.pid, signal.SIGCONT)
+    trials = _done(cluster, study, 120)
+    assert {t.state for t in trials} == {"COMPLETED"}, [(t.id, t.reason) for t in trials]
+    runs = _runs(log)
+    by_trial: dict[str, list[tuple[float, float, bool]]] = {}
+    for (trial, _), run in runs.items():
+        by_trial.setdefault(trial, []).append(run)
+    assert sorted(by_trial) == sorted(t.id for t in trials)
+    for trial, attempts in by_trial.items():
+        assert sum(ended for *_, ended in attempts) == 1, (trial, attempts)  # once, to the end
+        attempts.sort()
+        for (_, last, _), (first, _, _) in itertools.pairwise(attempts):
+            assert last < first, f"{trial}: two attempts at once"
+    assert any(len(a) > 1 for a in by_trial.values())  # the freeze did stop some
+    assert all(t.failures == 0 for t in trials)  # a fenced trial is no failure

@@ -443,12 +443,14 @@ class Register(_message.Message):
     def __init__(self, node: _Optional[str] = ..., cores: _Optional[float] = ..., gpus: _Optional[_Iterable[_Union[GpuInfo, _Mapping]]] = ..., running: _Optional[_Iterable[_Union[RunningTrial, _Mapping]]] = ..., backend: _Optional[str] = ..., version: _Optional[str] = ...) -> None: ...
 
 class Heartbeat(_message.Message):
-    __slots__ = ("running", "gpus")
+    __slots__ = ("running", "gpus", "seq")
     RUNNING_FIELD_NUMBER: _ClassVar[int]
     GPUS_FIELD_NUMBER: _ClassVar[int]
+    SEQ_FIELD_NUMBER: _ClassVar[int]
     running: _containers.RepeatedCompositeFieldContainer[RunningTrial]
     gpus: _containers.RepeatedCompositeFieldContainer[GpuState]
-    def __init__(self, running: _Optional[_Iterable[_Union[RunningTrial, _Mapping]]] = ..., gpus: _Optional[_Iterable[_Union[GpuState, _Mapping]]] = ...) -> None: ...
+    seq: int
+    def __init__(self, running: _Optional[_Iterable[_Union[RunningTrial, _Mapping]]] = ..., gpus: _Optional[_Iterable[_Union[GpuState, _Mapping]]] = ..., seq: _Optional[int] = ...) -> None: ...
 
 class TrialStarted(_message.Message):
     __slots__ = ("trial_id", "attempt")
@@ -478,7 +480,7 @@ class TrialMetrics(_message.Message):
     def __init__(self, trial_id: _Optional[str] = ..., step: _Optional[int] = ..., metrics: _Optional[_Mapping[str, float]] = ..., attempt: _Optional[int] = ...) -> None: ...
 
 class TrialExited(_message.Message):
-    __slots__ = ("trial_id", "exit_code", "log_tail", "metrics", "out_of_memory", "peak_memory_mib", "attempt")
+    __slots__ = ("trial_id", "exit_code", "log_tail", "metrics", "out_of_memory", "peak_memory_mib", "attempt", "fenced")
     class MetricsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -493,6 +495,7 @@ class TrialExited(_message.Message):
     OUT_OF_MEMORY_FIELD_NUMBER: _ClassVar[int]
     PEAK_MEMORY_MIB_FIELD_NUMBER: _ClassVar[int]
     ATTEMPT_FIELD_NUMBER: _ClassVar[int]
+    FENCED_FIELD_NUMBER: _ClassVar[int]
     trial_id: str
     exit_code: int
     log_tail: str
@@ -500,7 +503,8 @@ class TrialExited(_message.Message):
     out_of_memory: bool
     peak_memory_mib: int
     attempt: int
-    def __init__(self, trial_id: _Optional[str] = ..., exit_code: _Optional[int] = ..., log_tail: _Optional[str] = ..., metrics: _Optional[_Mapping[str, float]] = ..., out_of_memory: bool = ..., peak_memory_mib: _Optional[int] = ..., attempt: _Optional[int] = ...) -> None: ...
+    fenced: bool
+    def __init__(self, trial_id: _Optional[str] = ..., exit_code: _Optional[int] = ..., log_tail: _Optional[str] = ..., metrics: _Optional[_Mapping[str, float]] = ..., out_of_memory: bool = ..., peak_memory_mib: _Optional[int] = ..., attempt: _Optional[int] = ..., fenced: bool = ...) -> None: ...
 
 class ProfileRecord(_message.Message):
     __slots__ = ("key", "arch", "compute_pct", "memory_mib", "cores", "iter_time_s", "iters_per_epoch", "data_fraction", "source", "setup_s", "eval_s_per_epoch", "versions", "measured_at", "observed_memory_mib", "observed_compute_pct", "observed_trials", "corrected")
