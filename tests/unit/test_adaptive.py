@@ -101,8 +101,8 @@ class Driver:
     def step(self) -> None:
         """One epoch of every running trial."""
         # The orchestrator's count of pending trials per workload group stays exact.
-        for sid, counts in self.orch._pending_groups.items():
-            assert sum(counts.values()) == len(self.orch._pending_of(sid))
+        for sid, counts in self.orch.s.pending_groups.items():
+            assert sum(counts.values()) == len(self.orch.book.pending_of(sid))
         self.clock.advance(10.0)
         for tid in sorted(self.running):
             run = self.running.get(tid)
@@ -369,7 +369,7 @@ def test_optuna_search_asks_as_capacity_frees_and_is_told_every_end(sampler: str
     assert len(trials) == 12 and all(t.state == TrialState.COMPLETED for t in trials)
     assert [t.coords for t in trials] == [(i,) for i in range(12)]
     assert all(1e-4 <= t.params["lr"] <= 1.0 and 1 <= t.params["layers"] <= 4 for t in trials)
-    history = orch._search(sid).history()
+    history = orch.searches.search(sid).history()
     assert [(n, s) for n, s, _ in history] == [(i, "COMPLETE") for i in range(12)]
     assert [v for *_, v in history] == [t.objective for t in trials]
     assert orch.study(sid).state == StudyState.COMPLETED
@@ -407,7 +407,7 @@ def test_optuna_with_asha_tells_pruned_trials() -> None:
     assert len(trials) == 9
     states = {t.state for t in trials}
     assert states == {TrialState.COMPLETED, TrialState.PRUNED}
-    told = {n: s for n, s, _ in orch._search(sid).history()}
+    told = {n: s for n, s, _ in orch.searches.search(sid).history()}
     assert told == {t.coords[0]: "COMPLETE" if t.state == TrialState.COMPLETED else "PRUNED"
                     for t in trials}
 
@@ -469,7 +469,7 @@ def test_optuna_and_asha_survive_a_restart(tmp_path: Path) -> None:
     assert len(trials) == 12
     assert all(t.state in (TrialState.COMPLETED, TrialState.PRUNED) for t in trials)
     assert orch2.study(sid).state == StudyState.COMPLETED
-    history = orch2._search(sid).history()
+    history = orch2.searches.search(sid).history()
     assert [n for n, *_ in history] == list(range(12))
     assert {n: s for n, s, _ in history} == {
         t.coords[0]: "COMPLETE" if t.state == TrialState.COMPLETED else "PRUNED"
@@ -533,15 +533,15 @@ def test_a_restart_keeps_each_trial_in_its_bracket_and_rankings(tmp_path: Path) 
     store = SqliteStore(tmp_path / "h.db")
     orch, d, sid = start(sp, store)
     d.step()
-    before = {t.id: (orch._bracket(t), orch._ladder(t)) for t in orch.trials(sid)}
-    ranks = {k: len(r) for k, r in orch._rankings_of(sid).items()}
+    before = {t.id: (orch.book.bracket(t), orch.book.ladder(t)) for t in orch.trials(sid)}
+    ranks = {k: len(r) for k, r in orch.pruning.rankings_of(sid).items()}
     store.close()
     store2 = SqliteStore(tmp_path / "h.db")
     again = Orchestrator(store2, ManualClock(d.clock.now()), OrchestratorConfig(fusion=False))
-    assert {t.id: (again._bracket(t), again._ladder(t)) for t in again.trials(sid)} == before
-    assert {k: len(r) for k, r in again._rankings_of(sid).items()} == ranks
-    assert {k: r.paused for k, r in again._rankings_of(sid).items()} == {
-        k: r.paused for k, r in orch._rankings_of(sid).items()}
+    assert {t.id: (again.book.bracket(t), again.book.ladder(t)) for t in again.trials(sid)} == before
+    assert {k: len(r) for k, r in again.pruning.rankings_of(sid).items()} == ranks
+    assert {k: r.paused for k, r in again.pruning.rankings_of(sid).items()} == {
+        k: r.paused for k, r in orch.pruning.rankings_of(sid).items()}
     store2.close()
 
 
@@ -575,11 +575,11 @@ def test_an_ask_that_is_undone_leaves_no_phantom_trial_in_the_sampler() -> None:
     # records for the next decision's ask, so it knows exactly the trials the store has.
     trials = orch.trials(sid)
     assert trials == store.list_trials(sid) and len(trials) > 3
-    assert [n for n, *_ in orch._search(sid).history()] == list(range(len(trials)))
+    assert [n for n, *_ in orch.searches.search(sid).history()] == list(range(len(trials)))
     d.until_idle()
     trials = orch.trials(sid)
     assert len(trials) == 8 and trials == store.list_trials(sid)
-    assert [(n, s) for n, s, _ in orch._search(sid).history()] == [
+    assert [(n, s) for n, s, _ in orch.searches.search(sid).history()] == [
         (i, "COMPLETE") for i in range(8)]
     assert orch.study(sid).state == StudyState.COMPLETED
 

@@ -84,3 +84,33 @@ def test_the_check_sees_a_violation(tmp_path: Path) -> None:
     f.write_text("def f():\n    from hypersack.server import app\n"
                  "from hypersack import runner\n")
     assert [pkg for _, pkg in _imports(f)] == ["server", "runner"]
+
+
+# Inside the core, each module imports only those before it: the runtime on top, the
+# modules over the one state below it, the state, and the plain parts under everything.
+CORE_ORDER = ["events", "commands", "journal", "config", "outcomes", "retries", "fusion",
+              "shares", "cycle", "cluster", "state", "book", "pruning", "profiling",
+              "searches", "membership", "decide", "preempt", "explain", "trials", "studies",
+              "orchestrator", "__init__"]
+
+
+def _core_imports(path: Path) -> set[str]:
+    tree = ast.parse(path.read_text(), str(path))
+    out: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and node.module:
+            if node.module.startswith("hypersack.orchestrator."):
+                out.add(node.module.split(".")[2])
+            elif node.module == "hypersack.orchestrator":
+                out.update(a.name for a in node.names)
+    return out
+
+
+def test_the_core_imports_point_one_way() -> None:
+    core = PACKAGE / "orchestrator"
+    assert sorted(p.stem for p in core.glob("*.py")) == sorted(CORE_ORDER), \
+        "place the new module in CORE_ORDER"
+    bad = [f"{name} imports {dep}" for name in CORE_ORDER
+           for dep in _core_imports(core / f"{name}.py")
+           if CORE_ORDER.index(dep) >= CORE_ORDER.index(name)]
+    assert bad == []

@@ -324,14 +324,14 @@ def test_the_pending_scan_stops_early_and_passes_the_same_trials(shorthand: str)
 
     orch = submitted(EXAMPLES / "sp1.yaml", shorthand)  # trials alone: fusion off
     study_id = orch.decisions[-1].study_id
-    pending = orch._pending_of(study_id)
+    pending = orch.book.pending_of(study_id)
     assert pending
     archs = frozenset(g.arch for n in parse_shorthand(shorthand).nodes for g in n.gpus)
-    view = orch._cluster.view(orch._cluster.open_nodes(), {})
-    early = orch._plain_items(pending, archs, view)
-    counts = orch._pending_groups.pop(study_id)
-    full = orch._plain_items(pending, archs, view)  # without the counts: every trial
-    orch._pending_groups[study_id] = counts
+    view = orch.s.cluster.view(orch.s.cluster.open_nodes(), {})
+    early = orch.decider.plain_items(pending, archs, view)
+    counts = orch.s.pending_groups.pop(study_id)
+    full = orch.decider.plain_items(pending, archs, view)  # without the counts: every trial
+    orch.s.pending_groups[study_id] = counts
     assert sum(counts.values()) == len(pending)
     assert len(full) < len(pending)  # groups hold trials back: the scan may stop early
     assert [it.id for it in early] == [it.id for it in full]

@@ -230,7 +230,7 @@ def test_preempt_stops_a_fused_group_whole() -> None:
             "demand": p.demand.model_copy(update={"compute_pct": 80.0,
                                                   "memory_mib": 1000 + 300 * w}),
             "iter_time_s": p.iter_time_s * w * 0.4})
-        orch._profiles[wide.key, wide.arch] = wide
+        orch.s.profiles[wide.key, wide.arch] = wide
     orch.handle(StudySubmitted(study("bg", n=4, priority=-1, fusion="auto",
                                      oversubscription={"A100": 1.0})))
     groups = {t.group for t in orch.trials("bg-1") if t.state == TrialState.RUNNING}

@@ -1,0 +1,57 @@
+"""The orchestrator's server-wide settings (a study's own settings override the ratios
+and the policy)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from hypersack.core.types import UserShare
+
+DEFAULT_RATIOS: dict[str, float] = {"A100": 3.0, "H100": 2.5}
+_DEFAULT_SHARE = UserShare()
+
+
+@dataclass(frozen=True)
+class OrchestratorConfig:
+    """Server-wide settings; a study's own settings override the ratios and the policy."""
+
+    oversubscription: Mapping[str, float] = field(default_factory=lambda: dict(DEFAULT_RATIOS))
+    default_ratio: float = 1.0
+    heartbeat_timeout_s: float = 30.0
+    restore_grace_s: float = 30.0  # extra time for the nodes of a restarted server
+    # A node's heartbeats list what it runs (and the trials whose exits it has yet to see
+    # acknowledged): a trial held RUNNING there that its heartbeats leave out for longer
+    # than this, with no exit, goes back to PENDING for its next attempt (its launch was
+    # lost, or its agent restarted without it).
+    missing_grace_s: float = 15.0
+    exclusive: bool = False  # one trial per GPU: the baseline the paper compares against
+    fusion: bool = True  # False: no fused groups for any study (packing alone)
+    oom_growth: float = 1.5  # memory demand factor after an out-of-memory death
+    # Feedback: a profile's memory demand becomes a trial's observed peak plus this share
+    # when the peak exceeds it; its compute demand becomes the observed utilization when
+    # that exceeds the demand by more than the tolerance (utilization is noisy).
+    feedback_margin: float = 0.05
+    feedback_compute_tolerance: float = 0.25
+    profile_iterations: int = 10
+    profile_warmup: int = 1
+    policy: str | None = None  # overrides every study's policy when set
+    policy_options: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
+    decision_log: int = 1000  # how many recent decisions to keep for inspection
+    # The longest an Optuna search's sampler may ask for new trials in one decision (a
+    # GP sampler's ask takes tenths of a second, and the server's lock is held): what is
+    # left is asked at the next tick. None: no bound (the simulator, for repeatable runs).
+    ask_budget_s: float | None = 0.1
+    # Fair share, quotas and the highest priority each user may ask for, by user name
+    # ("*": everyone not named); see `shares`.
+    shares: Mapping[str, UserShare] = field(default_factory=dict)
+
+    def share_rule(self, user: str) -> UserShare:
+        rule = self.shares.get(user) or self.shares.get("*")
+        return rule if rule is not None else _DEFAULT_SHARE
+
+    def ratio(self, arch: str, study_ratios: Mapping[str, float]) -> float:
+        if arch in study_ratios:
+            return study_ratios[arch]
+        return self.oversubscription.get(arch, self.default_ratio)

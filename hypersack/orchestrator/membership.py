@@ -1,0 +1,148 @@
+"""Nodes joining, leaving, draining and heartbeating: what each runs is reconciled
+with what the core holds there."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable
+
+from hypersack.core.types import (
+    NodeRecord,
+    TrialRecord,
+    TrialState,
+)
+from hypersack.orchestrator.book import Book
+from hypersack.orchestrator.cluster import Node
+from hypersack.orchestrator.commands import (
+    Command,
+    KillTrial,
+)
+from hypersack.orchestrator.events import (
+    Heartbeat,
+    NodeDrained,
+    NodeJoined,
+    NodeLost,
+    RunningTrial,
+)
+from hypersack.orchestrator.profiling import Profiling
+from hypersack.orchestrator.state import CoreState
+from hypersack.sampler.profiles import demand_with_override
+
+log = logging.getLogger(__name__)
+
+
+class Membership:
+    def __init__(self, s: CoreState, book: Book, profiling: Profiling) -> None:
+        self.s = s
+        self.book = book
+        self.profiling = profiling
+        book.on_transition.append(self._heard)
+
+    def _heard(self, old: TrialRecord, new: TrialRecord) -> None:
+        """A trial that stops running is no longer missing from any heartbeat."""
+        if old.state == TrialState.RUNNING and new.state != TrialState.RUNNING:
+            self.s.missing.pop(old.id, None)
+
+    def on_heartbeat(self, event: Heartbeat) -> list[Command]:
+        node = self.s.cluster.live(event.node)
+        self.s.cluster.seen(node, self.s.clock.now())
+        return self.reconcile(node, event.running, joined=False)
+
+    def on_lost(self, event: NodeLost) -> list[Command]:
+        self.s.cluster.live(event.node)
+        self.lose(event.node, event.reason)
+        return self.s.decide()
+
+    def on_drained(self, event: NodeDrained) -> list[Command]:
+        node = self.s.cluster.live(event.node)
+        self.s.cluster.touch(node)
+        node.draining = event.draining
+        self.s.store.put_node(node.record())
+        return [] if event.draining else self.s.decide()
+
+    def on_joined(self, event: NodeJoined) -> list[Command]:
+        spec = event.node
+        old = self.s.cluster.get(spec.name)
+        now = self.s.clock.now()
+        if old is not None and old.spec != spec:
+            # Same name, new inventory (a GPU appeared or failed): keep what still runs.
+            self.lose(spec.name, "re-registered with a different inventory")
+            old = None
+        if old is None:
+            node = self.s.cluster.add(NodeRecord(spec=spec, draining=False), now)
+            self.s.store.put_node(node.record())
+            log.info("node %s joined: %d GPUs, %g cores", spec.name, len(spec.gpus), spec.cores)
+        else:
+            node = old
+            self.s.cluster.seen(node, now)
+        return self.reconcile(node, event.running, joined=True) + self.s.decide()
+
+    def reconcile(self, node: Node, running: Iterable[RunningTrial], *, joined: bool
+                   ) -> list[Command]:
+        """Adopt what the node runs for us, kill what it runs that we do not want, and
+        requeue what it should run but does not: at once on (re)registration, after
+        `missing_grace_s` of heartbeats that leave it out otherwise."""
+        commands: list[Command] = []
+        reported = set()
+        for r in running:
+            reported.add(r.trial_id)
+            t = self.s.trials.get(r.trial_id)
+            gpu = node.gpus.get(r.gpu_index)
+            if t is not None and r.attempt and r.attempt != t.launches:
+                # An older attempt still runs (its node came back after it was lost and
+                # the trial launched again): it goes, the current attempt stays.
+                commands.append(KillTrial(r.trial_id, node.spec.name,
+                                          f"attempt {r.attempt} was superseded by attempt "
+                                          f"{t.launches}", attempt=r.attempt))
+                continue
+            if t is not None and t.state == TrialState.RUNNING and t.node == node.spec.name:
+                if gpu is not None:
+                    self.profiling.observe(t, gpu, r)
+                continue
+            profile = None
+            if (t is not None and gpu is not None
+                    and t.state in (TrialState.PENDING, TrialState.PROFILING)
+                    and t.launched_on == node.spec.name):
+                # Only what this node was given, in its latest attempt: a node cannot
+                # claim a trial it never ran.
+                profile = self.s.profiles.get((t.key, gpu.arch))
+            if t is not None and gpu is not None and profile is not None:
+                demand = demand_with_override(profile, t.memory_override_mib)
+                self.book.set(t, state=TrialState.RUNNING, node=node.spec.name,
+                          gpu_index=gpu.spec_index, demand=demand)
+                self.s.cluster.allocate(t.id, node, gpu, demand)
+                log.info("adopted %s on %s:%d", t.id, node.spec.name, gpu.spec_index)
+            else:
+                commands.append(KillTrial(r.trial_id, node.spec.name,
+                                          "not scheduled here (duplicate or unknown)"))
+        now = self.s.clock.now()
+        requeued = False
+        for tid in reported & self.s.missing.keys():
+            del self.s.missing[tid]
+        for gpu in node.gpus.values():
+            for tid in sorted(gpu.trials - reported):
+                if not joined:
+                    since = self.s.missing.setdefault(tid, now)
+                    if now - since <= self.s.config.missing_grace_s:
+                        continue
+                self.book.release(tid)
+                self.book.requeue(self.s.trials[tid], reason=f"not running on {node.spec.name}"
+                              + ("" if joined else f" (left out of its heartbeats for "
+                                 f"{now - since:.0f} s, and no exit came)"))
+                log.info("%s is not running on %s; requeued", tid, node.spec.name)
+                requeued = True
+        if requeued and not joined:  # a join decides anyway
+            commands += self.s.decide()
+        return commands
+
+    def lose(self, name: str, reason: str) -> None:
+        self.s.profiling_dirty = True  # its profile jobs and GPUs are gone
+        node = self.s.cluster.remove(name)
+        self.s.store.remove_node(name)
+        for gpu in node.gpus.values():
+            for tid in sorted(gpu.trials):
+                t = self.s.trials[tid]
+                self.s.groups.pop(t.group, None)
+                self.book.requeue(t)
+            gpu.trials.clear()
+        log.warning("node %s lost (%s); its trials are pending again", name, reason)

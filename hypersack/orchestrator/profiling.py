@@ -1,0 +1,255 @@
+"""Profiles: what the history knows of each workload on each architecture, what to
+profile next and where, and the feedback of what running trials show."""
+
+from __future__ import annotations
+
+import logging
+
+from hypersack.core.errors import (
+    NotFound,
+)
+from hypersack.core.types import (
+    Profile,
+    StudyRecord,
+    TrialRecord,
+    TrialState,
+    WorkloadKey,
+)
+from hypersack.grid.space import SearchSpace
+from hypersack.orchestrator import fusion
+from hypersack.orchestrator.book import Book
+from hypersack.orchestrator.cluster import Gpu, Node
+from hypersack.orchestrator.commands import (
+    Command,
+    ProfileWorkload,
+)
+from hypersack.orchestrator.events import (
+    ProfileFailed,
+    ProfileMeasured,
+    ProfilesForgotten,
+    ProfilesImported,
+    RunningTrial,
+)
+from hypersack.orchestrator.pruning import Pruning
+from hypersack.orchestrator.state import CoreState, short
+from hypersack.policies.base import (
+    Need,
+)
+from hypersack.sampler import planning
+from hypersack.sampler.feedback import corrected
+from hypersack.sampler.planning import Slot
+from hypersack.sampler.profiles import demand_with_override, to_import
+
+log = logging.getLogger(__name__)
+
+
+class Profiling:
+    def __init__(self, s: CoreState, book: Book, pruning: Pruning) -> None:
+        self.s = s
+        self.book = book
+        self.pruning = pruning
+        book.on_release.append(self._released)
+
+    def _released(self, t: TrialRecord) -> None:
+        """What a trial was seen using while it ran is fed back to its profile."""
+        seen = self.s.observed.pop(t.id, None)
+        if seen is not None:
+            self.feedback(t.key, seen[0], seen[1], seen[2], t.id, count=True)
+
+    def needs(self, t: TrialRecord, archs: frozenset[str]) -> dict[str, Need]:
+        ck = (t.key, t.memory_override_mib, archs)
+        needs = self.s.needs_cache.get(ck)
+        if needs is None:
+            needs = {}
+            for arch in sorted(archs):
+                p = self.s.profiles.get((t.key, arch))
+                if p is not None:
+                    needs[arch] = Need.of(demand_with_override(p, t.memory_override_mib))
+            self.s.needs_cache[ck] = needs
+        return needs
+
+    def observe(self, t: TrialRecord, gpu: Gpu, r: RunningTrial) -> None:
+        """Keep a running trial's observed peaks; correct its profile when they exceed it."""
+        if r.peak_memory_mib <= 0 and r.peak_utilization_pct <= 0:
+            return
+        before = self.s.observed.get(t.id)
+        _, memory, util = before or (gpu.arch, 0, 0.0)
+        peaks = (gpu.arch, max(memory, r.peak_memory_mib), max(util, r.peak_utilization_pct))
+        if peaks != before:
+            self.s.observed[t.id] = peaks
+            self.feedback(t.key, *peaks, t.id)
+
+    def feedback(self, key: WorkloadKey, arch: str, memory_mib: int, util_pct: float,
+                  trial_id: str, *, count: bool = False, oom_at: int | None = None) -> None:
+        """Record a trial's observed peaks in its profile (see `sampler.feedback`)."""
+        p = self.s.profiles.get((key, arch))
+        if p is None:
+            return
+        new = corrected(p, memory_mib, util_pct, trial_id, count=count, oom_at=oom_at,
+                        margin=self.s.config.feedback_margin,
+                        tolerance=self.s.config.feedback_compute_tolerance)
+        if new is None:
+            return
+        self.s.profiles[key, arch] = new
+        self.s.store.put_profile(new)
+        if new.demand != p.demand:
+            self.s.needs_cache.clear()
+            self.s.profiling_dirty = True  # a fused width's memory guess may change
+
+    def on_profile(self, event: ProfileMeasured) -> list[Command]:
+        profile = event.profile
+        slot = (profile.key, profile.arch)
+        self.s.cluster.end_profile(slot)
+        self.s.profiles[slot] = profile
+        self.s.profile_failed.pop(slot, None)
+        self.s.needs_cache.clear()
+        self.s.store.put_profile(profile)
+        return self.s.decide()
+
+    def on_imported(self, event: ProfilesImported) -> list[Command]:
+        for p in to_import(event.profiles, self.s.profiles, event.replace):
+            self.s.profiles[p.key, p.arch] = p
+            self.s.profile_failed.pop((p.key, p.arch), None)
+            self.s.store.put_profile(p)
+        self.s.needs_cache.clear()
+        return self.s.decide()
+
+    def known_slots(self, model: str, arch: str = "") -> list[Slot]:
+        """What the history holds of a workload (profiles and failures), for forgetting."""
+        return sorted((s for s in {*self.s.profiles, *self.s.profile_failed}
+                       if s[0].model == model and (not arch or s[1] == arch)),
+                      key=lambda s: (s[0].label(), s[1]))
+
+    def on_forgotten(self, event: ProfilesForgotten) -> list[Command]:
+        """Forget what the history knows of a workload: its next study profiles it."""
+        slots = self.known_slots(event.model, event.arch)
+        if not slots:
+            raise NotFound(f"the history has nothing of workload {short(event.model, 80)!r}"
+                           + (f" on {short(event.arch, 40)}" if event.arch else ""))
+        for slot in slots:
+            if self.s.profiles.pop(slot, None) is not None:
+                self.s.store.remove_profile(*slot)
+            self.s.profile_failed.pop(slot, None)
+        log.info("forgot %d profile(s) of %s", len(slots), event.model)
+        return self.s.decide()
+
+    def on_profile_failed(self, event: ProfileFailed) -> list[Command]:
+        slot = (event.key, event.arch)
+        self.s.cluster.end_profile(slot)
+        self.s.profile_failed[slot] = event.reason
+        log.warning("profiling %s on %s failed: %s", event.key.label(), event.arch, event.reason)
+        return self.s.decide()
+
+    def state_demands(self, active: list[StudyRecord], archs: frozenset[str]) -> None:
+        """A study that states its demand (`settings.demand`) needs no profile run: its
+        workloads get profiles from it, on every architecture it names (or all). Written
+        to the history like a measurement, with its source; a measured profile gives way,
+        another study's stated one does not."""
+        for study in active:
+            settings = self.s.spaces[study.id].settings
+            if settings.demand is None:
+                continue
+            keys = {self.s.trials[tid].key for tid in self.s.by_study[study.id]}
+            for arch in sorted(archs):
+                d = settings.stated_on(arch)
+                if d is None:
+                    continue
+                for key in keys:
+                    old = self.s.profiles.get((key, arch))
+                    if old is not None and old.source.startswith("stated"):
+                        continue
+                    p = Profile(key=key, arch=arch, demand=d.demand(),
+                                iter_time_s=d.epoch_s, iters_per_epoch=1,
+                                source=f"stated by study {study.id}")
+                    self.s.profiles[key, arch] = p
+                    self.s.profile_failed.pop((key, arch), None)
+                    self.s.store.put_profile(p)
+                    self.s.needs_cache.clear()  # it may hold "no profile yet" for the key
+
+    def fused_profiles_wanted(self, active: list[StudyRecord], open_nodes: list[Node],
+                               archs: frozenset[str]) -> list[Slot]:
+        """The fused widths to measure next: per workload and architecture with a profile
+        alone, the narrowest width not yet measured (2, 4, 8, ... up to the study's limit
+        and its pending trials of that workload), one at a time, and none past a width
+        that failed or that the memory fit so far (a + b*K) says no GPU holds."""
+        largest: dict[str, int] = {}
+        for node in open_nodes:
+            for g in node.gpus.values():
+                largest[g.arch] = max(largest.get(g.arch, 0), g.memory_mib)
+        out: list[Slot] = []
+        for study in active:
+            space = self.s.spaces[study.id]
+            if not self.s.fusion_on(space):
+                continue
+            counts: dict[WorkloadKey, int] = {}
+            for t in self.book.pending_of(study.id):
+                if fusion.class_of(t) is not None:
+                    counts[t.key] = counts.get(t.key, 0) + 1
+            for key, n in counts.items():
+                widths = fusion.candidate_widths(space.settings.max_fusion_width, n)
+                for arch in sorted(archs):
+                    if (key, arch) not in self.s.profiles:
+                        continue
+                    for w in widths:
+                        slot = (fusion.fused_key(key, w), arch)
+                        if slot in self.s.profiles:
+                            continue
+                        guess = fusion.predicted_memory_mib(self.s.profiles, key, arch, w)
+                        if slot not in self.s.profile_failed and (
+                                guess is None or guess <= largest.get(arch, 0)):
+                            out.append(slot)
+                        break
+        return out
+
+    def profile_missing(self, active: list[StudyRecord], open_nodes: list[Node],
+                         archs: frozenset[str]) -> list[Command]:
+        """Profile each (workload, architecture) the history lacks, on a GPU of that
+        architecture (see `sampler.planning`); move trials between PENDING and PROFILING;
+        fail those no architecture can run."""
+        if not archs:
+            return []
+        self.state_demands(active, archs)
+        in_flight = self.s.cluster.in_flight()
+        wanted: list[Slot] = []
+        for study in active:
+            for tid in self.s.by_study[study.id]:
+                t = self.s.trials[tid]
+                if t.state not in (TrialState.PENDING, TrialState.PROFILING):
+                    continue
+                for slot in planning.missing(t.key, archs, self.s.profiles, self.s.profile_failed):
+                    if slot not in in_flight and slot not in wanted:
+                        wanted.append(slot)
+                status = planning.status(t.key, archs, self.s.profiles, self.s.profile_failed)
+                if status == "known":
+                    if t.state == TrialState.PROFILING:
+                        self.book.set(t, state=TrialState.PENDING)
+                elif status == "failed":
+                    reasons = "; ".join(f"{a}: {self.s.profile_failed[t.key, a]}"
+                                        for a in sorted(archs))
+                    self.book.fail(t, f"profiling failed on every architecture ({reasons})")
+                    self.pruning.maybe_done(t.study_id)
+                elif t.state == TrialState.PENDING:
+                    self.book.set(t, state=TrialState.PROFILING)
+        wanted += [s for s in self.fused_profiles_wanted(active, open_nodes, archs)
+                   if s not in in_flight and s not in wanted]
+        plan = planning.plan_profiles(wanted, self.s.cluster.gpu_slots(open_nodes))
+        for slot, g in plan.reserve:
+            node = self.s.cluster.live(g.node)
+            self.s.cluster.reserve(node, node.gpus[g.index], slot)
+        commands: list[Command] = []
+        for slot, g in plan.start:
+            node = self.s.cluster.live(g.node)
+            self.s.cluster.start_profile(node, node.gpus[g.index], slot)
+            commands.append(ProfileWorkload(key=slot[0], arch=slot[1], node=node.name,
+                                            gpu_index=g.index,
+                                            iterations=self.s.config.profile_iterations,
+                                            warmup=self.s.config.profile_warmup))
+        # Run again at the next exit while a wanted profile found no GPU or a reserved
+        # GPU has yet to drain.
+        assigned = {slot for slot, _ in (*plan.start, *plan.reserve)}
+        self.s.profiling_waiting = any(s not in assigned for s in wanted) or any(
+            g.reserved_for is not None for n in open_nodes for g in n.gpus.values())
+        return commands
+
+    def fusion(self, space: SearchSpace) -> bool:
+        return self.s.config.fusion and not self.s.config.exclusive and fusion.enabled(space)

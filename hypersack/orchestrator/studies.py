@@ -1,0 +1,115 @@
+"""Studies submitted, given trials (a manual search) and cancelled."""
+
+from __future__ import annotations
+
+import logging
+
+from hypersack.core.errors import (
+    InvalidInput,
+)
+from hypersack.core.types import (
+    StudyRecord,
+    StudyState,
+    TrialState,
+)
+from hypersack.grid.adaptive import check_search
+from hypersack.grid.expand import asked_trial, expand
+from hypersack.orchestrator.book import Book
+from hypersack.orchestrator.commands import (
+    Command,
+    KillTrial,
+)
+from hypersack.orchestrator.events import (
+    StudyCancelled,
+    StudySubmitted,
+    TrialsAsked,
+)
+from hypersack.orchestrator.pruning import Pruning
+from hypersack.orchestrator.state import CoreState, short
+
+log = logging.getLogger(__name__)
+
+
+class StudyEvents:
+    def __init__(self, s: CoreState, book: Book, pruning: Pruning) -> None:
+        self.s = s
+        self.book = book
+        self.pruning = pruning
+
+    def on_submitted(self, event: StudySubmitted) -> list[Command]:
+        space = event.space
+        seq = max((s.seq for s in self.s.studies.values()), default=0) + 1
+        # Numbered per name (sp1-1, sp1-2, ...). Unique: a name never ends in -<digits>
+        # of another name's number, as the number is always the last dash's part.
+        number = 1 + sum(s.name == space.name for s in self.s.studies.values())
+        study_id = f"{space.name}-{number}"
+        while study_id in self.s.studies:  # a name like "a-1" beside "a": never reused
+            number += 1
+            study_id = f"{space.name}-{number}"
+        study = StudyRecord(id=study_id, name=space.name, space=space.model_dump(mode="json"),
+                            submitted_at=self.s.clock.now(), seq=seq, owner=event.owner)
+        check_search(space)  # a sampler this server cannot run is refused now
+        trials = expand(space, study_id)
+        self.s.store.add_study(study, trials)
+        self.s.studies[study_id] = study
+        self.s.spaces[study_id] = space
+        self.s.by_study[study_id] = [t.id for t in trials]
+        self.s.open[study_id] = len(trials)
+        waiting = self.book.waiting_in(study_id)
+        for i, t in enumerate(trials):
+            self.s.trials[t.id] = t
+            self.s.place[t.id] = i
+            if t.state == TrialState.PENDING:
+                waiting[t.id] = self.book.wait_order(t)
+                self.book.count_group(t, 1)
+        # A new study profiles again what failed before: its user may have fixed the
+        # program since (the failure is not the workload's for good).
+        keys = {t.key for t in trials}
+        for slot in [s for s in self.s.profile_failed if s[0] in keys]:
+            log.info("study %s: profiling %s on %s again (it failed before: %s)", study_id,
+                     slot[0].label(), slot[1], short(self.s.profile_failed[slot], 200))
+            del self.s.profile_failed[slot]
+        log.info("study %s submitted: %d trials%s", study_id, space.size(),
+                 f" (asked of Optuna's {space.search.sampler} sampler as capacity frees)"
+                 if space.search.adaptive else "")
+        return self.s.decide()
+
+    def on_asked(self, event: TrialsAsked) -> list[Command]:
+        """Trials given by the owner of a manual search, run like any others."""
+        study = self.book.study(event.study_id)
+        space = self.s.spaces[study.id]
+        if space.search.type != "manual":
+            raise InvalidInput(f"study {study.id} searches by {space.search.type}; only a "
+                               "study with search type manual takes trials from outside")
+        if study.state != StudyState.ACTIVE:
+            raise InvalidInput(f"study {study.id} is {study.state.value}")
+        left = self.book.asks_left(study.id)
+        if len(event.params) > left:
+            raise InvalidInput(f"study {study.id} takes {left} more trial(s) (search.trials "
+                               f"= {space.size()}); {len(event.params)} given")
+        if not event.params:
+            return []
+        start = len(self.s.by_study[study.id])
+        self.book.add_trials(study.id, [
+            asked_trial(space, study.id, start + i, space.point(p))
+            for i, p in enumerate(event.params)])
+        return self.s.decide()
+
+    def on_cancelled(self, event: StudyCancelled) -> list[Command]:
+        study_id = event.study_id
+        study = self.book.study(study_id)
+        if study.state != StudyState.ACTIVE:
+            return []
+        commands: list[Command] = []
+        for tid in self.s.by_study[study_id]:
+            t = self.s.trials[tid]
+            if t.state == TrialState.RUNNING:
+                assert t.node is not None
+                commands.append(KillTrial(t.id, t.node, "study cancelled", attempt=t.launches))
+                self.book.release(t.id)
+            if not t.state.terminal:
+                self.book.set(t, state=TrialState.CANCELLED, reason="study cancelled",
+                          finished_at=self.s.clock.now())
+        self.book.set_study(study, StudyState.CANCELLED)
+        self.pruning.rung_decisions(study_id)  # closes its promotion windows
+        return commands + self.s.decide()
