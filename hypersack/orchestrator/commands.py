@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Union
 
 from hypersack.core.types import Demand, WorkloadKey
+from hypersack.grid.space import Program
 
 
 @dataclass(frozen=True)
@@ -23,6 +24,10 @@ class LaunchTrial:
     # the epochs its checkpoint holds (it resumes from them).
     stop_at: float = 0.0
     done_epochs: float = 0.0
+    # What the drivers need, carried so that they never look back into the core: the
+    # study's program and its owner (an agent may run the trial as that user).
+    program: Program | None = None
+    owner: str = ""
 
 
 @dataclass(frozen=True)
@@ -54,6 +59,12 @@ class ProfileWorkload:
     gpu_index: int
     iterations: int
     warmup: int
+    # The trial it profiles with (its parameters, epochs, program and owner): a pending
+    # one of that workload; a fused width runs the workload alone K times.
+    params: dict[str, Any] = field(default_factory=dict)
+    epochs: float = 0.0
+    program: Program | None = None
+    owner: str = ""
 
 
 @dataclass(frozen=True)

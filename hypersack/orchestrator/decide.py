@@ -385,7 +385,9 @@ class Decider:
         return LaunchTrial(trial_id=t.id, study_id=t.study_id, node=node_name,
                            gpu_index=gpu_index, params=dict(t.params), key=t.key,
                            demand=demand, epochs=t.epochs, attempt=t.launches,
-                           stop_at=stop_at or 0.0, done_epochs=t.done_epochs)
+                           stop_at=stop_at or 0.0, done_epochs=t.done_epochs,
+                           program=self.s.spaces[t.study_id].program,
+                           owner=self.s.studies[t.study_id].owner)
 
     def launch_group(self, members: list[TrialRecord], node_name: str, gpu_index: int
                       ) -> LaunchGroup:

@@ -211,11 +211,13 @@ class Profiling:
         self.state_demands(active, archs)
         in_flight = self.s.cluster.in_flight()
         wanted: list[Slot] = []
+        samples: dict[WorkloadKey, TrialRecord] = {}  # a waiting trial of each workload
         for study in active:
             for tid in self.s.by_study[study.id]:
                 t = self.s.trials[tid]
                 if t.state not in (TrialState.PENDING, TrialState.PROFILING):
                     continue
+                samples.setdefault(t.key, t)
                 for slot in planning.missing(t.key, archs, self.s.profiles, self.s.profile_failed):
                     if slot not in in_flight and slot not in wanted:
                         wanted.append(slot)
@@ -240,10 +242,14 @@ class Profiling:
         for slot, g in plan.start:
             node = self.s.cluster.live(g.node)
             self.s.cluster.start_profile(node, node.gpus[g.index], slot)
+            sample = samples[fusion.fused_key(slot[0], 1)]
             commands.append(ProfileWorkload(key=slot[0], arch=slot[1], node=node.name,
                                             gpu_index=g.index,
                                             iterations=self.s.config.profile_iterations,
-                                            warmup=self.s.config.profile_warmup))
+                                            warmup=self.s.config.profile_warmup,
+                                            params=dict(sample.params), epochs=sample.epochs,
+                                            program=self.s.spaces[sample.study_id].program,
+                                            owner=self.s.studies[sample.study_id].owner))
         # Run again at the next exit while a wanted profile found no GPU or a reserved
         # GPU has yet to drain.
         assigned = {slot for slot, _ in (*plan.start, *plan.reserve)}

@@ -75,7 +75,6 @@ from hypersack.orchestrator.events import (
     TrialsAsked,
     TrialStarted,
 )
-from hypersack.orchestrator.fusion import fused_key
 from hypersack.orchestrator.orchestrator import BatchResult
 from hypersack.policies.registry import policy_names
 from hypersack.sampler.profiles import select_profiles, to_import
@@ -315,14 +314,16 @@ class SchedulerService:
                 log.exception("%s for node %s not sent: it could not be encoded",
                               type(c).__name__, c.node)
 
-    def _launch_pb(self, c: LaunchTrial) -> pb.LaunchTrial:
-        program = self.orch.space(c.study_id).program
+    @staticmethod
+    def _launch_pb(c: LaunchTrial) -> pb.LaunchTrial:
+        """The command as it is: it carries all an agent needs (the core is not read)."""
+        assert c.program is not None, "a launch carries its program"
         return pb.LaunchTrial(
             trial_id=c.trial_id, study_id=c.study_id, gpu_index=c.gpu_index,
             params_json=json.dumps(c.params, sort_keys=True), key=key_to_pb(c.key),
-            epochs=c.epochs, program=program_to_pb(program),
+            epochs=c.epochs, program=program_to_pb(c.program),
             compute_pct=c.demand.compute_pct, memory_mib=c.demand.memory_mib,
-            cores=c.demand.cores, attempt=c.attempt, owner=self.orch.study(c.study_id).owner,
+            cores=c.demand.cores, attempt=c.attempt, owner=c.owner,
             stop_at_epoch=c.stop_at, done_epochs=c.done_epochs)
 
     def _to_message(self, c: Command) -> pb.ServerMessage:
@@ -339,21 +340,15 @@ class SchedulerService:
         if isinstance(c, DropCheckpoint):
             return pb.ServerMessage(drop_checkpoint=pb.DropCheckpoint(
                 trial_id=c.trial_id, study_id=c.study_id))
-        assert isinstance(c, ProfileWorkload)
+        assert isinstance(c, ProfileWorkload) and c.program is not None
         self.stats["profile_jobs"] += 1
-        # Profile with a representative trial of that workload: its program and parameters
-        # (a fused width: a trial of the workload alone, which the agent runs K times).
-        alone = fused_key(c.key, 1)
-        sample = next((t for t in self.orch.trials() if t.key == alone
-                       and t.state in (TrialState.PENDING, TrialState.PROFILING)), None)
-        if sample is None:
-            sample = next(t for t in self.orch.trials() if t.key == alone)
-        program = self.orch.space(sample.study_id).program
+        # Profiled with the trial the core chose (a fused width: a trial of the workload
+        # alone, which the agent runs K times).
         return pb.ServerMessage(profile=pb.ProfileWorkload(
             key=key_to_pb(c.key), arch=c.arch, gpu_index=c.gpu_index, iterations=c.iterations,
-            warmup=c.warmup, program=program_to_pb(program),
-            params_json=json.dumps(sample.params, sort_keys=True), epochs=sample.epochs,
-            owner=self.orch.study(sample.study_id).owner))
+            warmup=c.warmup, program=program_to_pb(c.program),
+            params_json=json.dumps(c.params, sort_keys=True), epochs=c.epochs,
+            owner=c.owner))
 
     # ----------------------------------------------------------------- clients
     def submit(self, text: str, source: str, owner: str = "", admin: bool = True

@@ -538,7 +538,8 @@ def test_a_restart_keeps_each_trial_in_its_bracket_and_rankings(tmp_path: Path) 
     store.close()
     store2 = SqliteStore(tmp_path / "h.db")
     again = Orchestrator(store2, ManualClock(d.clock.now()), OrchestratorConfig(fusion=False))
-    assert {t.id: (again.book.bracket(t), again.book.ladder(t)) for t in again.trials(sid)} == before
+    assert {t.id: (again.book.bracket(t), again.book.ladder(t))
+            for t in again.trials(sid)} == before
     assert {k: len(r) for k, r in again.pruning.rankings_of(sid).items()} == ranks
     assert {k: r.paused for k, r in again.pruning.rankings_of(sid).items()} == {
         k: r.paused for k, r in orch.pruning.rankings_of(sid).items()}

@@ -369,3 +369,20 @@ def test_a_policy_whose_plan_breaks_a_capacity_launches_nothing(
     Greedy.broken = False
     clock.advance(1.0)
     assert len(launches(orch.handle(Tick()))) == 2  # one per GPU
+
+
+def test_launch_and_profile_commands_carry_what_the_drivers_need() -> None:
+    # The server, the simulator and `plan` never look back into the core for a command.
+    orch, _, _ = make(profiles=[])
+    orch.handle(NodeJoined(parse_shorthand("1x1xA100-80GB").nodes[0]))
+    sp = space(n_lr=2)
+    profile_jobs = [c for c in orch.handle(StudySubmitted(sp, owner="ada"))
+                    if isinstance(c, ProfileWorkload)]
+    assert len(profile_jobs) == 1
+    job = profile_jobs[0]
+    sample = orch.trials(orch.studies()[0].id)[0]
+    assert (job.params, job.epochs, job.program, job.owner) == (
+        sample.params, sample.epochs, sp.program, "ada")
+    cmds = orch.handle(ProfileMeasured(prof("resnet18", 64)))
+    assert launches(cmds) and all(c.program == sp.program and c.owner == "ada"
+                                  for c in launches(cmds))
