@@ -379,8 +379,9 @@ class Agent:
                    and not j.fenced and j.killed_at is None]
         if not victims:
             return
-        log.warning("fence: no word from the server for %.1f s (fence %g s); stopping %d "
-                    "trial(s), which run again once the server reschedules them",
+        log.warning("fence: no word from the server for %.1f s (fence %g s): %d trial(s) "
+                    "stopped (by their watchdogs already, unless those failed), to run "
+                    "again once the server reschedules them",
                     self.fence_s - self.lease.left_s(), self.fence_s, len(victims))
         for job in victims:
             job.fenced = True
