@@ -18,6 +18,7 @@ executions, 0 at once, 0 orphans. Needs root (chattr, prlimit) and Linux.
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import shutil
@@ -180,7 +181,7 @@ def count(log: Path) -> dict[str, int]:
     at_once = 0
     for spans in by_trial.values():
         spans.sort()
-        at_once += any(a[1] >= b[0] for a, b in zip(spans, spans[1:], strict=False))
+        at_once += any(a[1] >= b[0] for a, b in itertools.pairwise(spans))
     return {"executions": len(ended), "attempts": len(runs), "at_once": at_once}
 
 
