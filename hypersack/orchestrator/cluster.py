@@ -24,6 +24,15 @@ from hypersack.policies.base import (
 )
 from hypersack.sampler.planning import GpuSlot, Slot
 
+# What keeps a need off a GPU: the answers of the one fit rule (`ClusterState.shortfalls`).
+PROFILING = "profiling"  # it runs a profile job
+DRAINING = "draining"  # it drains for a profile job
+EXCLUSIVE = "exclusive"  # one trial per GPU, and it has one
+COMPUTE = "compute"
+MEMORY = "memory"
+CORES = "cores"  # its node's
+NOTHING = Need(0, 0, 0)
+
 
 @dataclass
 class Gpu:
@@ -156,6 +165,36 @@ class ClusterState:
     def largest_memory_mib(self) -> int:
         return max((g.memory_mib for n in self._nodes.values() for g in n.gpus.values()),
                    default=0)
+
+    # ----------------------------------------------------------------- the fit rule
+    def shortfalls(self, node: Node, gpu: Gpu, need: Need, cap: int, *,
+                   freed: Need = NOTHING, leaving: int = 0, empty: bool = False
+                   ) -> list[str]:
+        """The one fit rule: what keeps `need` off `gpu` of `node` now (nothing: it fits).
+        Every question of fit asks it (decisions through the view, which shows the same
+        free capacity and slots; reservations; preemption; `why`). `cap`: the GPU's scaled
+        compute at the study's ratio. As if trials holding `freed` were gone (compute and
+        memory on this GPU, cores on its node), `leaving` of them from this GPU; `empty`:
+        as if nothing ran on the GPU and its node (whether it could ever fit)."""
+        out = []
+        if gpu.profiling is not None:
+            out.append(PROFILING)
+        if gpu.reserved_for is not None:
+            out.append(DRAINING)
+        used, memory, cores, trials = (0, 0, 0, 0) if empty else (
+            gpu.used_compute - freed.compute, gpu.used_memory - freed.memory,
+            node.used_cores - freed.cores, len(gpu.trials) - leaving)
+        if self._exclusive and trials > 0:
+            out.append(EXCLUSIVE)
+        # Free capacity as the view shows it: never below zero (a GPU filled at another
+        # study's higher ratio has nothing free, and takes only what needs nothing).
+        if need.compute > max(0, cap - used):
+            out.append(COMPUTE)
+        if need.memory > max(0, gpu.memory_mib - memory):
+            out.append(MEMORY)
+        if need.cores > max(0, core_units(node.spec.cores) - cores):
+            out.append(CORES)
+        return out
 
     # ----------------------------------------------------------------- accounting
     def allocate(self, trial_id: str, node: Node, gpu: Gpu, demand: Demand) -> None:

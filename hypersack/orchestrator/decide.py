@@ -109,10 +109,9 @@ class Decider:
                     need = item.needs.get(gpu.arch)
                     units = self.gpu_units(gpu.arch)
                     if need is None or (node.name, idx) in reserved or units <= 0 or \
-                            need.memory > gpu.memory_mib or gpu.profiling is not None or \
-                            need.compute > compute_capacity(self.s.config.ratio(gpu.arch,
-                                                                              ratios)):
-                        continue
+                            self.s.cluster.shortfalls(node, gpu, need, compute_capacity(
+                                self.s.config.ratio(gpu.arch, ratios)), empty=True):
+                        continue  # it could never fit there, or a profile job holds it
                     free = (units - gpu.used_compute) / units \
                         + (gpu.memory_mib - gpu.used_memory) / max(1, gpu.memory_mib)
                     if best is None or free > best[0]:

@@ -12,7 +12,15 @@ from hypersack.core.types import (
 )
 from hypersack.orchestrator import shares
 from hypersack.orchestrator.book import Book
-from hypersack.orchestrator.cluster import Node
+from hypersack.orchestrator.cluster import (
+    COMPUTE,
+    CORES,
+    DRAINING,
+    EXCLUSIVE,
+    MEMORY,
+    PROFILING,
+    Node,
+)
 from hypersack.orchestrator.decide import Decider
 from hypersack.orchestrator.profiling import Profiling
 from hypersack.orchestrator.state import CoreState
@@ -85,25 +93,19 @@ class Explainer:
                 if need is None:
                     continue
                 cap = compute_capacity(self.s.config.ratio(gpu.arch, ratios))
-                why: list[str] = []
-                if gpu.profiling is not None:
-                    why.append("it runs a profile job")
-                if gpu.reserved_for is not None:
-                    why.append("it drains for a profile job")
-                if self.s.config.exclusive and gpu.trials:
-                    why.append("one trial per GPU (exclusive) and it has one")
-                if gpu.used_compute + need.compute > cap:
-                    why.append(f"compute: needs {need.compute / COMPUTE_SCALE:g}%, "
-                               f"{max(0, cap - gpu.used_compute) / COMPUTE_SCALE:g}% of "
-                               f"{cap / COMPUTE_SCALE:g}% free")
-                if gpu.used_memory + need.memory > gpu.memory_mib:
-                    why.append(f"memory: needs {need.memory} MiB, "
-                               f"{max(0, gpu.memory_mib - gpu.used_memory)} MiB of "
-                               f"{gpu.memory_mib} free")
-                if need.cores > free_cores:
-                    why.append(f"cores: needs {need.cores / CORE_SCALE:g}, node has "
-                               f"{max(0, free_cores) / CORE_SCALE:g} of "
-                               f"{node.spec.cores:g} free")
+                said = {
+                    PROFILING: "it runs a profile job",
+                    DRAINING: "it drains for a profile job",
+                    EXCLUSIVE: "one trial per GPU (exclusive) and it has one",
+                    COMPUTE: f"compute: needs {need.compute / COMPUTE_SCALE:g}%, "
+                             f"{max(0, cap - gpu.used_compute) / COMPUTE_SCALE:g}% of "
+                             f"{cap / COMPUTE_SCALE:g}% free",
+                    MEMORY: f"memory: needs {need.memory} MiB, "
+                            f"{max(0, gpu.memory_mib - gpu.used_memory)} MiB of "
+                            f"{gpu.memory_mib} free",
+                    CORES: f"cores: needs {need.cores / CORE_SCALE:g}, node has "
+                           f"{max(0, free_cores) / CORE_SCALE:g} of {node.spec.cores:g} free"}
+                why = [said[s] for s in self.s.cluster.shortfalls(node, gpu, need, cap)]
                 fits += not why
                 if len(lines) < MAX_EXPLAINED_GPUS:
                     lines.append(f"{node.spec.name}:{idx} ({gpu.arch}, {len(gpu.trials)} "

@@ -13,7 +13,7 @@ from hypersack.core.types import (
 )
 from hypersack.orchestrator import shares
 from hypersack.orchestrator.book import Book
-from hypersack.orchestrator.cluster import Gpu, Node
+from hypersack.orchestrator.cluster import CORES, DRAINING, NOTHING, PROFILING, Gpu, Node
 from hypersack.orchestrator.commands import (
     Command,
     KillTrial,
@@ -25,7 +25,6 @@ from hypersack.policies.base import (
     ClusterView,
     Need,
     compute_capacity,
-    core_units,
 )
 
 log = logging.getLogger(__name__)
@@ -106,8 +105,8 @@ class Preemption:
                         stops.append(self.stop(member, why))
             gpu = node.gpus[idx]
             need = item.needs[gpu.arch]
-            if not self.fits(node, gpu, need,
-                              compute_capacity(self.s.config.ratio(gpu.arch, ratios))):
+            if self.s.cluster.shortfalls(node, gpu, need, compute_capacity(
+                    self.s.config.ratio(gpu.arch, ratios))):
                 continue  # a fused group's memory stays held until its process ends
             cost = self.decider.cost(need.compute, gpu.arch)
             quota.take((node.spec.name, idx), cost)
@@ -124,42 +123,24 @@ class Preemption:
                    ) -> list[TrialRecord] | None:
         """The victims to stop, in `_victim`'s order, for `need` to fit on `gpu` (none:
         it fits now); None where stopping every victim there would not do."""
-        if gpu.profiling is not None or gpu.reserved_for is not None:
-            return None
-        compute, memory, cores = gpu.used_compute, gpu.used_memory, node.used_cores
-        on_gpu = len(gpu.trials)
-        full_cores = core_units(node.spec.cores)
         chosen: list[TrialRecord] = []
         taken: set[str] = set()  # chosen already (no copy of every victim per GPU tried)
-
-        def short_on_gpu() -> bool:
-            return (compute + need.compute > cap or memory + need.memory > gpu.memory_mib
-                    or (self.s.config.exclusive and on_gpu > 0))
-
-        while short_on_gpu() or cores + need.cores > full_cores:
-            victim = _victim(node, gpu, short_on_gpu(), victims, priority, taken)
+        freed, leaving = NOTHING, 0  # what the chosen hold there
+        while short := self.s.cluster.shortfalls(node, gpu, need, cap, freed=freed,
+                                                 leaving=leaving):
+            if PROFILING in short or DRAINING in short:
+                return None  # no trial's stop frees a GPU from its profile job
+            victim = _victim(node, gpu, short != [CORES], victims, priority, taken)
             if victim is None or victim.demand is None:
                 return None
             taken.add(victim.id)
             chosen.append(victim)
             held = Need.of(victim.demand)
-            if victim.gpu_index == gpu.spec_index:
-                compute -= held.compute
-                memory -= held.memory
-                on_gpu -= 1
-            cores -= held.cores
+            here = victim.gpu_index == gpu.spec_index
+            freed = Need(freed.compute + held.compute * here,
+                         freed.memory + held.memory * here, freed.cores + held.cores)
+            leaving += here
         return chosen
-
-    def gpu_fits(self, gpu: Gpu, need: Need, cap: int) -> bool:
-        """Whether the GPU itself takes the need now (`cap`: its scaled compute)."""
-        return (gpu.profiling is None and gpu.reserved_for is None
-                and not (self.s.config.exclusive and gpu.trials)
-                and gpu.used_compute + need.compute <= cap
-                and gpu.used_memory + need.memory <= gpu.memory_mib)
-
-    def fits(self, node: Node, gpu: Gpu, need: Need, cap: int) -> bool:
-        return self.gpu_fits(gpu, need, cap) and \
-            node.used_cores + need.cores <= core_units(node.spec.cores)
 
     def stop(self, t: TrialRecord, why: str) -> KillTrial:
         """Stop a running trial and put it back to wait, with no failure counted. Its
