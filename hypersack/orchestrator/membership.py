@@ -26,6 +26,7 @@ from hypersack.orchestrator.events import (
 )
 from hypersack.orchestrator.profiling import Profiling
 from hypersack.orchestrator.state import CoreState
+from hypersack.policies.base import Need, compute_capacity
 from hypersack.sampler.profiles import demand_with_override
 
 log = logging.getLogger(__name__)
@@ -95,6 +96,8 @@ class Membership:
                                           f"attempt {r.attempt} was superseded by attempt "
                                           f"{t.launches}", attempt=r.attempt))
                 continue
+            if t is not None and r.attempt and r.attempt <= t.exited:
+                continue  # its exit was handled: the agent lists it until acknowledged
             if t is not None and t.state == TrialState.RUNNING and t.node == node.spec.name:
                 if gpu is not None:
                     self.profiling.observe(t, gpu, r)
@@ -106,12 +109,20 @@ class Membership:
                 # Only what this node was given, in its latest attempt: a node cannot
                 # claim a trial it never ran.
                 profile = self.s.profiles.get((t.key, gpu.arch))
-            if t is not None and gpu is not None and profile is not None:
-                demand = demand_with_override(profile, t.memory_override_mib)
+            demand = None if t is None or profile is None else \
+                demand_with_override(profile, t.memory_override_mib)
+            if t is not None and gpu is not None and demand is not None and \
+                    not self.s.cluster.shortfalls(node, gpu, Need.of(demand), compute_capacity(
+                        self.s.config.ratio(gpu.arch,
+                                            self.s.spaces[t.study_id].settings.oversubscription))):
                 self.book.set(t, state=TrialState.RUNNING, node=node.spec.name,
-                          gpu_index=gpu.spec_index, demand=demand)
+                              gpu_index=gpu.spec_index, demand=demand)
                 self.s.cluster.allocate(t.id, node, gpu, demand)
                 log.info("adopted %s on %s:%d", t.id, node.spec.name, gpu.spec_index)
+            elif demand is not None:
+                # Its place was given to others meanwhile: it stops, and runs again.
+                commands.append(KillTrial(r.trial_id, node.spec.name, "no room for it there "
+                                          "any more", attempt=r.attempt))
             else:
                 commands.append(KillTrial(r.trial_id, node.spec.name,
                                           "not scheduled here (duplicate or unknown)"))
