@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 
 from hypersack.cli.main import main
+from hypersack.testing.cluster import Cluster, wait_for
 from tests.conftest import EXAMPLES
-from tests.integration.conftest import Cluster, wait_for
 
 SPACE = EXAMPLES / "adaptive.yaml"
 

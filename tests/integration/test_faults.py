@@ -10,29 +10,12 @@ import sys
 import time
 from pathlib import Path
 
-from tests.integration.conftest import Cluster, space_yaml, wait_for
+from hypersack.testing.cluster import Cluster, space_yaml, wait_for
+from hypersack.testing.cluster import done as _done
+from hypersack.testing.cluster import submit as _submit
+from hypersack.testing.cluster import trials as _trials
 
 RESTART_FLAGS = ("--heartbeat-timeout-s", "20")  # the agents' fence: 10 s
-
-
-def _submit(c: Cluster, text: str) -> str:
-    with c.client() as client:
-        return str(client.submit(text, "test.yaml").id)
-
-
-def _trials(c: Cluster, study: str) -> list:  # type: ignore[type-arg]
-    with c.client() as client:
-        return client.trials(study)
-
-
-def _state(c: Cluster, study: str) -> str:
-    with c.client() as client:
-        return str(client.study(study).state)
-
-
-def _done(c: Cluster, study: str, timeout_s: float = 90) -> list:  # type: ignore[type-arg]
-    wait_for(f"{study} to complete", lambda: _state(c, study) != "ACTIVE", timeout_s, 0.3)
-    return _trials(c, study)
 
 
 def test_agent_killed_mid_study_its_trials_finish_elsewhere(cluster: Cluster) -> None:

@@ -7,8 +7,9 @@ from __future__ import annotations
 
 import pytest
 
-from tests.integration.conftest import Cluster
-from tests.integration.test_faults import _done, _submit
+from hypersack.testing.cluster import Cluster
+from hypersack.testing.cluster import done as _done
+from hypersack.testing.cluster import submit as _submit
 
 pytest.importorskip("torch")
 

@@ -8,9 +8,10 @@ import os
 import signal
 from pathlib import Path
 
-from tests.integration.conftest import Cluster, space_yaml, wait_for
-from tests.integration.test_faults import _done, _submit
-from tests.unit.test_mps import commands, gone, stand_in
+from hypersack.testing.cluster import Cluster, space_yaml, wait_for
+from hypersack.testing.cluster import done as _done
+from hypersack.testing.cluster import submit as _submit
+from hypersack.testing.mps import commands, gone, stand_in
 
 ENV_PRINTER = """
 import os

@@ -18,9 +18,10 @@ import pytest
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 from prometheus_client.parser import text_string_to_metric_families
 
+from hypersack.testing.cluster import Cluster, free_port, space_yaml, wait_for
+from hypersack.testing.cluster import submit as _submit
+from hypersack.testing.cluster import trials as _trials
 from hypersack.wire import tls as _tls
-from tests.integration.conftest import Cluster, free_port, space_yaml, wait_for
-from tests.integration.test_faults import _submit, _trials
 
 
 def _tls_context(c: Cluster, client: bool = True) -> ssl.SSLContext:

@@ -9,8 +9,8 @@ import pytest
 
 import hypersack
 from hypersack.cli.main import main
+from hypersack.testing.cluster import Cluster
 from tests.conftest import EXAMPLES
-from tests.integration.conftest import Cluster
 
 SPACE = EXAMPLES / "own-program" / "space.yaml"
 

@@ -11,8 +11,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from hypersack.testing.cluster import free_port
 from tests.conftest import ROOT
-from tests.integration.conftest import free_port
 
 
 def recipe() -> list[str]:

@@ -11,8 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from tests.integration.conftest import Cluster, space_yaml
-from tests.integration.test_faults import _done, _submit
+from hypersack.testing.cluster import Cluster, space_yaml
+from hypersack.testing.cluster import done as _done
+from hypersack.testing.cluster import submit as _submit
 
 ENV_PRINTER = """
 import os, sys

@@ -17,9 +17,9 @@ import pytest
 
 from hypersack.cli.client import Client
 from hypersack.store.sqlite import SqliteStore
+from hypersack.testing.cluster import free_port, wait_for
 from hypersack.wire import tls as _tls
 from tests.conftest import EXAMPLES
-from tests.integration.conftest import free_port, wait_for
 
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "deploy" / "slurm" / "hypersack.sbatch"

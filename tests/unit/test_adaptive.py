@@ -253,7 +253,7 @@ def test_a_rungs_trials_fuse_pause_together_and_promotions_fuse_again() -> None:
     """Fusion with a pruner: a group's members are one rung's trials (the same
     checkpoint epoch, the same next rung), so they pause together; the promoted trials of
     a rung, held together by the promotion window, fuse again from their checkpoints."""
-    from tests.unit.test_fusion import WIDE
+    from hypersack.testing.core import WIDE
     store = MemoryStore()
     for p in WIDE:  # resnet18 at batch 64: alone 40 %, four fused 80 % of an A100
         store.put_profile(p)

@@ -12,8 +12,7 @@ import hypersack
 from hypersack._proto.v1 import hypersack_pb2 as pb
 from hypersack.core.errors import NotFound, PermissionDenied
 from hypersack.server.app import HyperSackServer
-from tests.unit.test_auth import start
-from tests.unit.test_server import RawAgent, make_server
+from hypersack.testing.server import RawAgent, make_server, start
 
 SPACE = {
     "name": "api",

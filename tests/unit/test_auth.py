@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 
 import grpc
@@ -18,65 +17,9 @@ from hypersack.cli.main import main as cli_main
 from hypersack.core.errors import InvalidInput, PermissionDenied, Unauthenticated
 from hypersack.server.app import HyperSackServer
 from hypersack.server.auth import LOCAL, Authenticator
-from hypersack.store.sqlite import SqliteStore
+from hypersack.testing.server import SLEEP_SPACE, RawAgent, Secured, make_certs, start
 from hypersack.wire import tls
 from hypersack.wire.settings import ServerSettings
-from tests.conftest import EXAMPLES
-from tests.unit.test_server import SLEEP_SPACE, RawAgent
-
-
-@dataclass
-class Secured:
-    server: HyperSackServer
-    certs: Path
-    tokens: dict[str, str]  # user -> token
-
-    def creds(self, kind: str | None = None, name: str = "") -> grpc.ChannelCredentials:
-        if kind is None:
-            return tls.channel_credentials(self.certs / "ca.crt")
-        paths = tls.leaf_paths(self.certs, kind, name)
-        if not paths.cert.exists():
-            tls.issue(self.certs, kind, name)
-        return tls.channel_credentials(paths.ca, paths.cert, paths.key)
-
-    def client(self, user: str | None = None, *, token: str | None = None) -> Client:
-        return Client(self.server.address, timeout_s=10, credentials=self.creds(),
-                      token=token if token is not None else self.tokens.get(user or ""))
-
-    def agent(self, kind: str | None = None, name: str = "") -> RawAgent:
-        return RawAgent(self.server.agent_address, self.creds(kind, name))
-
-
-def make_certs(root: Path) -> Path:
-    certs = root / "certs"
-    tls.init_ca(certs)
-    tls.issue(certs, tls.SERVER, "localhost", alt_names=["localhost", "127.0.0.1"])
-    return certs
-
-
-def add_users(db: Path, **roles: str) -> dict[str, str]:
-    store = SqliteStore(db)
-    try:
-        auth = Authenticator(store, enabled=True)
-        tokens = {}
-        for name, role in roles.items():
-            auth.add_user(LOCAL, name, role)
-            tokens[name] = auth.create_token(LOCAL, name)[1]
-        return tokens
-    finally:
-        store.close()
-
-
-def start(tmp_path: Path, **extra: object) -> Secured:
-    certs = make_certs(tmp_path)
-    db = tmp_path / "s.db"
-    tokens = add_users(db, root="admin", alice="user", bob="user")
-    settings = ServerSettings(listen="127.0.0.1:0", agent_listen="127.0.0.1:0", db=db,
-                              tls_dir=certs, heartbeat_interval_s=0.2, tick_interval_s=0.1,
-                              profiles=[EXAMPLES / "profiles-estimates.yaml"], **extra)
-    server = HyperSackServer(settings)
-    server.start()
-    return Secured(server, certs, tokens)
 
 
 @pytest.fixture

@@ -22,8 +22,8 @@ from hypersack.cli.main import main
 from hypersack.core.types import TrialState
 from hypersack.server.app import HyperSackServer
 from hypersack.store import SqliteStore
-from tests.unit.test_server import RawAgent, server  # noqa: F401  (the fixture stops it)
-from tests.unit.test_server_fuzz import _consistent
+from hypersack.testing.server import RawAgent
+from hypersack.testing.server import consistent as _consistent
 
 FUZZ = settings(max_examples=30, deadline=None,
                 suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
@@ -74,7 +74,7 @@ def _mutated(base: dict[str, Any], path: tuple[str, ...], value: Any) -> dict[st
 
 
 def test_hostile_registrations_and_requests_leave_a_server_that_schedules(
-        server: HyperSackServer, tmp_path: Path,  # noqa: F811
+        server: HyperSackServer, tmp_path: Path,
         caplog: pytest.LogCaptureFixture) -> None:
     channel = grpc.insecure_channel(server.address)
     stub = pb_grpc.SchedulerStub(channel)

@@ -13,10 +13,10 @@ from hypersack._proto.v1 import hypersack_pb2 as pb
 from hypersack.cli.main import main
 from hypersack.server.app import HyperSackServer
 from hypersack.store.sqlite import SqliteStore
-from tests.unit.test_server import SLEEP_SPACE, RawAgent, server  # noqa: F401 - fixture
+from hypersack.testing.server import SLEEP_SPACE, RawAgent
 
 
-def test_submit_status_results_nodes_drain_cancel(server: HyperSackServer,  # noqa: F811
+def test_submit_status_results_nodes_drain_cancel(server: HyperSackServer,
                                                   tmp_path: Path,
                                                   capsys: pytest.CaptureFixture[str]) -> None:
     space = tmp_path / "tiny.yaml"
@@ -31,7 +31,7 @@ def test_submit_status_results_nodes_drain_cancel(server: HyperSackServer,  # no
         agent.send(pb.AgentMessage(exited=pb.TrialExited(trial_id=m.trial_id, exit_code=0,
                                                          metrics={"loss": 1.0 - i / 10})))
     from hypersack.cli.client import Client
-    from tests.unit.test_server import _wait
+    from hypersack.testing.server import wait as _wait
 
     with Client(server.address) as c:
         _wait(lambda: c.study("tiny-1").counts["COMPLETED"] == 3)
@@ -127,7 +127,7 @@ def test_run_on_cpu_profiles_once_then_remembers(tmp_path: Path,
 
 
 def test_profiles_list_export_import_and_observed_feedback(
-        server: HyperSackServer, tmp_path: Path,  # noqa: F811
+        server: HyperSackServer, tmp_path: Path,
         capsys: pytest.CaptureFixture[str]) -> None:
     s = ["--server", server.address]
     assert main(["profiles", "--model", "resnet18", "--arch", "A100", "--format", "csv", *s]) == 0
@@ -157,7 +157,7 @@ def test_profiles_list_export_import_and_observed_feedback(
         trial_id=launch.trial_id, gpu_index=0, peak_memory_mib=2000,
         peak_utilization_pct=30.0)])))
     from hypersack.cli.client import Client
-    from tests.unit.test_server import _wait
+    from hypersack.testing.server import wait as _wait
 
     with Client(server.address) as c:
         _wait(lambda: c.profiles("resnet18", "A100")[0].observed_memory_mib == 2000)

@@ -27,6 +27,7 @@ from hypersack.orchestrator import (
     RunningTrial,
     StudySubmitted,
     TrialFailed,
+    TrialOutOfMemory,
     launched,
 )
 from hypersack.sampler.profiles import load_profiles
@@ -153,3 +154,26 @@ def test_an_agent_keeps_an_exit_as_running_until_it_is_acknowledged(tmp_path: Pa
     assert agent._running() == []
     agent._send_unacked(outbox, 0.0)
     assert outbox.empty()
+
+
+def test_an_exit_listed_until_acknowledged_is_not_adopted_back() -> None:
+    """The agent lists a trial whose exit awaits acknowledgement as running: a heartbeat
+    in the batch that applies that exit must not adopt it back (found by the stateful
+    test: an out-of-memory exit and such a heartbeat together put 95,000 MiB on an
+    80 GiB GPU)."""
+    store = MemoryStore()
+    store.put_profile(Profile(key=WorkloadKey(model="resnet18", batch_size=512), arch="A100",
+                              demand=Demand(compute_pct=70, memory_mib=38000, cores=1),
+                              iter_time_s=0.1, iters_per_epoch=10))
+    orch = Orchestrator(store, ManualClock(100.0), OrchestratorConfig())
+    orch.handle(NodeJoined(parse_shorthand("1x1xA100-80GB@8").nodes[0]))
+    sp = parse_space({"name": "t", "models": ["resnet18"],
+                      "hyperparameters": {"batch_size": [512], "lr": [0.1, 0.2]},
+                      "settings": {"fusion": "off", "oversubscription": {"A100": 2.0}}})
+    a, b = (c.trial_id for c in launched(orch.handle(StudySubmitted(sp))))
+    both = (RunningTrial(a, 0, attempt=1), RunningTrial(b, 0, attempt=1))
+    result = orch.handle_batch([TrialOutOfMemory(a, "node0", attempt=1),
+                                Heartbeat("node0", both)])
+    assert result.refused == []
+    assert orch.trial(a).state == TrialState.PENDING  # 57,000 MiB now: it waits for room
+    assert orch.held("node0", 0)[1] <= 81920

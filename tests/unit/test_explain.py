@@ -16,8 +16,7 @@ from hypersack.orchestrator import (
 )
 from hypersack.orchestrator.events import NodeDrained
 from hypersack.store import MemoryStore
-from tests.unit.test_orchestrator import prof
-from tests.unit.test_shares import study
+from hypersack.testing.core import prof, study
 
 
 def _orch(nodes: str = "1x1xA100-80GB", compute: float = 50.0, memory: int = 1000,

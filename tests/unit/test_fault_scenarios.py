@@ -22,7 +22,7 @@ from hypersack.orchestrator import (
     TrialFinished,
 )
 from hypersack.store import MemoryStore
-from tests.unit.test_orchestrator import launches, make, space
+from hypersack.testing.core import launches, make, space
 
 TIMEOUT = 30.0
 

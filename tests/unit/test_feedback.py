@@ -13,7 +13,7 @@ from hypersack.orchestrator import (
     TrialFinished,
     TrialOutOfMemory,
 )
-from tests.unit.test_orchestrator import launches, make, prof, space
+from hypersack.testing.core import launches, make, prof, space
 
 KEY = WorkloadKey(model="resnet18", batch_size=64)
 

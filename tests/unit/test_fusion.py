@@ -36,20 +36,11 @@ from hypersack.orchestrator import (
 )
 from hypersack.sim.fused import fused_estimate
 from hypersack.store.sqlite import SqliteStore
+from hypersack.testing.core import WIDE
+from hypersack.testing.core import fused_prof as prof
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 KEY = WorkloadKey(model="resnet18", batch_size=64)
-
-
-def prof(width: int = 1, compute: float = 40.0, memory: int = 1000, it: float = 0.1,
-         arch: str = "A100") -> Profile:
-    return Profile(key=KEY.model_copy(update={"fusion_width": width}), arch=arch,
-                   demand=Demand(compute_pct=compute, memory_mib=memory, cores=1),
-                   iter_time_s=it, iters_per_epoch=100)
-
-
-# Width K: memory 400 + 600 K, compute rising slower than K, iteration time too.
-WIDE = [prof(), prof(2, 60, 1600, 0.12), prof(4, 80, 2800, 0.16), prof(8, 95, 5200, 0.25)]
 
 
 def space(n: int, **settings: Any) -> Any:

@@ -38,9 +38,9 @@ from hypersack.orchestrator import (
 )
 from hypersack.server.app import HyperSackServer
 from hypersack.store import MemoryStore, SqliteStore
+from hypersack.testing.core import launches, make, prof, space
+from hypersack.testing.server import SLEEP_SPACE, RawAgent, make_server
 from hypersack.wire.settings import ServerSettings
-from tests.unit.test_orchestrator import launches, make, prof, space
-from tests.unit.test_server import SLEEP_SPACE, RawAgent, make_server, server  # noqa: F401
 
 
 # ----------------------------------------------------------------- numbers at boundaries
@@ -57,7 +57,7 @@ def test_profiles_file_with_a_bad_number_is_refused(tmp_path: Path, value: str,
 
 
 def test_import_rpc_refuses_non_finite_demand_and_the_server_keeps_scheduling(
-        server: HyperSackServer) -> None:  # noqa: F811
+        server: HyperSackServer) -> None:
     bad = pb.ProfileRecord(key=pb.WorkloadKey(model="resnet18", batch_size=64), arch="A100",
                            compute_pct=math.inf, memory_mib=1000, cores=1, iter_time_s=0.1,
                            iters_per_epoch=10)
@@ -92,7 +92,7 @@ def test_import_rpc_refuses_non_finite_demand_and_the_server_keeps_scheduling(
 
 
 def test_heartbeat_with_huge_and_non_finite_observations_is_clamped(
-        server: HyperSackServer) -> None:  # noqa: F811
+        server: HyperSackServer) -> None:
     agent = RawAgent(server.address)
     agent.register("n1", gpus=1)
     with Client(server.address) as c:
@@ -276,7 +276,7 @@ def test_rollback_restores_allocations_on_a_real_sqlite_store(tmp_path: Path) ->
 
 # ----------------------------------------------------------------- server resources
 def test_cancelled_watches_with_huge_intervals_free_their_threads(
-        server: HyperSackServer) -> None:  # noqa: F811
+        server: HyperSackServer) -> None:
     with Client(server.address) as c:
         c.submit(SLEEP_SPACE, "tiny.yaml")
     channel = grpc.insecure_channel(server.address)
@@ -395,7 +395,7 @@ def test_user_strings_are_not_markup_and_logs_lose_escape_sequences() -> None:
     assert safe_log("ok\x1b[2J\x1b]0;title\x07done\r\nnext\x9b") == "okdone\nnext"
 
 
-def test_status_results_and_logs_print_hostile_strings(server: HyperSackServer,  # noqa: F811
+def test_status_results_and_logs_print_hostile_strings(server: HyperSackServer,
                                                        capsys: Any, tmp_path: Path) -> None:
     agent = RawAgent(server.address)
     agent.register("n1", gpus=1)

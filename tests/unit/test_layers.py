@@ -30,8 +30,9 @@ ALLOWED: dict[str, set[str]] = {
     "cli": _ORCH | {"wire", "server", "agent", "sim", "_proto"},
     "runner": _BASE,
     # What tests and plug-in authors build on (as optuna.testing): stores that fail on
-    # demand, and the contract suites of the interfaces below the drivers.
-    "testing": _ORCH,
+    # demand, builders, servers and clusters to drive, and the contract suites. At the
+    # top, like cli: nothing imports it but tests.
+    "testing": _ORCH | {"wire", "server", "agent", "sim", "cli", "_proto"},
     "_proto": set(),
 }
 
@@ -114,3 +115,19 @@ def test_the_core_imports_point_one_way() -> None:
            for dep in _core_imports(core / f"{name}.py")
            if CORE_ORDER.index(dep) >= CORE_ORDER.index(name)]
     assert bad == []
+
+
+TESTS = PACKAGE.parent / "tests"
+
+
+@pytest.mark.parametrize("path", sorted(TESTS.rglob("*.py")),
+                         ids=lambda p: str(p.relative_to(TESTS)))
+def test_no_test_module_imports_another(path: Path) -> None:
+    """Shared helpers live in hypersack.testing and fixtures in conftest.py files: a test
+    module imports nothing of another (the repository's paths in tests/conftest.py
+    aside)."""
+    tree = ast.parse(path.read_text(), str(path))
+    found = [f"{path.name}:{node.lineno} imports {node.module}" for node in ast.walk(tree)
+             if isinstance(node, ast.ImportFrom) and node.module
+             and node.module.startswith("tests") and node.module != "tests.conftest"]
+    assert found == []

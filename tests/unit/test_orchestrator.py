@@ -10,7 +10,7 @@ import pytest
 from hypersack.core.clock import ManualClock
 from hypersack.core.cluster import parse_shorthand
 from hypersack.core.errors import StaleEvent
-from hypersack.core.types import Demand, Profile, StudyState, TrialState, WorkloadKey
+from hypersack.core.types import StudyState, TrialState
 from hypersack.grid.space import parse_space
 from hypersack.orchestrator import (
     Heartbeat,
@@ -36,40 +36,8 @@ from hypersack.orchestrator import (
 )
 from hypersack.policies import ClusterView, Item, Placement, Plan, make_policy, register_policy
 from hypersack.policies import registry as policy_registry
-from hypersack.store import MemoryStore, SqliteStore, Store
-
-
-def prof(model: str, bs: int, compute: float = 50.0, memory: int = 1000, arch: str = "A100",
-         it: float = 0.1) -> Profile:
-    return Profile(key=WorkloadKey(model=model, batch_size=bs), arch=arch,
-                   demand=Demand(compute_pct=compute, memory_mib=memory, cores=1),
-                   iter_time_s=it, iters_per_epoch=100)
-
-
-def space(n_lr: int = 4, retries: int = 1, models: tuple[str, ...] = ("resnet18",),
-          batch: tuple[int, ...] = (64,), ratio: float = 1.0, fusion: str = "off") -> Any:
-    # Packing trials alone unless a test asks for fused groups (tests/unit/test_fusion.py).
-    return parse_space({
-        "name": "t", "models": list(models),
-        "hyperparameters": {"batch_size": list(batch),
-                            "lr": [round(0.1 * (i + 1), 2) for i in range(n_lr)]},
-        "settings": {"retries": retries, "policy": "ff", "oversubscription": {"A100": ratio},
-                     "fusion": fusion},
-    })
-
-
-def make(store: Store | None = None, profiles: list[Profile] | None = None,
-         clock: ManualClock | None = None, **config: Any
-         ) -> tuple[Orchestrator, Store, ManualClock]:
-    store = store or MemoryStore()
-    for p in profiles if profiles is not None else [prof("resnet18", 64)]:
-        store.put_profile(p)
-    clock = clock or ManualClock(100.0)
-    return Orchestrator(store, clock, OrchestratorConfig(**config)), store, clock
-
-
-def launches(cmds: list[Any]) -> list[LaunchTrial]:
-    return [c for c in cmds if isinstance(c, LaunchTrial)]
+from hypersack.store import SqliteStore
+from hypersack.testing.core import launches, make, prof, space
 
 
 def test_submit_places_what_fits_and_the_rest_follows_completions() -> None:

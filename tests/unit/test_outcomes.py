@@ -23,8 +23,8 @@ from hypersack.orchestrator import (
     TrialFinished,
     TrialProgress,
 )
+from hypersack.testing.core import launches, make
 from hypersack.wire.convert import clean_metrics, nonfinite_names
-from tests.unit.test_orchestrator import launches, make
 
 
 def study(n: int = 2, **settings: Any) -> Any:

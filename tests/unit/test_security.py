@@ -18,8 +18,8 @@ from hypersack.core.types import TrialState
 from hypersack.grid.space import Program, parse_space
 from hypersack.orchestrator import KillTrial, NodeJoined, RunningTrial, StudySubmitted, Tick
 from hypersack.server.app import HyperSackServer
-from tests.unit.test_orchestrator import launches, make, space
-from tests.unit.test_server import SLEEP_SPACE, RawAgent, server  # noqa: F401
+from hypersack.testing.core import launches, make, space
+from hypersack.testing.server import SLEEP_SPACE, RawAgent
 
 ANY = CommandPolicy.parse("*", allow_shell=False)
 
@@ -132,7 +132,7 @@ def test_a_node_cannot_claim_trials_it_was_never_given() -> None:
     assert orch2.trial(launch.trial_id).state == TrialState.PENDING
 
 
-def test_a_forged_register_over_grpc_adopts_nothing(server: HyperSackServer  # noqa: F811
+def test_a_forged_register_over_grpc_adopts_nothing(server: HyperSackServer
                                                     ) -> None:
     import grpc
 

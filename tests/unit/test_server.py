@@ -6,99 +6,20 @@ from __future__ import annotations
 import asyncio
 import functools
 import json
-import queue
 import threading
 import time
-from collections.abc import Iterator
-from pathlib import Path
 
 import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from hypersack._proto.v1 import hypersack_pb2 as pb
-from hypersack._proto.v1 import hypersack_pb2_grpc as pb_grpc
 from hypersack.cli.client import Client
 from hypersack.core.errors import InvalidInput, NotFound
 from hypersack.server.app import HyperSackServer
 from hypersack.server.bridge import LoopThread, Waker
-from hypersack.wire.settings import ServerSettings
-from tests.conftest import EXAMPLES
-
-SLEEP_SPACE = """
-name: tiny
-models: [resnet18]
-hyperparameters: {batch_size: [64, 128], lr: [0.001, 0.01]}
-settings: {epochs: 1, retries: 1, objective: {metric: loss, mode: min}}
-program: {builtin: sleep}
-"""
-
-
-def make_server(tmp_path: Path) -> HyperSackServer:
-    settings = ServerSettings(listen="127.0.0.1:0", db=tmp_path / "s.db",
-                              heartbeat_interval_s=0.2, heartbeat_timeout_s=30,
-                              tick_interval_s=0.1,
-                              profiles=[EXAMPLES / "profiles-estimates.yaml"])
-    server = HyperSackServer(settings)
-    server.start()
-    return server
-
-
-@pytest.fixture
-def server(tmp_path: Path) -> Iterator[HyperSackServer]:
-    s = make_server(tmp_path)
-    try:
-        yield s
-    finally:
-        s.stop(0)
-
-
-class RawAgent:
-    """One AgentLink stream; `send` puts a message up, `next` reads one down."""
-
-    def __init__(self, address: str, credentials: grpc.ChannelCredentials | None = None
-                 ) -> None:
-        self.channel = (grpc.insecure_channel(address) if credentials is None else
-                        grpc.secure_channel(address, credentials))
-        self.up: queue.Queue[pb.AgentMessage | None] = queue.Queue()
-        self.down: queue.Queue[pb.ServerMessage | grpc.RpcError | None] = queue.Queue()
-        stub = pb_grpc.AgentLinkStub(self.channel)
-        self.call = stub.Connect(iter(self.up.get, None))
-        threading.Thread(target=self._read, daemon=True).start()
-
-    def _read(self) -> None:
-        try:
-            for msg in self.call:
-                self.down.put(msg)
-            self.down.put(None)
-        except grpc.RpcError as exc:
-            self.down.put(exc)
-
-    def register(self, node: str, gpus: int = 1, running: tuple[str, ...] = ()) -> None:
-        self.send(pb.AgentMessage(register=pb.Register(
-            node=node, cores=48, backend="fake",
-            gpus=[pb.GpuInfo(index=i, arch="A100", memory_mib=81920, uuid=f"U{i}")
-                  for i in range(gpus)],
-            running=[pb.RunningTrial(trial_id=t, gpu_index=0) for t in running])))
-
-    def send(self, msg: pb.AgentMessage) -> None:
-        self.up.put(msg)
-
-    def next(self, timeout_s: float = 10) -> pb.ServerMessage | grpc.RpcError | None:
-        return self.down.get(timeout=timeout_s)
-
-    def launches(self, n: int) -> list[pb.LaunchTrial]:
-        out = []
-        while len(out) < n:
-            msg = self.next()
-            assert isinstance(msg, pb.ServerMessage), msg
-            if msg.WhichOneof("body") == "launch":
-                out.append(msg.launch)
-        return out
-
-    def close(self) -> None:
-        self.up.put(None)
-        self.channel.close()
+from hypersack.testing.server import SLEEP_SPACE, RawAgent
+from hypersack.testing.server import wait as _wait
 
 
 def test_submit_inspect_and_errors(server: HyperSackServer) -> None:
@@ -214,17 +135,6 @@ def test_reconnecting_agent_has_its_trials_adopted(server: HyperSackServer) -> N
         _wait(lambda: c.trial(ids[3]).launches == 2)
         assert [c.trial(i).launches for i in ids[:3]] == [1, 1, 1]
         b.close()
-
-
-def _wait(check: object, timeout_s: float = 10) -> None:
-    import time
-
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if check():  # type: ignore[operator]
-            return
-        time.sleep(0.05)
-    raise AssertionError("timed out")
 
 
 def test_one_wake_up_of_the_loop_for_many_streams() -> None:

@@ -14,10 +14,9 @@ from hypothesis import strategies as st
 
 from hypersack._proto.v1 import hypersack_pb2 as pb
 from hypersack._proto.v1 import hypersack_pb2_grpc as pb_grpc
-from hypersack.core.types import TrialState
-from hypersack.policies.base import Need, compute_capacity
 from hypersack.server.app import HyperSackServer
-from tests.unit.test_server import SLEEP_SPACE, RawAgent, server  # noqa: F401  (stops it)
+from hypersack.testing.server import SLEEP_SPACE, RawAgent
+from hypersack.testing.server import consistent as _consistent
 
 text = st.text(alphabet=string.printable, max_size=30)
 ids = st.one_of(text, st.sampled_from(["tiny-1-t00000", "tiny-1-t00001", "tiny-1-t00003",
@@ -53,7 +52,7 @@ agent_messages = st.one_of(
 
 
 def test_random_agent_and_client_messages_leave_the_server_consistent(
-        server: HyperSackServer, caplog: pytest.LogCaptureFixture) -> None:  # noqa: F811
+        server: HyperSackServer, caplog: pytest.LogCaptureFixture) -> None:
     counter = iter(range(10**6))
     channel = grpc.insecure_channel(server.address)
     stub = pb_grpc.SchedulerStub(channel)
@@ -90,22 +89,6 @@ def test_random_agent_and_client_messages_leave_the_server_consistent(
     assert errors == []
 
 
-def _consistent(srv: object) -> None:
-    """Every running trial sits on a registered node's GPU, and no GPU is over capacity."""
-    orch = srv.service.orch  # type: ignore[attr-defined]
-    with srv.service.locked():  # type: ignore[attr-defined]
-        nodes = {n.spec.name: n for n in orch.nodes()}
-        used: dict[tuple[str, int], int] = {}
-        for t in orch.trials():
-            if t.state == TrialState.RUNNING:
-                assert t.node in nodes and t.demand is not None
-                gpu = (t.node, t.gpu_index)
-                used[gpu] = used.get(gpu, 0) + Need.of(t.demand).compute
-        for (node, idx), (_count, share) in orch.gpu_load().items():
-            assert share <= 1.0 + 1e-9
-            assert used.get((node, idx), 0) <= compute_capacity(3.0)
-
-
 MANUAL_SPACE = """
 name: mine
 models: [resnet18]
@@ -130,7 +113,7 @@ param_maps = st.one_of(
 
 
 def test_random_asked_parameters_are_refused_clearly_or_run(
-        server: HyperSackServer, caplog: pytest.LogCaptureFixture) -> None:  # noqa: F811
+        server: HyperSackServer, caplog: pytest.LogCaptureFixture) -> None:
     import json
 
     channel = grpc.insecure_channel(server.address)

@@ -30,18 +30,8 @@ from hypersack.orchestrator import (
 )
 from hypersack.orchestrator.shares import Claim, Quota, targets, water_fill
 from hypersack.store import MemoryStore
-from tests.unit.test_auth import SLEEP_SPACE, start
-from tests.unit.test_orchestrator import prof
-
-
-def study(name: str, n: int = 20, **settings: Any) -> Any:
-    return parse_space({
-        "name": name, "models": ["resnet18"],
-        "hyperparameters": {"batch_size": [64], "lr": [round(0.001 * (i + 1), 4)
-                                                       for i in range(n)]},
-        "settings": {"policy": "ff", "oversubscription": {"A100": 1.0}, "fusion": "off",
-                     **settings},
-    })
+from hypersack.testing.core import prof, study
+from hypersack.testing.server import SLEEP_SPACE, start
 
 
 def orchestrator(nodes: str = "1x2xA100-80GB", **config: Any

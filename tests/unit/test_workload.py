@@ -18,8 +18,8 @@ from hypersack.grid.expand import expand
 from hypersack.grid.space import parse_space
 from hypersack.orchestrator import NodeJoined, ProfileWorkload, StudySubmitted
 from hypersack.sampler.profiles import load_profiles, profile_to_row
+from hypersack.testing.core import launches, make
 from hypersack.wire.convert import key_from_pb, key_to_pb, profile_from_pb, profile_to_pb
-from tests.unit.test_orchestrator import launches, make
 
 
 def own(**extra: Any) -> dict[str, Any]:
@@ -161,7 +161,7 @@ def test_forgetting_a_workload_profiles_it_again() -> None:
 
 def test_profiles_forget_on_a_server_is_for_admins(tmp_path: Path) -> None:
     from hypersack.core.errors import NotFound, PermissionDenied
-    from tests.unit.test_auth import start
+    from hypersack.testing.server import start
 
     s = start(tmp_path)
     try:
@@ -183,7 +183,7 @@ def test_profiles_forget_on_a_server_is_for_admins(tmp_path: Path) -> None:
 
 def test_profile_files_are_written_to_a_database_only_without_its_server(
         tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    from tests.unit.test_server import make_server
+    from hypersack.testing.server import make_server
 
     est = str(Path(__file__).parents[2] / "examples" / "profiles-estimates.yaml")
     server = make_server(tmp_path)
