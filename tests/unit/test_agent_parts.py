@@ -11,12 +11,19 @@ from pathlib import Path
 
 import pytest
 
-from hypersack.agent.devices import CpuBackend, FakeBackend, Measured, make_backend
+from hypersack.agent.devices import (
+    CpuBackend,
+    DeviceBackend,
+    FakeBackend,
+    Measured,
+    make_backend,
+)
 from hypersack.agent.launcher import Job, argv_for
 from hypersack.agent.nvml import arch_of
 from hypersack.core.errors import InvalidInput
 from hypersack.grid.space import Program
 from hypersack.runner import sdk
+from hypersack.testing.contracts import DeviceBackendContract
 from hypersack.wire.settings import AgentSettings, ServerSettings, load_settings
 
 
@@ -233,3 +240,13 @@ def test_checkpoints_can_live_in_a_folder_every_node_sees(tmp_path: Path) -> Non
     agents[1]._command(pb.ServerMessage(drop_checkpoint=pb.DropCheckpoint(
         trial_id="s-1-t00003", study_id="s-1")), queue.Queue())
     assert not folder.exists()
+
+
+class TestFakeBackendKeepsTheContract(DeviceBackendContract):
+    def make_backend(self) -> DeviceBackend:
+        return FakeBackend("2xH100-80GB@32", node="n1")
+
+
+class TestCpuBackendKeepsTheContract(DeviceBackendContract):
+    def make_backend(self) -> DeviceBackend:
+        return CpuBackend()

@@ -7,11 +7,11 @@ from typing import Any
 
 import pytest
 from hypothesis import HealthCheck, given, settings
-from hypothesis import strategies as st
 
 from hypersack.core.errors import InvalidInput, UnknownName
 from hypersack.policies import ClusterView, GpuBin, Item, Need, NodeBin, make_policy, policy_names
-from hypersack.policies.base import check_plan, why_unplaced
+from hypersack.policies.base import Policy, check_plan, why_unplaced
+from hypersack.testing.contracts import PolicyContract, instances
 
 ALL = policy_names()
 
@@ -29,32 +29,6 @@ def cluster(*nodes: tuple[str, int, list[GpuBin]]) -> ClusterView:
 def item(i: int, compute: int, memory: int = 1000, cores: int = 1000, run: float = 1.0,
          arch: str = "A100") -> Item:
     return Item(f"t{i}", {arch: Need(compute, memory, cores)}, run)
-
-
-@st.composite
-def instances(draw: Any, max_items: int = 30) -> tuple[list[Item], ClusterView]:
-    archs = ["A100", "H100"]
-    nodes = []
-    for n in range(draw(st.integers(1, 3))):
-        gpus = []
-        for g in range(draw(st.integers(1, 4))):
-            arch = draw(st.sampled_from(archs))
-            compute = draw(st.integers(0, 30000))
-            memory = draw(st.integers(0, 40000))
-            slots = draw(st.one_of(st.none(), st.integers(0, 3)))
-            gpus.append(GpuBin(f"n{n}", g, arch, compute, memory, 30000, 40000, slots))
-        cores = draw(st.integers(0, 32000))
-        nodes.append(NodeBin(f"n{n}", cores, tuple(gpus), 32000))
-    shapes = draw(st.lists(st.fixed_dictionaries({
-        arch: st.one_of(st.none(), st.tuples(st.integers(0, 12000), st.integers(0, 20000),
-                                             st.integers(0, 8000)))
-        for arch in archs}), min_size=1, max_size=5))
-    items = []
-    for i in range(draw(st.integers(0, max_items))):
-        shape = draw(st.sampled_from(shapes))
-        needs = {a: Need(*v) for a, v in shape.items() if v is not None}
-        items.append(Item(f"t{i}", needs, float(draw(st.integers(1, 5)))))
-    return items, ClusterView(tuple(nodes))
 
 
 @pytest.mark.parametrize("name", ALL)
@@ -234,3 +208,11 @@ def test_fast_greedy_rules_decide_exactly_as_the_plain_rules(
     plan = make_policy(name).place(items, view)
     got = [(p.item_id, p.node, p.gpu_index) for p in plan.placements]
     assert got == naive(items, view, decreasing=decreasing, worst=worst)
+
+
+class TestTheDefaultPolicyKeepsTheContract(PolicyContract):
+    """The contract a plug-in policy is checked by (hypersack.testing.contracts), on the
+    default policy; every registered one is checked above on the same instances."""
+
+    def make_policy(self) -> Policy:
+        return make_policy("auto")
