@@ -554,18 +554,49 @@ class Agent:
                                                            attempt=m.attempt)))
 
     def _rung_env(self, m: pb.LaunchTrial) -> dict[str, str]:
-        """A trial's checkpoint folder (kept across its attempts on this node) and the
-        epoch its attempt stops at to be ranked, where the study's pruner pauses trials."""
+        """The attempt's checkpoint folder (see `_attempt_checkpoint`) and the epoch it
+        stops at to be ranked, where the study's pruner pauses trials."""
         stop_at = sdk.epoch_count(m.stop_at_epoch)
-        env = {sdk.ENV_CHECKPOINT_DIR: str(self._checkpoint_dir(m.study_id, m.trial_id))}
+        env = {sdk.ENV_CHECKPOINT_DIR: str(self._attempt_checkpoint(m.study_id, m.trial_id,
+                                                                    m.attempt))}
         if stop_at > 0:
             env[sdk.ENV_STOP_AT_EPOCH] = repr(stop_at)
         return env
 
     def _checkpoint_dir(self, study_id: str, trial_id: str) -> Path:
         """A trial's checkpoint folder, the same for every attempt on this node (on any
-        node, with a shared `checkpoints` folder)."""
+        node, with a shared `checkpoints` folder); each attempt keeps its own inside."""
         return job_dir(self.checkpoints, study_id, trial_id) / "checkpoint"
+
+    def _attempt_checkpoint(self, study_id: str, trial_id: str, attempt: int) -> Path:
+        """The attempt's own checkpoint folder, `checkpoint/attempt-N`, which starts as a
+        copy of the newest checkpoint an earlier attempt left (its complete files: a
+        checkpoint written whole is renamed into place, so `*.tmp` files are skipped).
+        The attempt resumes from it and writes only there: two attempts of a trial, even
+        at once, never write the same files."""
+        root = self._checkpoint_dir(study_id, trial_id)
+        mine = root / f"attempt-{attempt}"
+        if mine.is_dir():
+            return mine
+        root.mkdir(mode=0o700, parents=True, exist_ok=True)
+        earlier = sorted(((n, p) for p in root.iterdir() if p.is_dir()
+                          and (n := _attempt_of(p.name)) is not None and 0 < n < attempt
+                          and any(f.is_file() and not f.name.endswith(".tmp")
+                                  for f in p.iterdir())), reverse=True)
+        tmp = root / f".attempt-{attempt}.tmp"
+        shutil.rmtree(tmp, ignore_errors=True)
+        if earlier:
+            shutil.copytree(earlier[0][1], tmp, ignore=shutil.ignore_patterns("*.tmp"),
+                            symlinks=True)
+            log.info("%s: attempt %d resumes from attempt %d's checkpoint", trial_id, attempt,
+                     earlier[0][0])
+        else:
+            tmp.mkdir(mode=0o700)
+            for f in root.iterdir():  # a checkpoint of the layout before attempts had folders
+                if f.is_file() and not f.name.endswith(".tmp"):
+                    shutil.copy2(f, tmp / f.name)
+        os.replace(tmp, mine)
+        return mine
 
     def _launch_group(self, g: pb.LaunchGroup, outbox: queue.Queue[pb.AgentMessage | None]
                       ) -> None:
@@ -610,7 +641,8 @@ class Agent:
                 key, first.epochs, options, [(j.id, json.loads(m.params_json or "{}"),
                                               j.metrics_path, j.stop_path)
                                              for j, m in zip(jobs, members, strict=True)],
-                checkpoints=[self._checkpoint_dir(m.study_id, m.trial_id) for m in members],
+                checkpoints=[self._attempt_checkpoint(m.study_id, m.trial_id, m.attempt)
+                             for m in members],
                 stop_at=sdk.epoch_count(first.stop_at_epoch)))
             for j in jobs:
                 j.start()
@@ -793,3 +825,9 @@ class Agent:
         except (KeyError, ValueError, TypeError) as exc:
             return pb.AgentMessage(profile=pb.ProfileResult(
                 key=m.key, arch=m.arch, ok=False, error=f"unreadable profile result: {exc}"))
+
+
+def _attempt_of(name: str) -> int | None:
+    """N for a folder named `attempt-N`."""
+    number = name.removeprefix("attempt-")
+    return int(number) if number != name and number.isdigit() and len(number) < 10 else None

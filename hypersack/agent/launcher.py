@@ -153,10 +153,16 @@ class Job:
         argv = die_with_parent(self.argv)
         checkpoint = self.env.get(sdk.ENV_CHECKPOINT_DIR)
         if checkpoint:
-            # Beside the attempts' folders: every attempt of the trial on this node finds it.
-            Path(checkpoint).mkdir(mode=0o700, parents=True, exist_ok=True)
+            # The attempt's own checkpoint folder (see Agent._attempt_checkpoint), in the
+            # trial's, which the trial's user may pass through.
+            folder = Path(checkpoint)
+            folder.mkdir(mode=0o700, parents=True, exist_ok=True)
             if self.account is not None:
-                self.account.own(Path(checkpoint))
+                os.chmod(folder.parent, PASSABLE)
+                for path in (folder, *folder.rglob("*")):  # the copy it resumes from too
+                    os.chown(path, self.account.uid, self.account.gid,
+                             follow_symlinks=False)
+                self.account.own(folder)
         if self.account is not None:
             # The directory becomes the trial user's own; the log stays the agent's (the
             # trial writes it through its stdout only).

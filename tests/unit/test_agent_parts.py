@@ -236,7 +236,7 @@ def test_checkpoints_can_live_in_a_folder_every_node_sees(tmp_path: Path) -> Non
     folder = Path(agents[0]._rung_env(launch)["HYPERSACK_CHECKPOINT_DIR"])
     assert folder == Path(agents[1]._rung_env(launch)["HYPERSACK_CHECKPOINT_DIR"])
     assert shared.resolve() in folder.parents
-    folder.mkdir(parents=True)
+    folder.mkdir(parents=True, exist_ok=True)  # the attempt's folder exists from the start
     agents[1]._command(pb.ServerMessage(drop_checkpoint=pb.DropCheckpoint(
         trial_id="s-1-t00003", study_id="s-1")), queue.Queue())
     assert not folder.exists()
@@ -250,3 +250,22 @@ class TestFakeBackendKeepsTheContract(DeviceBackendContract):
 class TestCpuBackendKeepsTheContract(DeviceBackendContract):
     def make_backend(self) -> DeviceBackend:
         return CpuBackend()
+
+
+def test_each_attempt_checkpoints_in_its_own_folder_from_the_newest_earlier_one(
+        tmp_path: Path) -> None:
+    from hypersack.agent.agent import Agent
+
+    agent = Agent("127.0.0.1:1", "n1", FakeBackend("1xA100-80GB@4", node="n1"),
+                  tmp_path / "work")
+    first = agent._attempt_checkpoint("s-1", "s-1-t00000", 1)
+    assert first.name == "attempt-1" and list(first.iterdir()) == []  # nothing to resume
+    (first / "checkpoint.json").write_text('{"epoch": 3}')
+    (first / "checkpoint.json.tmp").write_text("half written")
+    third = agent._attempt_checkpoint("s-1", "s-1-t00000", 3)  # attempt 2 never saved
+    assert sorted(p.name for p in third.iterdir()) == ["checkpoint.json"]
+    (third / "checkpoint.json").write_text('{"epoch": 6}')
+    assert (first / "checkpoint.json").read_text() == '{"epoch": 3}'  # its own, untouched
+    fourth = agent._attempt_checkpoint("s-1", "s-1-t00000", 4)
+    assert (fourth / "checkpoint.json").read_text() == '{"epoch": 6}'  # the newest
+    assert agent._attempt_checkpoint("s-1", "s-1-t00000", 4) == fourth  # made once
