@@ -462,7 +462,9 @@ class Agent:
         elif kind == "acked":
             ack = msg.acked.id
             if ack.startswith("heartbeat:"):
-                sent = self._beat_sent.pop(int(ack.split(":", 1)[1] or 0), None)
+                number = ack.removeprefix("heartbeat:")
+                sent = self._beat_sent.pop(int(number), None) \
+                    if number.isdigit() and len(number) < 20 else None
                 if sent is not None:
                     self.lease.renew(sent + self.fence_s)
                 return

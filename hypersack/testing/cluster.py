@@ -4,6 +4,7 @@ small client calls the tests make of it."""
 
 from __future__ import annotations
 
+import itertools
 import os
 import signal
 import socket
@@ -217,3 +218,47 @@ def state(c: Cluster, study: str) -> str:
 def done(c: Cluster, study: str, timeout_s: float = 90) -> list[pb.Trial]:
     wait_for(f"{study} to complete", lambda: state(c, study) != "ACTIVE", timeout_s, 0.3)
     return trials(c, study)
+
+
+# A command program that logs each of its attempts (trial id, attempt, time) to a shared
+# file as it starts, every 0.1 s while it runs, when it is stopped and when it ends:
+# `python ATTEMPT_LOGGER LOG SECONDS`. `attempt_runs` reads the log back.
+ATTEMPT_LOGGER = """
+import os, signal, sys, time
+log, seconds = sys.argv[1], float(sys.argv[2])
+me = f"{os.environ['HYPERSACK_TRIAL_ID']} {os.environ['HYPERSACK_ATTEMPT']}"
+def say(what):
+    with open(log, "a") as f:
+        f.write(f"{what} {me} {time.time():.3f}\\n")
+def stopped(*_):
+    say("killed")
+    sys.exit(143)
+signal.signal(signal.SIGTERM, stopped)
+say("start")
+end = time.monotonic() + seconds
+while time.monotonic() < end:
+    say("alive")
+    time.sleep(0.1)
+say("end")
+"""
+
+
+def attempt_runs(log: Path) -> dict[tuple[str, str], tuple[float, float, bool]]:
+    """(trial, attempt) -> (first seen, last seen, ran to its end), from ATTEMPT_LOGGER's
+    log."""
+    out: dict[tuple[str, str], tuple[float, float, bool]] = {}
+    for line in log.read_text().splitlines():
+        what, trial, attempt, at = line.split()
+        first, last, ended = out.get((trial, attempt), (float(at), float(at), False))
+        out[trial, attempt] = (min(first, float(at)), max(last, float(at)),
+                               ended or what == "end")
+    return out
+
+
+def overlapping(runs: dict[tuple[str, str], tuple[float, float, bool]]) -> list[str]:
+    """The trials two of whose attempts ran at the same time."""
+    by_trial: dict[str, list[tuple[float, float, bool]]] = {}
+    for (trial, _), run in runs.items():
+        by_trial.setdefault(trial, []).append(run)
+    return sorted(trial for trial, spans in by_trial.items()
+                  if any(a[1] >= b[0] for a, b in itertools.pairwise(sorted(spans))))

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import itertools
 import os
 import signal
 import subprocess
@@ -10,7 +9,14 @@ import sys
 import time
 from pathlib import Path
 
-from hypersack.testing.cluster import Cluster, space_yaml, wait_for
+from hypersack.testing.cluster import (
+    ATTEMPT_LOGGER,
+    Cluster,
+    attempt_runs,
+    overlapping,
+    space_yaml,
+    wait_for,
+)
 from hypersack.testing.cluster import done as _done
 from hypersack.testing.cluster import submit as _submit
 from hypersack.testing.cluster import trials as _trials
@@ -192,44 +198,13 @@ def test_killed_agent_leaves_nothing_running_twice_and_nothing_after(
     wait_for("no process left", lambda: not _marked(agent_dir), 30, 0.2)
 
 
-LOGGER = """
-import os, signal, sys, time
-log, seconds = sys.argv[1], float(sys.argv[2])
-me = f"{os.environ['HYPERSACK_TRIAL_ID']} {os.environ['HYPERSACK_ATTEMPT']}"
-def say(what):
-    with open(log, "a") as f:
-        f.write(f"{what} {me} {time.time():.3f}\\n")
-def stopped(*_):
-    say("killed")
-    sys.exit(143)
-signal.signal(signal.SIGTERM, stopped)
-say("start")
-end = time.monotonic() + seconds
-while time.monotonic() < end:
-    say("alive")
-    time.sleep(0.2)
-say("end")
-"""
-
-
-def _runs(log: Path) -> dict[tuple[str, str], tuple[float, float, bool]]:
-    """(trial, attempt) -> (first seen, last seen, ran to its end), from the log."""
-    out: dict[tuple[str, str], tuple[float, float, bool]] = {}
-    for line in log.read_text().splitlines():
-        what, trial, attempt, at = line.split()
-        first, last, ended = out.get((trial, attempt), (float(at), float(at), False))
-        out[trial, attempt] = (min(first, float(at)), max(last, float(at)),
-                               ended or what == "end")
-    return out
-
-
 def test_a_frozen_agents_trials_are_fenced_before_they_run_elsewhere(
         cluster: Cluster, tmp_path: Path) -> None:
     """The issue's freeze: an agent SIGSTOPped for three heartbeat timeouts. Its trials
     stop by its fence before the server runs them on the other node, so no trial runs in
     two places at once, and each completes exactly once."""
     script, log = tmp_path / "logger.py", tmp_path / "runs.log"
-    script.write_text(LOGGER)
+    script.write_text(ATTEMPT_LOGGER)
     cluster.start_server()
     cluster.start_agent("n1", "1xA100-80GB@48")
     cluster.start_agent("n2", "1xA100-80GB@48")
@@ -245,15 +220,13 @@ def test_a_frozen_agents_trials_are_fenced_before_they_run_elsewhere(
     os.kill(frozen.pid, signal.SIGCONT)
     trials = _done(cluster, study, 120)
     assert {t.state for t in trials} == {"COMPLETED"}, [(t.id, t.reason) for t in trials]
-    runs = _runs(log)
+    runs = attempt_runs(log)
     by_trial: dict[str, list[tuple[float, float, bool]]] = {}
     for (trial, _), run in runs.items():
         by_trial.setdefault(trial, []).append(run)
     assert sorted(by_trial) == sorted(t.id for t in trials)
     for trial, attempts in by_trial.items():
         assert sum(ended for *_, ended in attempts) == 1, (trial, attempts)  # once, to the end
-        attempts.sort()
-        for (_, last, _), (first, _, _) in itertools.pairwise(attempts):
-            assert last < first, f"{trial}: two attempts at once"
+    assert overlapping(runs) == [], "two attempts at once"
     assert any(len(a) > 1 for a in by_trial.values())  # the freeze did stop some
     assert all(t.failures == 0 for t in trials)  # a fenced trial is no failure

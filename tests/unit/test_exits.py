@@ -177,3 +177,14 @@ def test_an_exit_listed_until_acknowledged_is_not_adopted_back() -> None:
     assert result.refused == []
     assert orch.trial(a).state == TrialState.PENDING  # 57,000 MiB now: it waits for room
     assert orch.held("node0", 0)[1] <= 81920
+
+
+def test_an_agent_ignores_acknowledgements_it_cannot_read(tmp_path: Path) -> None:
+    agent = Agent("127.0.0.1:1", "n1", FakeBackend("1xA100-80GB@4", node="n1"),
+                  tmp_path / "work")
+    outbox: queue.Queue[pb.AgentMessage | None] = queue.Queue()
+    before = agent.lease.until
+    for bad in ("heartbeat:", "heartbeat:x", "heartbeat:-1", "heartbeat:" + "9" * 40,
+                "exit:1:nobody", "", "\x00"):
+        agent._command(pb.ServerMessage(acked=pb.Acked(id=bad)), outbox)
+    assert agent.lease.until == before and outbox.empty()
