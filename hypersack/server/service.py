@@ -262,6 +262,9 @@ class SchedulerService:
                           len(kept) - MAX_RETRY, MAX_RETRY)
             self._retry = kept[-MAX_RETRY:]
             return None
+        except HyperSackError:
+            self._retry = []  # the batch failed for itself (logged): not tried again
+            return None
         self._retry = []
         return result
 
@@ -280,6 +283,13 @@ class SchedulerService:
                           exc.detail)
                 self._store_state(exc.detail)
             raise
+        except Exception as exc:
+            # Not the store, and no event's own refusal (those are in the result): the
+            # batch was undone whole all the same; the loop goes on.
+            self.stats["failed_batches"] += 1
+            log.exception("a batch of %d events failed and was undone", len(events))
+            raise HyperSackError(f"the server failed to handle it ({type(exc).__name__}); "
+                                 "its log has the traceback") from exc
         if self.store_failure is not None:
             log.warning("the store works again; serving")
             self._store_state(None)
@@ -535,7 +545,7 @@ class SchedulerService:
             self._sessions[spec.name] = session
             try:
                 self._apply(NodeJoined(spec, running))
-            except StoreUnavailable:
+            except HyperSackError:
                 # Not joined: the agent is told UNAVAILABLE and dials again later.
                 if old is None:
                     del self._sessions[spec.name]

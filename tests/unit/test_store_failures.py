@@ -9,6 +9,7 @@ import sys
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import grpc
 import pytest
@@ -171,3 +172,46 @@ def test_a_node_heard_in_a_batch_the_store_undid_was_still_heard() -> None:
     clock.advance(10.0)  # 35 s after it joined, 10 s after it was last heard
     orch.handle(Tick())
     assert orch.has_node("node0")
+
+
+class _BuggyStore(FailingStore):
+    """Raises a plain error (not the store failing) on the next `bugs` trial updates."""
+
+    bugs = 0
+
+    def update_trial(self, trial: Any) -> None:
+        if self.bugs:
+            self.bugs -= 1
+            raise RuntimeError("a bug, not a full disk")
+        super().update_trial(trial)
+
+
+def test_a_batch_that_fails_for_itself_is_dropped_and_the_server_goes_on(
+        tmp_path: Path) -> None:
+    from hypersack.sampler.profiles import load_profiles
+
+    inner = SqliteStore(tmp_path / "s.db")
+    for p in load_profiles(EXAMPLES / "profiles-estimates.yaml"):
+        inner.put_profile(p)
+    store = _BuggyStore(inner)
+    svc = SchedulerService(store, tick_interval_s=0.05)
+    svc.start()
+    try:
+        session = svc.register(pb.Register(node="n0", cores=8, backend="fake", gpus=[
+            pb.GpuInfo(index=0, arch="A100", memory_mib=81920, uuid="g0")]))
+        svc.submit(SPACE, "tiny.yaml")
+        launch = next(m.launch for m in session.drain() if m is not None
+                      and m.HasField("launch"))
+        exit_msg = pb.AgentMessage(exited=pb.TrialExited(
+            trial_id=launch.trial_id, exit_code=0, attempt=launch.attempt))
+        store.bugs = 1
+        svc.agent_message(session, exit_msg)
+        _until(lambda: store.bugs == 0)
+        time.sleep(0.2)
+        assert svc.fatal is None and svc.store_failure is None  # still serving
+        assert svc.orch.trial(launch.trial_id).state == TrialState.RUNNING  # undone whole
+        svc.agent_message(session, exit_msg)  # the agent sends it again: it counts now
+        _until(lambda: svc.orch.trial(launch.trial_id).state == TrialState.COMPLETED)
+    finally:
+        svc.stop()
+        inner.close()
