@@ -36,7 +36,11 @@ def item(i: int, compute: int, memory: int = 1000, cores: int = 1000, run: float
 @given(instance=instances())
 def test_invariants_hold_for_every_policy(name: str, instance: Any) -> None:
     items, view = instance
-    policy = make_policy(name, **({"time_limit_s": 5} if name == "optimal" else {}))
+    # CP-SAT with one worker and a fixed seed decides the same each time it finishes (with
+    # several, which finishes first depends on the machine's load); these instances take
+    # milliseconds, so the limit is never what stops it, even on a loaded machine.
+    policy = make_policy(name, **({"time_limit_s": 60, "workers": 1}
+                                  if name == "optimal" else {}))
     plan = policy.place(items, view)
     check_plan(items, view, plan)  # nothing over capacity, nothing placed twice
     again = policy.place(items, view)
