@@ -158,6 +158,11 @@ class ClusterState:
         """Nodes that have sent nothing for longer than the timeout."""
         return [n for n, node in self._nodes.items() if now - node.last_seen > timeout_s]
 
+    @staticmethod
+    def archs_of(nodes: list[Node]) -> frozenset[str]:
+        """The GPU architectures these nodes have."""
+        return frozenset().union(*[n.archs() for n in nodes])
+
     def open_nodes(self) -> list[Node]:
         """Nodes that take new work, by name."""
         return [n for _, n in sorted(self._nodes.items()) if not n.draining]

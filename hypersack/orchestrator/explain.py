@@ -70,7 +70,7 @@ class Explainer:
         if not open_nodes:
             out.append("no node is connected and open: start an agent, or undrain a node")
             return out
-        archs = frozenset().union(*[n.archs() for n in open_nodes])
+        archs = self.s.cluster.archs_of(open_nodes)
         needs = self.profiling.needs(t, archs)
         for arch in sorted(archs - set(needs)):
             failed = self.s.profile_failed.get((t.key, arch))

@@ -226,7 +226,7 @@ class Orchestrator:
         their needs, its pending counts per workload group, and the cluster's free
         capacity as the policies see it."""
         open_nodes = self.s.cluster.open_nodes()
-        archs = frozenset().union(*[n.archs() for n in open_nodes])
+        archs = self.s.cluster.archs_of(open_nodes)
         key_of = {number: key for key, number in self.s.key_numbers.items()}
         out: dict[str, Any] = {"view": self.s.cluster.view(open_nodes, {})}
         for s in self.studies():
@@ -363,7 +363,7 @@ class Orchestrator:
         s.decide_again = False
         commands: list[Command] = []
         open_nodes = s.cluster.open_nodes()
-        archs = frozenset().union(*[n.archs() for n in open_nodes])
+        archs = s.cluster.archs_of(open_nodes)
         active = [study for study in self.book.studies() if study.state == StudyState.ACTIVE]
         if open_nodes:
             self.searches.ask(active, open_nodes, archs)
