@@ -18,8 +18,10 @@ from hypersack._proto.v1 import hypersack_pb2_grpc as pb_grpc
 from hypersack.cli.client import Client
 from hypersack.core.types import TrialState
 from hypersack.policies.base import Need, compute_capacity
+from hypersack.sampler.profiles import load_profiles
 from hypersack.server.app import HyperSackServer
 from hypersack.server.auth import LOCAL, Authenticator
+from hypersack.server.service import AgentSession
 from hypersack.store.sqlite import SqliteStore
 from hypersack.wire import tls
 from hypersack.wire.settings import ServerSettings
@@ -96,6 +98,25 @@ class RawAgent:
     def close(self) -> None:
         self.up.put(None)
         self.channel.close()
+
+
+def profiled_store(path: Path) -> SqliteStore:
+    """A SQLite store at `path` holding the checkout's example profile estimates."""
+    store = SqliteStore(path)
+    if EXAMPLE_PROFILES.exists():
+        for p in load_profiles(EXAMPLE_PROFILES):
+            store.put_profile(p)
+    return store
+
+
+# What an agent of one A100-80GB registers with.
+ONE_A100 = pb.Register(node="n0", cores=8, backend="fake", gpus=[
+    pb.GpuInfo(index=0, arch="A100", memory_mib=81920, uuid="g0")])
+
+
+def first_launch(session: AgentSession) -> pb.LaunchTrial:
+    """The first launch queued to an agent's session (the service in-process)."""
+    return next(m.launch for m in session.drain() if m is not None and m.HasField("launch"))
 
 
 def wait(check: Callable[[], object], timeout_s: float = 10) -> None:

@@ -5,7 +5,6 @@ node's heartbeats leave out for longer than a grace, with no exit, runs again.""
 from __future__ import annotations
 
 import queue
-import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -30,12 +29,11 @@ from hypersack.orchestrator import (
     TrialOutOfMemory,
     launched,
 )
-from hypersack.sampler.profiles import load_profiles
 from hypersack.server.service import SchedulerService
-from hypersack.store import MemoryStore, SqliteStore
+from hypersack.store import MemoryStore
+from hypersack.testing.server import ONE_A100, first_launch, profiled_store, wait
 from hypersack.testing.stores import FailingStore
 from hypersack.wire.convert import ack_id
-from tests.conftest import EXAMPLES
 
 
 def _orchestrator(clock: ManualClock, grace_s: float = 10.0) -> Orchestrator:
@@ -96,28 +94,21 @@ def test_a_trial_left_out_of_heartbeats_past_the_grace_runs_again() -> None:
     assert orch.trial(b).state == TrialState.RUNNING
 
 
-def _until(what: Callable[[], bool], timeout_s: float = 30.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not what():
-        assert time.monotonic() < deadline, "timed out"
-        time.sleep(0.02)
+def _until(what: Callable[[], object]) -> None:
+    wait(what, 30.0)
 
 
 def test_the_server_acknowledges_an_exit_only_once_committed(tmp_path: Path) -> None:
-    inner = SqliteStore(tmp_path / "s.db")
-    for p in load_profiles(EXAMPLES / "profiles-estimates.yaml"):
-        inner.put_profile(p)
+    inner = profiled_store(tmp_path / "s.db")
     store = FailingStore(inner)
     svc = SchedulerService(store, tick_interval_s=0.05)
     svc.start()
     try:
-        session = svc.register(pb.Register(node="n0", cores=8, backend="fake", gpus=[
-            pb.GpuInfo(index=0, arch="A100", memory_mib=81920, uuid="g0")]))
+        session = svc.register(ONE_A100)
         svc.submit("name: tiny\nmodels: [resnet18]\nhyperparameters: {batch_size: [64], "
                    "lr: [0.1, 0.2]}\nsettings: {fusion: 'off'}\nprogram: {builtin: sleep}\n",
                    "tiny.yaml")
-        launch = next(m.launch for m in session.drain() if m is not None
-                      and m.HasField("launch"))
+        launch = first_launch(session)
         exit_msg = pb.AgentMessage(exited=pb.TrialExited(
             trial_id=launch.trial_id, exit_code=1, attempt=launch.attempt, log_tail="boom"))
         store.fail_commits = 1

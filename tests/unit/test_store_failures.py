@@ -21,10 +21,9 @@ from hypersack.core.types import TrialState
 from hypersack.server.app import HyperSackServer
 from hypersack.server.service import SchedulerService
 from hypersack.server.servicers import status_of
-from hypersack.store import SqliteStore
+from hypersack.testing.server import ONE_A100, first_launch, profiled_store, wait
 from hypersack.testing.stores import FailingStore
 from hypersack.wire.settings import ServerSettings
-from tests.conftest import EXAMPLES
 
 SPACE = """
 name: tiny
@@ -35,20 +34,13 @@ program: {builtin: sleep}
 """
 
 
-def _until(what: Callable[[], bool], timeout_s: float = 30.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not what():
-        assert time.monotonic() < deadline, "timed out"
-        time.sleep(0.02)
+def _until(what: Callable[[], object]) -> None:
+    wait(what, 30.0)
 
 
 @pytest.fixture
 def service(tmp_path: Path) -> Iterator[tuple[SchedulerService, FailingStore, list[str | None]]]:
-    from hypersack.sampler.profiles import load_profiles
-
-    inner = SqliteStore(tmp_path / "s.db")
-    for p in load_profiles(EXAMPLES / "profiles-estimates.yaml"):
-        inner.put_profile(p)
+    inner = profiled_store(tmp_path / "s.db")
     store = FailingStore(inner)
     svc = SchedulerService(store, tick_interval_s=0.05)
     states: list[str | None] = []
@@ -77,8 +69,7 @@ def test_a_failing_store_is_unavailable_then_the_server_resumes(
 def test_an_exit_in_a_batch_the_store_undid_is_applied_again(
         service: tuple[SchedulerService, FailingStore, list[str | None]]) -> None:
     svc, store, states = service
-    session = svc.register(pb.Register(node="n0", cores=8, backend="fake", gpus=[
-        pb.GpuInfo(index=0, arch="A100", memory_mib=81920, uuid="g0")]))
+    session = svc.register(ONE_A100)
     study = svc.submit(SPACE, "tiny.yaml")
     launches = [m.launch for m in session.drain() if m is not None and m.HasField("launch")]
     assert len(launches) == 2
@@ -188,20 +179,14 @@ class _BuggyStore(FailingStore):
 
 def test_a_batch_that_fails_for_itself_is_dropped_and_the_server_goes_on(
         tmp_path: Path) -> None:
-    from hypersack.sampler.profiles import load_profiles
-
-    inner = SqliteStore(tmp_path / "s.db")
-    for p in load_profiles(EXAMPLES / "profiles-estimates.yaml"):
-        inner.put_profile(p)
+    inner = profiled_store(tmp_path / "s.db")
     store = _BuggyStore(inner)
     svc = SchedulerService(store, tick_interval_s=0.05)
     svc.start()
     try:
-        session = svc.register(pb.Register(node="n0", cores=8, backend="fake", gpus=[
-            pb.GpuInfo(index=0, arch="A100", memory_mib=81920, uuid="g0")]))
+        session = svc.register(ONE_A100)
         svc.submit(SPACE, "tiny.yaml")
-        launch = next(m.launch for m in session.drain() if m is not None
-                      and m.HasField("launch"))
+        launch = first_launch(session)
         exit_msg = pb.AgentMessage(exited=pb.TrialExited(
             trial_id=launch.trial_id, exit_code=0, attempt=launch.attempt))
         store.bugs = 1
