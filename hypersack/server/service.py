@@ -35,7 +35,6 @@ from hypersack.core.errors import (
 )
 from hypersack.core.files import load_yaml
 from hypersack.core.train_options import dataset_for, parse_train_options
-from hypersack.core.trial_env import OOM_EXIT_CODE
 from hypersack.core.types import (
     NodeRecord,
     NodeSpec,
@@ -61,16 +60,12 @@ from hypersack.orchestrator.events import (
     NodeDrained,
     NodeJoined,
     ProfileFailed,
-    ProfileMeasured,
     ProfilesForgotten,
     ProfilesImported,
     RunningTrial,
     StudyCancelled,
     StudySubmitted,
     Tick,
-    TrialFailed,
-    TrialFinished,
-    TrialOutOfMemory,
     TrialProgress,
     TrialsAsked,
     TrialStarted,
@@ -79,18 +74,16 @@ from hypersack.orchestrator.orchestrator import BatchResult
 from hypersack.policies.registry import policy_names
 from hypersack.sampler.profiles import select_profiles, to_import
 from hypersack.server.metrics import LatencyHistograms
+from hypersack.server.reports import exit_event, profile_event
 from hypersack.store.base import Store
 from hypersack.wire.convert import (
-    LOG_TAIL_CHARS,
     ack_id,
     clean_memory,
     clean_metrics,
     clean_percent,
-    key_from_pb,
     key_to_pb,
     node_from_register,
     nonfinite_names,
-    profile_from_pb,
     program_to_pb,
 )
 
@@ -659,46 +652,12 @@ class SchedulerService:
             return TrialProgress(m.trial_id, node, int(m.step), clean_metrics(m.metrics),
                                  m.attempt, nonfinite_names(m.metrics))
         if kind == "exited":
-            return self._exit_event(node, msg.exited)
+            return exit_event(node, msg.exited)
         if kind == "profile":
-            return self._profile_event(node, msg.profile)
+            return profile_event(node, msg.profile)
         if kind == "register":
             raise InvalidInput("register: already registered on this stream")
         raise InvalidInput("empty agent message")
-
-    @staticmethod
-    def _exit_event(node: str, e: pb.TrialExited) -> Event:
-        tail = e.log_tail[-LOG_TAIL_CHARS:]
-        if e.exit_code == 0:
-            return TrialFinished(e.trial_id, node, clean_metrics(e.metrics), log_tail=tail,
-                                 attempt=e.attempt, nonfinite=nonfinite_names(e.metrics))
-        if e.fenced:
-            return TrialFailed(e.trial_id, node, e.exit_code, tail, attempt=e.attempt,
-                               fenced=True)
-        if e.out_of_memory or e.exit_code == OOM_EXIT_CODE:
-            return TrialOutOfMemory(e.trial_id, node, clean_memory(e.peak_memory_mib),
-                                    attempt=e.attempt)
-        return TrialFailed(e.trial_id, node, e.exit_code, tail, attempt=e.attempt)
-
-    @staticmethod
-    def _profile_event(node: str, p: pb.ProfileResult) -> Event:
-        try:
-            key = key_from_pb(p.key)
-        except ValidationError as exc:
-            raise InvalidInput(format_validation_error(exc, "profile.key")) from None
-        except ValueError as exc:
-            raise InvalidInput(f"profile.key: {exc}") from None
-        if not p.ok:
-            return ProfileFailed(key, p.arch, node, p.error[-LOG_TAIL_CHARS:] or "failed")
-        try:
-            profile = profile_from_pb(p.profile, where="profile",
-                                      default_source=f"measured on {node}")
-        except InvalidInput as exc:
-            return ProfileFailed(key, p.arch, node, f"invalid measurement: {exc}")
-        if profile.key != key or profile.arch != p.arch:
-            return ProfileFailed(key, p.arch, node, "invalid measurement: it names another "
-                                 f"workload ({profile.key.label()} on {profile.arch})")
-        return ProfileMeasured(profile, node)
 
 
 def _reason(result: BatchResult, source: str) -> HyperSackError:
