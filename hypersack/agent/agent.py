@@ -27,6 +27,7 @@ from hypersack import __version__
 from hypersack._proto.v1 import hypersack_pb2 as pb
 from hypersack._proto.v1 import hypersack_pb2_grpc as pb_grpc
 from hypersack.agent.accounts import TrialUsers
+from hypersack.agent.checkpoints import attempt_folder
 from hypersack.agent.devices import DeviceBackend, DeviceState, Measured
 from hypersack.agent.fence import FENCED_MARK, Lease, fence_of, kill_grace_of, watchdog_argv
 from hypersack.agent.guard import CommandPolicy, clean_env
@@ -576,29 +577,7 @@ class Agent:
         checkpoint written whole is renamed into place, so `*.tmp` files are skipped).
         The attempt resumes from it and writes only there: two attempts of a trial, even
         at once, never write the same files."""
-        root = self._checkpoint_dir(study_id, trial_id)
-        mine = root / f"attempt-{attempt}"
-        if mine.is_dir():
-            return mine
-        root.mkdir(mode=0o700, parents=True, exist_ok=True)
-        earlier = sorted(((n, p) for p in root.iterdir() if p.is_dir()
-                          and (n := _attempt_of(p.name)) is not None and 0 < n < attempt
-                          and any(f.is_file() and not f.name.endswith(".tmp")
-                                  for f in p.iterdir())), reverse=True)
-        tmp = root / f".attempt-{attempt}.tmp"
-        shutil.rmtree(tmp, ignore_errors=True)
-        if earlier:
-            shutil.copytree(earlier[0][1], tmp, ignore=shutil.ignore_patterns("*.tmp"),
-                            symlinks=True)
-            log.info("%s: attempt %d resumes from attempt %d's checkpoint", trial_id, attempt,
-                     earlier[0][0])
-        else:
-            tmp.mkdir(mode=0o700)
-            for f in root.iterdir():  # a checkpoint of the layout before attempts had folders
-                if f.is_file() and not f.name.endswith(".tmp"):
-                    shutil.copy2(f, tmp / f.name)
-        os.replace(tmp, mine)
-        return mine
+        return attempt_folder(self._checkpoint_dir(study_id, trial_id), attempt)
 
     def _launch_group(self, g: pb.LaunchGroup, outbox: queue.Queue[pb.AgentMessage | None]
                       ) -> None:
@@ -828,8 +807,3 @@ class Agent:
             return pb.AgentMessage(profile=pb.ProfileResult(
                 key=m.key, arch=m.arch, ok=False, error=f"unreadable profile result: {exc}"))
 
-
-def _attempt_of(name: str) -> int | None:
-    """N for a folder named `attempt-N`."""
-    number = name.removeprefix("attempt-")
-    return int(number) if number != name and number.isdigit() and len(number) < 10 else None
