@@ -512,12 +512,14 @@ class Agent:
         workdir = job_dir(self.node_dir, group, job_id)
         if attempt:
             workdir = workdir / f"attempt-{attempt}"  # each attempt writes its own files
-        if program.command:
-            self.commands.check(program.command, self.node)
         account = self.users.account_for(owner)
         fields = {**json.loads(params_json or "{}"), "epochs": epochs, "trial_id": job_id,
                   "study_id": study_id, "workdir": str(workdir.resolve())}
         argv = argv_for(program_from_pb(program), fields)
+        if program.command:  # decided on what runs: the filled argv, its executable resolved
+            env_path = (os.environ if self.base_env is None else self.base_env).get("PATH")
+            argv = self.commands.check(program.command, self.node, argv=argv,
+                                       path=env_path or os.defpath) or argv
         env = {**self.backend.env_for(device), sdk.ENV_TRIAL_ID: job_id,
                sdk.ENV_STUDY_ID: study_id, sdk.ENV_PARAMS: params_json or "{}",
                sdk.ENV_EPOCHS: repr(epochs), sdk.ENV_OPTIONS: program.options_json or "{}",

@@ -56,6 +56,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--allow-shell", action="store_true", default=None,
                    help="also run templates that start a shell or pass inline code "
                    "(sh -c, python -c): a hyperparameter value there runs as code")
+    p.add_argument("--allow-modules", metavar="MODULE,...",
+                   help="modules `python -m` may run in command templates (pkg.* for a "
+                   "package's); none by default")
     p.add_argument("--pass-env", action="append", metavar="NAME",
                    help="an environment variable trials may see besides PATH, HOME, the "
                    "locale and CUDA's (repeatable; PREFIX* for many)")
@@ -97,7 +100,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             "inventory": args.inventory, "workdir": args.workdir,
             "checkpoint_dir": args.checkpoint_dir,
             "log_max_mib": args.log_max_mib, "allow_commands": args.allow_commands,
-            "allow_shell": args.allow_shell, "pass_env": args.pass_env,
+            "allow_shell": args.allow_shell, "allow_modules": args.allow_modules,
+            "pass_env": args.pass_env,
             "tls_dir": args.tls_dir, "tls_ca": args.tls_ca, "tls_cert": args.tls_cert,
             "tls_key": args.tls_key, "tls_server_name": args.tls_server_name,
             "run_as": args.run_as, "user_map": args.user_map,
@@ -126,7 +130,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                       poll_interval_s=settings.poll_interval_s,
                       reconnect_max_s=settings.reconnect_max_s,
                       log_max_bytes=settings.log_max_mib << 20,
-                      commands=CommandPolicy.parse(settings.allow_commands, settings.allow_shell),
+                      commands=CommandPolicy.parse(settings.allow_commands, settings.allow_shell,
+                                                  settings.allow_modules),
                       pass_env=settings.pass_env, credentials=credentials,
                       server_name=settings.tls_server_name, users=users,
                       # MPS for GPUs: not for the CPU backend, which has none.

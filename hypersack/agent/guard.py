@@ -3,10 +3,23 @@ environment a trial starts with.
 
 - Built-in programs always run. A `command` program runs only where the operator allows
   commands (`--allow-commands`, optionally naming the executables allowed).
-- A template whose executable is a shell, or that hands inline code to an interpreter
-  (`python -c`, `perl -e`, `node --eval`), is refused unless the operator also allows
-  shells (`--allow-shell`): a hyperparameter value inside a shell string or inline
-  code is code. The executable must be literal or `{python}`, never another placeholder.
+- The guard decides on the argument list the agent will execute, after the template's
+  placeholders are filled. The executable is resolved as the trial's PATH resolves it
+  (absolute directories only), compared exactly with the allowed executables (names are
+  resolved the same way; no symbolic link or copy called `python` passes for the real
+  one), and the trial runs that absolute path.
+- Without `--allow-shell`, nothing a hyperparameter value can reach runs as code:
+  - shells, and programs that run other programs or code named in their arguments
+    (`env`, `timeout`, `nice`, `sudo`, `find`, `gdb`, `xargs`, ...), are refused: the
+    agent sets a trial's environment, and stops it, itself;
+  - Python is parsed with CPython's own option grammar (combined short options, `-W`
+    and `-X` values, `--check-hash-based-pycs MODE`, `--`): `-c` and reading code from
+    stdin are refused, and `-m` runs only the modules the operator lists
+    (`--allow-modules`);
+  - other interpreters (perl, ruby, node, Rscript, ...) must be given a script first,
+    with no options before it;
+  - a placeholder never stands where the interpreter reads an option, an option's
+    value, its module or its script: only the program's own arguments take values.
 - A trial's environment is the HyperSack variables the agent sets, `PATH`, `HOME`,
   the locale, `TMPDIR`, CUDA/NVIDIA/MPS variables and the names the operator passes
   (`--pass-env`, `NAME` or `PREFIX*`), nothing else of the agent's.
@@ -18,6 +31,7 @@ import fnmatch
 import os
 import re
 import shlex
+import sys
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
@@ -29,18 +43,44 @@ BASE_ENV = ("PATH", "HOME", "LANG", "LANGUAGE", "TZ", "TMPDIR", "USER", "LOGNAME
             "HYPERSACK_DATA_DIR")
 BASE_PREFIXES = ("LC_", "CUDA_", "NVIDIA_")  # CUDA_ covers MPS's CUDA_MPS_*
 
-# Shells, and programs whose first argument is itself code.
-SHELLS = frozenset({"sh", "bash", "dash", "zsh", "ksh", "mksh", "ash", "fish", "csh", "tcsh",
-                    "busybox", "pwsh", "powershell", "cmd", "cmd.exe", "awk", "gawk", "mawk",
-                    "nawk", "sed", "eval"})
-# Programs that run another program named in their arguments: the check looks past them.
-WRAPPERS = frozenset({"env", "nice", "nohup", "setsid", "stdbuf", "timeout", "time", "ionice",
-                      "taskset", "numactl", "chrt", "xargs", "exec", "command", "sudo", "su"})
-INLINE_CODE = frozenset({"-c", "-e", "-E", "--eval", "--command", "--exec", "-p", "--print"})
-_INTERPRETER = re.compile(r"^(python[0-9.]*|pypy[0-9.]*|perl[0-9.]*|ruby[0-9.]*|node|nodejs|"
-                          r"deno|bun|php[0-9.]*|lua[0-9.]*|Rscript|R|julia|osascript)$")
-_PYTHON_INLINE = re.compile(r"^-[A-Za-z]*c")  # -c, -uc, -Bc'code'
-_TAKES_VALUE = frozenset({"-W", "-X", "-Q", "-I", "-M", "-r"})  # their value is no option
+# Shells, and programs whose arguments are code.
+SHELLS = frozenset({
+    "sh", "bash", "rbash", "dash", "zsh", "ksh", "ksh93", "mksh", "pdksh", "ash", "yash",
+    "fish", "csh", "tcsh", "busybox", "toybox", "pwsh", "powershell", "cmd", "cmd.exe",
+    "awk", "gawk", "mawk", "nawk", "busybox-awk", "sed", "gsed", "eval", "ipython",
+    "ipython3", "jupyter", "expect", "tclsh", "wish", "jshell", "irb", "ghci", "bc", "dc",
+    "vim", "vi", "nvim", "ex", "emacs", "ed", "less", "more", "man", "make", "gmake",
+    "cmake", "osascript"})
+# Programs that run another program, or a command, named in their arguments. Their
+# grammars are not parsed: they are refused, whatever follows them.
+LAUNCHERS = frozenset({
+    "env", "nice", "nohup", "setsid", "stdbuf", "timeout", "time", "ionice", "taskset",
+    "numactl", "chrt", "xargs", "exec", "command", "builtin", "sudo", "su", "doas",
+    "runuser", "setpriv", "pkexec", "sg", "newgrp", "flock", "script", "unshare",
+    "nsenter", "chroot", "strace", "ltrace", "watch", "gdb", "lldb", "valgrind", "perf",
+    "find", "parallel", "ssh", "rsh", "srun", "sbatch", "salloc", "mpirun", "mpiexec",
+    "torchrun", "accelerate", "deepspeed", "screen", "tmux", "dtach", "at", "batch",
+    "systemd-run", "firejail", "bwrap", "proot", "fakeroot", "faketime", "catchsegv",
+    "setarch", "linux32", "linux64", "prlimit", "cgexec", "chpst", "daemonize",
+    "start-stop-daemon", "git", "tar", "rsync", "zip", "xterm", "ld.so", "cpulimit",
+    "rlwrap", "unbuffer", "entr", "inotifywait", "tini", "dumb-init", "su-exec", "gosu",
+    "chronic", "ts", "pv", "tee", "dbus-launch", "pipx", "uv", "uvx", "conda", "mamba",
+    "micromamba", "poetry", "pipenv", "hatch", "pdm", "npx", "npm", "yarn", "pnpm"})
+_LOADER = re.compile(r"^ld-linux.*\.so.*$|^ld64\.so.*$")
+_PYTHON = re.compile(r"^(python|pypy)[0-9.]*([-_a-z0-9.]*)$")
+# Interpreters that must be given a script first, no options before it.
+_SCRIPTED = re.compile(r"^(perl|ruby|node|nodejs|deno|bun|php|lua|luajit|Rscript|R|julia|"
+                       r"java|scala|kotlin|groovy|guile|racket|sbcl|clisp|ocaml|swipl|"
+                       r"octave|matlab|gnuplot)[0-9.]*$")
+
+# CPython's options (Modules/main.c, Python/getopt.c): short options without a value,
+# short options whose value is the rest of the word or the next word, long options.
+_PY_FLAGS = frozenset("bBdEhiIOPqRsSuvVx?")
+_PY_VALUED = frozenset("WX")
+_PY_LONG_FLAGS = frozenset({"--help", "--version", "--help-env", "--help-xoptions",
+                            "--help-all"})
+_PY_LONG_VALUED = frozenset({"--check-hash-based-pycs"})
+_PY_HASH_MODES = frozenset({"always", "never", "default"})
 
 
 class CommandRefused(HyperSackError):
@@ -52,6 +92,7 @@ class CommandPolicy:
     allow_commands: bool = False
     executables: frozenset[str] = field(default_factory=frozenset)  # empty: any
     allow_shell: bool = False
+    modules: frozenset[str] = field(default_factory=frozenset)  # what `python -m` may run
 
     @classmethod
     def permissive(cls) -> CommandPolicy:
@@ -59,77 +100,203 @@ class CommandPolicy:
         return cls(allow_commands=True, allow_shell=True)
 
     @classmethod
-    def parse(cls, allow_commands: str | None, allow_shell: bool) -> CommandPolicy:
+    def parse(cls, allow_commands: str | None, allow_shell: bool,
+              allow_modules: str | None = None) -> CommandPolicy:
         """`allow_commands`: None (no commands), "*" or "" (any executable), or a comma
-        list of executables (names or absolute paths)."""
+        list of executables (names on PATH or absolute paths; `python` is also the
+        agent's own interpreter, `{python}`). `allow_modules`: a comma list of modules
+        `python -m` may run (or packages, `pkg.*`)."""
+        modules = frozenset(m.strip() for m in (allow_modules or "").split(",") if m.strip())
         if allow_commands is None:
-            return cls(allow_shell=allow_shell)
+            return cls(allow_shell=allow_shell, modules=modules)
         names = frozenset(n.strip() for n in allow_commands.split(",") if n.strip()) - {"*"}
-        return cls(allow_commands=True, executables=names, allow_shell=allow_shell)
+        return cls(allow_commands=True, executables=names, allow_shell=allow_shell,
+                   modules=modules)
 
-    def check(self, template: str, node: str) -> None:
-        """Raise CommandRefused unless this command template may run on this node."""
+    def check(self, template: str, node: str, *, argv: list[str] | None = None,
+              path: str | None = None) -> list[str] | None:
+        """Raise CommandRefused unless this command template may run on this node.
+
+        `argv`: the filled argument list the agent would run; it is checked too, and
+        returned with its executable resolved to the absolute path that runs. `path`:
+        the trial's PATH (default: this process's)."""
         if not self.allow_commands:
             raise CommandRefused(f"agent {node} runs built-in programs only; its operator "
                                  "allows commands with --allow-commands")
         try:
-            argv = shlex.split(template)
+            words = shlex.split(template)
         except ValueError as exc:
             raise CommandRefused(f"command: cannot split into arguments: {exc}") from None
-        if not argv:
+        if not words:
             raise CommandRefused("command: empty")
-        exe, rest = _executable(argv)
-        if exe is None:
-            raise CommandRefused("command: no executable after its wrappers")
+        exe = words[0]
         if exe != "{python}" and PLACEHOLDER.search(exe):
             raise CommandRefused(f"command: the executable {exe!r} must be literal or "
                                  "{python}, not a placeholder")
-        name = "python" if exe == "{python}" else os.path.basename(exe)
-        if self.executables and not {exe, name} & self.executables:
+        if argv is not None and len(argv) != len(words):
+            raise CommandRefused("command: the filled arguments do not match the template")
+        search = os.environ.get("PATH", os.defpath) if path is None else path
+        resolved = sys.executable if exe == "{python}" else resolve(exe, search)
+        if resolved is None:
+            raise CommandRefused(f"command: {exe!r} is not found on this node's PATH (name "
+                                 "an absolute path, or a program on PATH)")
+        if self.executables and resolved not in self._allowed(search):
             shown = "python" if exe == "{python}" else repr(exe)
             raise CommandRefused(f"agent {node} allows only these executables: "
-                                 f"{', '.join(sorted(self.executables))} (not {shown})")
-        if self.allow_shell:
+                                 f"{', '.join(sorted(self.executables))} (not {shown}, "
+                                 f"which is {resolved})")
+        if not self.allow_shell:
+            self._grammar(exe, resolved, words, node, templated=True)
+            if argv is not None:
+                self._grammar(exe, resolved, argv, node, templated=False)
+        return None if argv is None else [resolved, *argv[1:]]
+
+    def _allowed(self, path: str) -> set[str]:
+        """The allowed executables as absolute paths, resolved on the trial's PATH."""
+        out = set()
+        for name in self.executables:
+            if name in ("python", "{python}"):
+                out.add(sys.executable)
+            found = resolve(name, path)
+            if found is not None:
+                out.add(found)
+        return out
+
+    def _grammar(self, exe: str, resolved: str, words: list[str], node: str,
+                 templated: bool) -> None:
+        names = {os.path.basename(exe), os.path.basename(resolved),
+                 os.path.basename(os.path.realpath(resolved))} - {"{python}"}
+        if exe == "{python}":
+            names.add("python")
+        ask = f"ask the operator of {node} for --allow-shell"
+        for name in sorted(names):
+            if name in SHELLS:
+                raise CommandRefused(f"command: {name} is a shell (or runs its arguments as "
+                                     f"code); a value inside it runs as code. Run the "
+                                     f"program directly, or {ask}")
+            if name in LAUNCHERS or _LOADER.match(name):
+                raise CommandRefused(
+                    f"command: {name} runs another program or command from its arguments; "
+                    f"run the program directly (the agent sets the trial's environment "
+                    f"and stops it itself), or {ask}")
+        if any(_PYTHON.match(n) for n in names):
+            problem = python_problem(words, self.modules, templated)
+            if problem:
+                raise CommandRefused(f"command: python {problem}; put the code in a script "
+                                     f"file, or {ask}")
             return
-        if name in SHELLS:
-            raise CommandRefused(f"command: {name} is a shell (or runs its arguments as "
-                                 f"code); a value inside a shell string runs as code. Run "
-                                 f"the program directly, or ask the operator of {node} for "
-                                 "--allow-shell")
-        if _INTERPRETER.match(name) and _inline_code(name, rest):
-            raise CommandRefused(f"command: inline code for {name} (-c/-e); a value inside it "
-                                 f"runs as code. Put the code in a file, or ask the operator "
-                                 f"of {node} for --allow-shell")
+        scripted = sorted(n for n in names if _SCRIPTED.match(n))
+        if scripted:
+            first = words[1] if len(words) > 1 else ""
+            if not first or first.startswith("-") or (templated and PLACEHOLDER.search(first)):
+                raise CommandRefused(
+                    f"command: {scripted[0]} takes a script file first, with no options "
+                    f"before it (a literal path, not a placeholder: its options can run "
+                    f"inline code); or {ask}")
 
 
-def _inline_code(name: str, args: list[str]) -> bool:
-    """Whether the interpreter's own options (up to its script or `-m`) pass code."""
-    python = name.startswith(("python", "pypy"))
-    i = 0
-    while i < len(args) and args[i].startswith("-") and args[i] not in ("-", "--", "-m"):
-        a = args[i]
-        if (a in INLINE_CODE or (python and _PYTHON_INLINE.match(a))
-                or a.startswith("--eval=") or (name.startswith("php") and a == "-r")):
-            return True
-        i += 2 if a in _TAKES_VALUE else 1
-    return False
+def python_problem(words: list[str], modules: Iterable[str] = (),
+                   templated: bool = True) -> str | None:
+    """Why this Python command line would run code other than a literal script (or an
+    allowed module), read as CPython reads its options; None if it would not.
+    `templated`: the words are a template's, where a placeholder may stand only in the
+    script's own arguments."""
+    allowed = frozenset(modules)
 
+    def placeholder(word: str, what: str) -> str | None:
+        if templated and PLACEHOLDER.search(word):
+            return f"reads {what} where the template has a placeholder ({word!r})"
+        return None
 
-def _executable(argv: list[str]) -> tuple[str | None, list[str]]:
-    """The program a command really runs, past wrappers like `env A=1` or `timeout 60`."""
-    i = 0
-    while i < len(argv):
-        word = argv[i]
-        base = os.path.basename(word)
-        if base in WRAPPERS:
+    i = 1
+    while i < len(words):
+        word = words[i]
+        bad = placeholder(word, "an option or its script")
+        if bad:
+            return bad
+        if word == "--":
             i += 1
-            # The wrapper's own options and arguments (VAR=x, -n 5, 60, ...).
-            while i < len(argv) and (argv[i].startswith("-") or "=" in argv[i]
-                                     or argv[i].replace(".", "", 1).isdigit()):
+            break
+        if word == "-":
+            return "would read its code from standard input (-)"
+        if word.startswith("--"):
+            if word in _PY_LONG_FLAGS:
                 i += 1
+                continue
+            if word in _PY_LONG_VALUED:
+                value = words[i + 1] if i + 1 < len(words) else ""
+                bad = placeholder(value, f"the value of {word}")
+                if bad:
+                    return bad
+                if value not in _PY_HASH_MODES:
+                    return f"option {word} takes always, never or default (not {value!r})"
+                i += 2
+                continue
+            return f"option {word!r} is not one of CPython's"
+        if not word.startswith("-"):
+            break  # the script
+        j = 1
+        while j < len(word):
+            letter = word[j]
+            if letter == "c":
+                return "with -c runs inline code"
+            if letter == "m":
+                module = word[j + 1:]
+                if not module:
+                    if i + 1 >= len(words):
+                        return "-m without a module"
+                    module = words[i + 1]
+                    bad = placeholder(module, "the module of -m")
+                    if bad:
+                        return bad
+                if not module_allowed(module, allowed):
+                    listed = ", ".join(sorted(allowed)) or "none"
+                    return (f"-m {module!r}: this agent runs only the modules its operator "
+                            f"lists with --allow-modules ({listed})")
+                return None  # the rest are the module's own arguments
+            if letter in _PY_VALUED:
+                if j + 1 == len(word):  # the value is the next word
+                    value = words[i + 1] if i + 1 < len(words) else ""
+                    bad = placeholder(value, f"the value of -{letter}")
+                    if bad:
+                        return bad
+                    i += 1
+                break
+            if letter not in _PY_FLAGS:
+                return f"option -{letter} is not one of CPython's"
+            j += 1
+        i += 1
+    if i >= len(words):
+        return "without a script would read its code from standard input"
+    return placeholder(words[i], "its script")
+
+
+def module_allowed(module: str, allowed: frozenset[str]) -> bool:
+    if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*", module):
+        return False
+    return any(module == a or (a.endswith(".*") and module.startswith(a[:-1]))
+               for a in allowed)
+
+
+def resolve(exe: str, path: str) -> str | None:
+    """The absolute path `exe` runs as: itself if absolute, else the first executable
+    file of that name in PATH's absolute directories (a relative entry, `.` or empty,
+    would depend on the trial's working directory). None if there is none."""
+    if "/" in exe:
+        return os.path.normpath(exe) if os.path.isabs(exe) and _runnable(exe) else None
+    if not exe or exe in (".", ".."):
+        return None
+    for folder in path.split(os.pathsep):
+        if not os.path.isabs(folder):
             continue
-        return word, argv[i + 1:]
-    return None, []
+        candidate = os.path.normpath(os.path.join(folder, exe))
+        if _runnable(candidate):
+            return candidate
+    return None
+
+
+def _runnable(path: str) -> bool:
+    return os.path.isfile(path) and os.access(path, os.X_OK)
 
 
 def clean_env(environ: Mapping[str, str], pass_env: Iterable[str] = ()) -> dict[str, str]:

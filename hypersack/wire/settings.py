@@ -127,6 +127,8 @@ class AgentSettings(BaseSettings):
         description="let command programs run: '*' any executable, or a comma list")
     allow_shell: bool = Field(default=False, description="let templates run shells or "
                               "inline code (sh -c, python -c)")
+    allow_modules: str | None = Field(default=None, max_length=4096,
+                                      description="modules `python -m` may run: a comma list")
     pass_env: list[str] = Field(default_factory=list, max_length=256,
                                 description="more variables trials may see (NAME or PREFIX*)")
     tls_dir: Path | None = Field(default=None, description="a `hypersack certs` directory: "
