@@ -17,6 +17,7 @@ from hypersack.agent.launcher import argv_for
 from hypersack.grid.space import Program
 from hypersack.testing.guard_fuzz import CODE, fuzz, stub_path
 
+
 @pytest.fixture
 def bin_dir(tmp_path: Path) -> Path:
     return stub_path(tmp_path)

@@ -21,6 +21,7 @@ from hypersack.server.app import HyperSackServer
 from hypersack.testing.core import launches, make, space
 from hypersack.testing.server import SLEEP_SPACE, RawAgent
 
+
 def test_a_clean_environment_keeps_only_what_is_declared() -> None:
     agent = {"PATH": "/bin", "HOME": "/root", "LANG": "C", "LC_ALL": "C",
              "CUDA_VISIBLE_DEVICES": "0", "AWS_SECRET_ACCESS_KEY": "s", "HYPERSACK_DB": "x",
