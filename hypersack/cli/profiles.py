@@ -20,6 +20,7 @@ from hypersack.core.types import Profile
 from hypersack.sampler.profiles import (
     dump_profiles,
     load_profiles,
+    profile_owner,
     select_profiles,
     to_import,
 )
@@ -81,7 +82,8 @@ def run_profiles(args: argparse.Namespace) -> int:
     if args.format in ("csv", "yaml"):
         sys.stdout.write(dump_profiles(profiles, args.format))
     elif args.format == "json":
-        print(json.dumps([p.model_dump() for p in profiles], indent=2))
+        print(json.dumps([{**p.model_dump(), "owner": profile_owner(p)} for p in profiles],
+                         indent=2))
     else:
         print_profiles(profiles)
     return 0
@@ -135,15 +137,17 @@ def print_profiles(profiles: list[Profile]) -> None:
         return
     table = Table(title=f"{len(profiles)} profiles: demand (what the policy packs) vs observed "
                         "(largest single-trial peak)")
-    for col in ("workload", "arch", "compute %", "obs %", "memory MiB", "obs MiB", "cores",
-                "ms/iter", "data %", "epoch s", "trials", "measured", "corrected"):
-        table.add_column(col, justify="right" if col not in ("workload", "arch", "corrected",
-                                                               "measured") else "left")
+    text = ("workload", "arch", "owner", "source", "corrected", "measured")
+    for col in ("workload", "arch", "owner", "source", "compute %", "obs %", "memory MiB",
+                "obs MiB", "cores", "ms/iter", "data %", "epoch s", "trials", "measured",
+                "corrected"):
+        table.add_column(col, justify="left" if col in text else "right")
     for p in profiles:
         d = p.demand
         over_mem = p.observed_memory_mib > d.memory_mib
         table.add_row(
-            safe(p.key.label()), safe(p.arch), f"{d.compute_pct:.1f}",
+            safe(p.key.label()), safe(p.arch), safe(profile_owner(p)), safe(p.source),
+            f"{d.compute_pct:.1f}",
             f"{p.observed_compute_pct:.1f}" if p.observed_compute_pct else "-",
             str(d.memory_mib),
             (f"[red]{p.observed_memory_mib}[/]" if over_mem else str(p.observed_memory_mib))

@@ -34,6 +34,8 @@ from hypersack.core.bounds import (
 MAX_KEY_PARAMS = 16
 MAX_RUNG_VALUES = 4096  # objective values kept per trial for its pruner
 _KEY_PARAM_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,63}")
+# The demand key that makes a stated demand its study's own (see grid.expand.workload_key).
+STATED_KEY = "stated_by"
 KEY_VALUE_CHARS = "A-Za-z0-9_.:@+-"  # what a demand key's value in a workload key may hold
 _KEY_PARAM_VALUE = re.compile(f"[{KEY_VALUE_CHARS}]{{1,64}}")
 

@@ -10,8 +10,15 @@ import re
 from typing import Any
 
 from hypersack.core.trial_env import as_text
-from hypersack.core.types import KEY_VALUE_CHARS, TrialRecord, WorkloadKey
-from hypersack.grid.space import KEY_PARAMS, Choice, IntRange, LogUniform, SearchSpace, Uniform
+from hypersack.core.types import KEY_VALUE_CHARS, STATED_KEY, TrialRecord, WorkloadKey
+from hypersack.grid.space import (
+    KEY_PARAMS,
+    Choice,
+    IntRange,
+    LogUniform,
+    SearchSpace,
+    Uniform,
+)
 
 _UNSAFE = re.compile(f"[^{KEY_VALUE_CHARS}]")
 
@@ -21,8 +28,8 @@ def trial_id(study_id: str, ordinal: int) -> str:
     return f"{study_id}-t{ordinal:05d}"
 
 
-def workload_key(space: SearchSpace, params: dict[str, Any], fusion_width: int = 1
-                 ) -> WorkloadKey:
+def workload_key(space: SearchSpace, params: dict[str, Any], fusion_width: int = 1,
+                 study_id: str = "") -> WorkloadKey:
     """What decides a trial's demand. A built-in program's workload is its zoo model; a
     command program's is the study's `workload` (default: a hash of the command), so one
     program's profiles never mix with another's or with a zoo model's. The demand keys
@@ -33,9 +40,13 @@ def workload_key(space: SearchSpace, params: dict[str, Any], fusion_width: int =
     if keys is None:
         keys = [k for k in KEY_PARAMS if k in params] + (["model"] if command and
                                                          "model" in params else [])
-    extra = tuple(sorted((k, as_key_text(params[k])) for k in dict.fromkeys(keys)
-                         if k not in KEY_PARAMS and not (k == "model" and not command)
-                         and k in params))
+    pairs = [(k, as_key_text(params[k])) for k in dict.fromkeys(keys)
+             if k not in KEY_PARAMS and not (k == "model" and not command) and k in params]
+    if space.settings.demand is not None and study_id:
+        # A stated demand is the study's own: its profiles never stand for (or replace)
+        # a measured, imported or another study's profile of the same workload.
+        pairs.append((STATED_KEY, as_key_text(study_id)))
+    extra = tuple(sorted(pairs))
     return WorkloadKey(
         model=(space.workload or space.program.identity()) if command else str(params["model"]),
         batch_size=int(params["batch_size"]) if "batch_size" in keys and "batch_size" in params
@@ -112,6 +123,6 @@ def _trial(space: SearchSpace, study_id: str, ordinal: int, coords: tuple[int, .
         study_id=study_id,
         coords=coords,
         params=params,
-        key=workload_key(space, params),
+        key=workload_key(space, params, study_id=study_id),
         epochs=trial_epochs,
     )

@@ -43,7 +43,7 @@ from hypersack.core.bounds import (
 from hypersack.core.catalog import MODELS
 from hypersack.core.errors import InvalidInput
 from hypersack.core.files import load_yaml, load_yaml_file, read_text_file
-from hypersack.core.types import Demand
+from hypersack.core.types import STATED_KEY, Demand
 from hypersack.core.validation import format_validation_error
 
 MAX_TRIALS_CAP = 1_000_000
@@ -511,6 +511,12 @@ class SearchSpace(_Spec):
         if builtin and self.workload is not None:
             raise ValueError("workload: only for command programs (a built-in program's "
                              "workload is its model)")
+        if self.workload is not None and self.workload.split(":")[-1] in MODELS:
+            raise ValueError(f"workload: {self.workload!r} is a zoo model's name; a command "
+                             "program's workload is its own (name it after your program)")
+        if self.settings.demand is not None and STATED_KEY in (self.settings.demand_keys or []):
+            raise ValueError(f"settings.demand_keys: {STATED_KEY!r} is reserved (the study "
+                             "that states a demand)")
         if not self.models and "model" in self.program.placeholders():
             raise ValueError("program.command: {model} needs models")
         bs = self.hyperparameters.get("batch_size")

@@ -300,6 +300,11 @@ class ClusterState:
         self.touch(node)
         gpu.reserved_for = slot
 
+    def profiling_on(self, node: str, slot: Slot) -> bool:
+        """Whether the server gave this node the profile job of `slot` (and it runs)."""
+        found = self._nodes.get(node)
+        return found is not None and any(g.profiling == slot for g in found.gpus.values())
+
     def end_profile(self, slot: Slot) -> None:
         """A profile job ended (measured or failed): its GPU takes trials again."""
         for node in self._nodes.values():

@@ -5,9 +5,7 @@ from __future__ import annotations
 
 import logging
 
-from hypersack.core.errors import (
-    NotFound,
-)
+from hypersack.core.errors import NotFound, StaleEvent
 from hypersack.core.types import (
     Profile,
     StudyRecord,
@@ -96,9 +94,20 @@ class Profiling:
             self.s.needs_cache.clear()
             self.s.profiling_dirty = True  # a fused width's memory guess may change
 
+    def _given(self, slot: Slot, node: str, what: str) -> None:
+        """A node's profile result counts only for the profile job given to that node:
+        any other is refused (and logged with the node's name), so that no node can
+        write the cluster's history of a workload."""
+        if not self.s.cluster.profiling_on(node, slot):
+            log.warning("node %s sent a profile %s for %s on %s, a job it was not given: "
+                        "refused", short(node, 80), what, slot[0].label(), slot[1])
+            raise StaleEvent(f"node {short(node, 80)} was given no profile job for "
+                             f"{slot[0].label()} on {slot[1]}")
+
     def on_profile(self, event: ProfileMeasured) -> list[Command]:
         profile = event.profile
         slot = (profile.key, profile.arch)
+        self._given(slot, event.node, "result")
         self.s.cluster.end_profile(slot)
         self.s.profiles[slot] = profile
         self.s.profile_failed.pop(slot, None)
@@ -135,6 +144,7 @@ class Profiling:
 
     def on_profile_failed(self, event: ProfileFailed) -> list[Command]:
         slot = (event.key, event.arch)
+        self._given(slot, event.node, "failure")
         self.s.cluster.end_profile(slot)
         self.s.profile_failed[slot] = event.reason
         log.warning("profiling %s on %s failed: %s", event.key.label(), event.arch, event.reason)

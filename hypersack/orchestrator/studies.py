@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import logging
 
 from hypersack.core.errors import (
@@ -14,6 +15,7 @@ from hypersack.core.types import (
 )
 from hypersack.grid.adaptive import check_search
 from hypersack.grid.expand import asked_trial, expand
+from hypersack.grid.space import SearchSpace
 from hypersack.orchestrator.book import Book
 from hypersack.orchestrator.commands import (
     Command,
@@ -37,7 +39,7 @@ class StudyEvents:
         self.pruning = pruning
 
     def on_submitted(self, event: StudySubmitted) -> list[Command]:
-        space = event.space
+        space = owned_workload(event.space, event.owner)
         seq = max((s.seq for s in self.s.studies.values()), default=0) + 1
         # Numbered per name (sp1-1, sp1-2, ...). Unique: a name never ends in -<digits>
         # of another name's number, as the number is always the last dash's part.
@@ -113,3 +115,23 @@ class StudyEvents:
         self.book.set_study(study, StudyState.CANCELLED)
         self.pruning.rung_decisions(study_id)  # closes its promotion windows
         return commands + self.s.decide()
+
+
+def owned_workload(space: SearchSpace, owner: str) -> SearchSpace:
+    """A command program's workload lives in its owner's namespace (`OWNER:NAME`), so
+    that one user's measurements or stated demands never stand for another's program of
+    the same name. Only the owner names workloads of that namespace; an admin may import
+    profiles into any (`hypersack profiles import`)."""
+    if space.program.command is None or not owner:
+        return space
+    name = space.workload or space.program.identity()
+    if ":" in name:
+        if not name.startswith(f"{owner}:"):
+            raise InvalidInput(f"workload {short(name, 80)!r}: a name with ':' is "
+                               f"OWNER:NAME, and this study's owner is {short(owner, 64)!r}")
+        return space
+    full = f"{owner}:{name}"
+    if len(full) > 64:  # the workload field's limit: still the owner's, still told apart
+        digest = hashlib.sha256(full.encode()).hexdigest()[:12]
+        full = f"{owner[:40]}:{name[:10]}@{digest}"
+    return space.model_copy(update={"workload": full})

@@ -13,7 +13,7 @@ from pydantic import ValidationError
 
 from hypersack.core.errors import InvalidInput
 from hypersack.core.files import load_yaml, read_text_file
-from hypersack.core.types import Demand, Profile, WorkloadKey, parse_key_params
+from hypersack.core.types import STATED_KEY, Demand, Profile, WorkloadKey, parse_key_params
 from hypersack.core.validation import format_validation_error
 
 COLUMNS = ("model", "batch_size", "optimizer", "precision", "fusion_width", "params", "arch",
@@ -51,6 +51,17 @@ def profile_to_row(p: Profile) -> dict[str, Any]:
         "iter_time_s": p.iter_time_s, "iters_per_epoch": p.iters_per_epoch,
         **p.model_dump(exclude={"key", "arch", "demand", "iter_time_s", "iters_per_epoch"}),
     }
+
+
+def profile_owner(p: Profile) -> str:
+    """Whose a profile is: a stated demand's study (`study NAME`), a command program's
+    owner (its workload `OWNER:NAME`), or the cluster's (a zoo model, or a program on a
+    server without users)."""
+    stated = dict(p.key.params).get(STATED_KEY)
+    if stated:
+        return f"study {stated}"
+    owner, sep, _ = p.key.model.rpartition(":")
+    return owner if sep and owner else "cluster"
 
 
 def load_profiles(path: str | Path) -> list[Profile]:

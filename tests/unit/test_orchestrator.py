@@ -351,6 +351,6 @@ def test_launch_and_profile_commands_carry_what_the_drivers_need() -> None:
     sample = orch.trials(orch.studies()[0].id)[0]
     assert (job.params, job.epochs, job.program, job.owner) == (
         sample.params, sample.epochs, sp.program, "ada")
-    cmds = orch.handle(ProfileMeasured(prof("resnet18", 64)))
+    cmds = orch.handle(ProfileMeasured(prof("resnet18", 64), job.node))
     assert launches(cmds) and all(c.program == sp.program and c.owner == "ada"
                                   for c in launches(cmds))

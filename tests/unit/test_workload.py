@@ -137,7 +137,8 @@ def test_a_program_without_the_sdk_is_profiled_on_its_whole_run(
     assert "plain-1: COMPLETED, completed 2" in out and "1 new workload(s) measured" in out
     assert main(["profiles", "--db", str(state / "run.db"), "--format", "json"]) == 0
     (row,) = json.loads(capsys.readouterr().out)
-    assert row["key"]["model"].startswith("cmd-") and "the whole run" in row["source"]
+    assert row["key"]["model"].split(":")[-1].startswith("cmd-")
+    assert "the whole run" in row["source"] and row["key"]["model"].startswith(row["owner"] + ":")
     assert row["demand"]["memory_mib"] >= 5  # at least an interpreter's resident size
 
 
