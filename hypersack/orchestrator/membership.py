@@ -31,6 +31,9 @@ from hypersack.sampler.profiles import demand_with_override
 
 log = logging.getLogger(__name__)
 
+# Kills of trials a node reports but was never given, at most, per report.
+UNKNOWN_KILLS_PER_REPORT = 256
+
 
 class Membership:
     def __init__(self, s: CoreState, book: Book, profiling: Profiling) -> None:
@@ -85,6 +88,7 @@ class Membership:
         `missing_grace_s` of heartbeats that leave it out otherwise."""
         commands: list[Command] = []
         reported = set()
+        unknown = 0
         for r in running:
             reported.add(r.trial_id)
             t = self.s.trials.get(r.trial_id)
@@ -123,9 +127,18 @@ class Membership:
                 # Its place was given to others meanwhile: it stops, and runs again.
                 commands.append(KillTrial(r.trial_id, node.spec.name, "no room for it there "
                                           "any more", attempt=r.attempt))
-            else:
+            elif unknown < UNKNOWN_KILLS_PER_REPORT:
+                # Bounded per report: a node listing many trials it was never given
+                # (a rogue, or a stale work directory) cannot make the server queue a
+                # kill for each; the rest are killed as later reports list them still.
+                unknown += 1
                 commands.append(KillTrial(r.trial_id, node.spec.name,
                                           "not scheduled here (duplicate or unknown)"))
+            else:
+                unknown += 1
+        if unknown > UNKNOWN_KILLS_PER_REPORT:
+            log.warning("node %s reports %d trials it was not given; killing %d of them now",
+                        node.spec.name, unknown, UNKNOWN_KILLS_PER_REPORT)
         now = self.s.clock.now()
         requeued = False
         for tid in reported & self.s.missing.keys():

@@ -92,9 +92,12 @@ log = logging.getLogger(__name__)
 SHARING_MODES = ("mps", "time-slicing")
 
 MAX_SPACE_BYTES = 1 << 20
-MAX_RUNNING_PER_NODE = 100_000
+MAX_RUNNING_PER_NODE = 20_000  # trials one heartbeat may list
 MAX_WATCH_INTERVAL_S = 60.0
 MAX_RETRY = 200_000  # agents' events kept while the store fails
+MAX_OUTBOX = 20_000  # messages queued for one agent; past it, it does not read: cut
+KILL_COALESCE_S = 10.0
+MAX_KILLS_REMEMBERED = 4096
 
 
 @dataclass
@@ -109,10 +112,47 @@ class AgentSession:
 
     # Called after each message queued: the stream's writer on the event loop is woken.
     on_send: Callable[[], None] | None = None
+    # Called (once) when the agent reads too slowly: its stream is cut.
+    on_overflow: Callable[[], None] | None = None
+    overflowed: bool = False
+    # Kills sent lately, by (trial, attempt): a repeated one within KILL_COALESCE_S is
+    # not queued again (a node that lists a trial until its kill lands, or a rogue).
+    kills_sent: dict[tuple[str, int], float] = field(default_factory=dict)
 
     def send(self, msg: pb.ServerMessage) -> None:
+        if self.overflowed:
+            return
+        if self.outbox.qsize() >= MAX_OUTBOX:
+            self._overflow()
+            return
         self.outbox.put(msg)
         self._woken()
+
+    def send_kill(self, msg: pb.ServerMessage, now: float) -> bool:
+        """Queue a kill unless the same was queued within KILL_COALESCE_S."""
+        key = (msg.kill.trial_id, msg.kill.attempt)
+        last = self.kills_sent.get(key)
+        if last is not None and now - last < KILL_COALESCE_S:
+            return False
+        if len(self.kills_sent) >= MAX_KILLS_REMEMBERED:
+            self.kills_sent = {k: t for k, t in self.kills_sent.items()
+                               if now - t < KILL_COALESCE_S}
+        self.kills_sent[key] = now
+        self.send(msg)
+        return True
+
+    def _overflow(self) -> None:
+        """The agent does not read what it is sent: drop its queue and cut its stream.
+        It is no longer connected; its node is lost unless it reconnects in time."""
+        self.overflowed = True
+        self.connected = False
+        log.warning("agent %s reads too slowly (%d messages queued): its stream is cut",
+                    self.node, self.outbox.qsize())
+        self.drain()
+        self.outbox.put(None)
+        self._woken()
+        if self.on_overflow is not None:
+            self.on_overflow()
 
     def close(self) -> None:
         """End the stream once what is queued before has been sent."""
@@ -312,7 +352,11 @@ class SchedulerService:
                             "reconciled when the agent reconnects)", type(c).__name__, c.node)
                 continue
             try:
-                session.send(self._to_message(c))
+                msg = self._to_message(c)
+                if isinstance(c, KillTrial):
+                    session.send_kill(msg, time.monotonic())
+                else:
+                    session.send(msg)
             except Exception:
                 log.exception("%s for node %s not sent: it could not be encoded",
                               type(c).__name__, c.node)
@@ -566,6 +610,8 @@ class SchedulerService:
         """Queue one message from an agent; the event worker applies queued messages in
         batches and decides once per batch. A heartbeat is acknowledged on receipt, batch
         or no batch, store or no store: the agent's fence lease runs from it."""
+        if session.overflowed:
+            return  # its stream is cut: what it still sends counts for nothing
         if msg.WhichOneof("body") == "heartbeat" and msg.heartbeat.seq and session.connected:
             session.send(pb.ServerMessage(acked=pb.Acked(id=f"heartbeat:{msg.heartbeat.seq}")))
         self._inbox.put((session, msg, time.monotonic()))

@@ -398,6 +398,12 @@ class AgentLinkServicer(pb_grpc.AgentLinkServicer):
         if self._waker is None:
             self._waker = Waker(loop)  # every stream is served on the one loop
         session.on_send = partial(self._waker.call, wake.set)
+        handler = asyncio.current_task()
+        if handler is not None:  # cut the stream of an agent that does not read
+            def cut(task: asyncio.Task[Any] = handler) -> None:
+                loop.call_soon_threadsafe(task.cancel)
+
+            session.on_overflow = cut
         reader = asyncio.create_task(self._read(session, request_iterator, wake))
         try:
             while True:
@@ -412,6 +418,7 @@ class AgentLinkServicer(pb_grpc.AgentLinkServicer):
         finally:
             reader.cancel()
             session.on_send = None
+            session.on_overflow = None
             try:
                 self._pool.submit(self._s.disconnected, session)
             except RuntimeError:  # the pool is shut down: the server is stopping
