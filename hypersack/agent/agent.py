@@ -17,7 +17,7 @@ import shutil
 import subprocess
 import threading
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from dataclasses import fields
 from pathlib import Path
 
@@ -55,6 +55,9 @@ from hypersack.wire.convert import LOG_TAIL_CHARS, ack_id, key_from_pb, program_
 log = logging.getLogger(__name__)
 
 MAX_UNACKED = 10_000  # reports kept for the server's acknowledgement; the oldest go past it
+MAX_REPORT_TRIES = 100  # sends of one report (every RESEND_S) before it is dropped
+MAX_SEND_BYTES = 3 << 20  # below the server's 4 MiB limit on one message
+METRICS_EVERY_S = 0.5  # at most this often, a trial's metrics go to the server
 OBSERVE_INTERVAL_S = 1.0  # how often running trials' device use is sampled
 LOG_CHECK_INTERVAL_S = 1.0  # how often trial logs are checked against their cap
 MPS_CHECK_INTERVAL_S = 5.0  # how often the MPS daemons are asked whether they live
@@ -130,11 +133,12 @@ class Agent:
         self._profile_keys: dict[str, pb.ProfileWorkload] = {}
         self._stop = threading.Event()
         # Exit and profile reports the server has not yet acknowledged as committed, by
-        # their ack id: (the message, the device it was about, when it was last sent).
+        # their ack id: (the message, the device it was about, when it was last sent,
+        # how many times it was sent; MAX_REPORT_TRIES at most).
         # Sent again at each (re)connection and every `resend_s` until acknowledged, so
         # no exit is lost to a broken stream or to a server whose store failed. Guarded
         # by jobs_lock (heartbeats list the trials whose exits wait here as running).
-        self._unacked: dict[str, tuple[pb.AgentMessage, int, float]] = {}
+        self._unacked: dict[str, tuple[pb.AgentMessage, int, float, int]] = {}
         self.resend_s = 2.0
         # The fence (see hypersack.agent.fence): the lease its trials' watchdogs read,
         # renewed by each heartbeat the server acknowledges; the heartbeats' send times.
@@ -237,7 +241,7 @@ class Agent:
         nor may start them elsewhere) until their exit is committed."""
         with self.jobs_lock:
             jobs = list(self.jobs.values())
-            exited = [(m.exited, gpu) for m, gpu, _ in self._unacked.values()
+            exited = [(m.exited, gpu) for m, gpu, _, _ in self._unacked.values()
                       if m.WhichOneof("body") == "exited"]
         return [pb.RunningTrial(trial_id=j.id, gpu_index=j.gpu_index,
                                 peak_memory_mib=j.peak_memory_mib,
@@ -285,7 +289,7 @@ class Agent:
                    grpc.secure_channel(self.server, self.credentials,
                                        options=self.channel_options))
         stub = pb_grpc.AgentLinkStub(channel)  # type: ignore[no-untyped-call]
-        call = stub.Connect(iter(outbox.get, None))
+        call = stub.Connect(self._sized(outbox))
 
         def read() -> None:
             error: grpc.RpcError | None = None
@@ -340,6 +344,23 @@ class Agent:
             channel.close()
         return (ended.error if ended is not None else None), was_connected
 
+    def _sized(self, outbox: queue.Queue[pb.AgentMessage | None]) -> Iterator[pb.AgentMessage]:
+        """What the stream sends: the outbox, less any message over MAX_SEND_BYTES. The
+        server would refuse it and end the stream, and it would be sent again after each
+        reconnection; it is dropped once, with a log line, and never sent again."""
+        for msg in iter(outbox.get, None):
+            size = msg.ByteSize()
+            if size <= MAX_SEND_BYTES:
+                yield msg
+                continue
+            ack = ack_id(msg)
+            with self.jobs_lock:
+                if ack is not None:
+                    self._unacked.pop(ack, None)
+            log.error("dropped a %s message of %d bytes (at most %d are sent)%s",
+                      msg.WhichOneof("body"), size, MAX_SEND_BYTES,
+                      f": {ack}" if ack else "")
+
     def _send(self, outbox: queue.Queue[pb.AgentMessage | None], msg: pb.AgentMessage,
               gpu_index: int) -> None:
         """Send an exit or profile report, kept to be sent again until the server
@@ -348,7 +369,7 @@ class Agent:
         with self.jobs_lock:
             if ack is not None:
                 self._unacked.pop(ack, None)
-                self._unacked[ack] = (msg, gpu_index, time.monotonic())
+                self._unacked[ack] = (msg, gpu_index, time.monotonic(), 1)
                 while len(self._unacked) > MAX_UNACKED:
                     dropped = next(iter(self._unacked))
                     del self._unacked[dropped]
@@ -361,12 +382,20 @@ class Agent:
         """Send again the reports not acknowledged and last sent more than `older_s` ago."""
         now = time.monotonic()
         with self.jobs_lock:
-            due = [(ack, m, gpu) for ack, (m, gpu, at) in self._unacked.items()
+            due = [(ack, m, gpu, tries) for ack, (m, gpu, at, tries) in self._unacked.items()
                    if now - at >= older_s]
-            for ack, m, gpu in due:
-                self._unacked[ack] = (m, gpu, now)
-        for _, m, _ in due:
-            outbox.put(m)
+            for ack, m, gpu, tries in due:
+                if tries >= MAX_REPORT_TRIES:
+                    # The server never takes it (it refuses it, or cannot read it): sending
+                    # it for ever would change nothing. The heartbeats settle the trial.
+                    del self._unacked[ack]
+                    log.error("dropped the report %s: the server did not acknowledge it "
+                              "after %d tries", ack, tries)
+                    continue
+                self._unacked[ack] = (m, gpu, now, tries + 1)
+        for _, m, _, tries in due:
+            if tries < MAX_REPORT_TRIES:
+                outbox.put(m)
 
     def _fence_if_lapsed(self) -> None:
         """Stop every trial if the lease lapsed (the watchdogs do it too, and a frozen
@@ -718,9 +747,16 @@ class Agent:
                 self._ended_since_sweep = True
         for job_id in list(self.jobs):
             job = self.jobs[job_id]
-            if not job.profile and job.new_metrics() and job.killed_at is None:
-                outbox.put(pb.AgentMessage(metrics=pb.TrialMetrics(
-                    trial_id=job.id, step=job.step, metrics=job.metrics, attempt=job.attempt)))
+            if not job.profile and job.killed_at is None and (job.new_metrics()
+                                                               or job.metrics_due):
+                # At most every METRICS_EVERY_S a trial: what it writes faster waits.
+                now = time.monotonic()
+                job.metrics_due = now - job.metrics_sent_at < METRICS_EVERY_S
+                if not job.metrics_due:
+                    job.metrics_sent_at = now
+                    outbox.put(pb.AgentMessage(metrics=pb.TrialMetrics(
+                        trial_id=job.id, step=job.step, metrics=job.metrics,
+                        attempt=job.attempt)))
             code = job.poll()
             if code is None:
                 continue
@@ -735,12 +771,12 @@ class Agent:
             if job.profile:
                 self._send(outbox, self._profile_result(job, code), job.gpu_index)
                 continue
-            job.new_metrics()
+            job.last_metrics()
             job.cap_log()
             log.info("%s exited with code %d%s", job.id, code,
                      " (fenced)" if fenced else "")
             self._send(outbox, pb.AgentMessage(exited=pb.TrialExited(
-                trial_id=job.id, exit_code=code, log_tail=job.log_tail(LOG_TAIL_CHARS),
+                trial_id=job.id, exit_code=code, log_tail=job.exit_tail(LOG_TAIL_CHARS),
                 metrics=job.metrics, out_of_memory=code == sdk.OOM_EXIT_CODE and not fenced,
                 peak_memory_mib=job.peak_memory_mib, attempt=job.attempt, fenced=fenced)),
                 job.gpu_index)

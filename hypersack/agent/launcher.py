@@ -35,12 +35,16 @@ from hypersack.core.errors import InvalidInput
 from hypersack.core.trial_env import as_text
 from hypersack.core.types import WorkloadKey
 from hypersack.grid.space import PLACEHOLDER, Program
+from hypersack.wire.convert import MAX_METRIC_NAME, MAX_METRICS
 
 log = logging.getLogger(__name__)
 
 KILL_GRACE_S = 5.0
 PASSABLE = 0o711  # others may pass through (to their own directory), not list
 LOG_MAX_BYTES = 64 << 20  # default cap on a trial's log: log.txt plus the kept tail
+METRICS_READ_BYTES = 1 << 20  # of a trial's metrics file, read at most per poll
+METRICS_LINE_BYTES = 64 << 10  # a longer metrics line is dropped
+METRICS_FINAL_BYTES = 64 << 20  # read at most at a trial's end
 _SAFE_NAME = re.compile(r"[^A-Za-z0-9_.-]")
 
 
@@ -107,6 +111,10 @@ class Job:
     util_pct: float = 0.0
     ended: str = ""  # a fused member's own end (completed, diverged, stopped), from its file
     fenced: bool = False  # stopped by the node's fence (see hypersack.agent.fence)
+    dropped: dict[str, int] = field(default_factory=dict)  # what of its output was dropped
+    metrics_sent_at: float = -1e9  # when its metrics last went to the server
+    metrics_due: bool = False  # newer metrics wait for METRICS_EVERY_S
+    _skip_line: bool = False
     _metrics_pos: int = 0
     _log: IO[bytes] | None = None
     _tree: list[psutil.Process] = field(default_factory=list)
@@ -244,30 +252,81 @@ class Job:
         return [p.pid for p in found]
 
     def new_metrics(self) -> bool:
-        """Read lines the trial appended since the last call; True if any."""
+        """Read lines the trial appended since the last call; True if any. What the agent
+        keeps of a trial's metrics is bounded (METRICS_READ_BYTES a call, lines up to
+        METRICS_LINE_BYTES, MAX_METRICS names of up to MAX_METRIC_NAME characters): what
+        the trial writes beyond is dropped and counted (`dropped`, shown in its exit)."""
         try:
             with open_regular(self.metrics_path, "rb") as f:
                 f.seek(self._metrics_pos)
-                data = f.read()
+                data = f.read(METRICS_READ_BYTES)
         except OSError:
             return False
         end = data.rfind(b"\n") + 1  # a line still being written waits
+        if end == 0 and len(data) > METRICS_LINE_BYTES:
+            self._skip_line = True  # one line longer than a read: dropped as it comes
+            self._metrics_pos += len(data)
+            return False
         self._metrics_pos += end
         changed = False
-        for line in data[:end].splitlines():
+        for line in data[:end].split(b"\n")[:-1]:
+            if self._skip_line:  # the rest of a line too long to read
+                self._skip_line = False
+                self._drop("metrics lines over 64 KiB")
+                continue
+            if len(line) > METRICS_LINE_BYTES:
+                self._drop("metrics lines over 64 KiB")
+                continue
             try:
                 rec = json.loads(line)
                 if rec.get("end"):
                     self.ended = str(rec["end"])[:32]
                 values = rec.get("metrics", {})
                 for k, v in values.items():
-                    self.metrics[str(k)] = float(v)
+                    name = str(k)
+                    if len(name) > MAX_METRIC_NAME:
+                        self._drop(f"metric names over {MAX_METRIC_NAME} characters")
+                    elif name not in self.metrics and len(self.metrics) >= MAX_METRICS:
+                        self._drop(f"metric names beyond the first {MAX_METRICS}")
+                    else:
+                        self.metrics[name] = float(v)
                 if rec.get("step") is not None:
                     self.step = int(rec["step"])
                 changed = True
-            except (ValueError, TypeError, AttributeError):
-                log.warning("%s: ignored a malformed metrics line: %r", self.id, line[:200])
+            except (ValueError, TypeError, AttributeError, OverflowError, RecursionError):
+                self._drop("malformed metrics lines")
         return changed
+
+    def last_metrics(self) -> None:
+        """At the trial's end: read what is left of its metrics file, up to
+        METRICS_FINAL_BYTES (what lies beyond is dropped and counted)."""
+        start = self._metrics_pos
+        while self._metrics_pos - start < METRICS_FINAL_BYTES:
+            before = self._metrics_pos
+            self.new_metrics()
+            if self._metrics_pos == before:
+                return
+        try:
+            left = self.metrics_path.stat().st_size - self._metrics_pos
+        except OSError:
+            return
+        if left > 0:
+            self._drop(f"bytes of metrics past the {METRICS_FINAL_BYTES >> 20} MiB read at "
+                       "its end", left)
+
+    def _drop(self, what: str, count: int = 1) -> None:
+        if what not in self.dropped:
+            log.warning("%s: dropped %s (counted in its exit)", self.id, what)
+        self.dropped[what] = self.dropped.get(what, 0) + count
+
+    def exit_tail(self, chars: int) -> str:
+        """The log tail an exit carries, after a line counting what the agent dropped
+        of the trial's output; `chars` at most in all."""
+        if not self.dropped:
+            return self.log_tail(chars)
+        note = ("[hypersack: the agent dropped " + ", ".join(
+            f"{n} {what}" for what, n in sorted(self.dropped.items())) + "]\n")[:chars // 2]
+        return note + self.log_tail(chars - len(note))
 
     def cap_log(self) -> bool:
         """Keep the log under its cap: once log.txt passes half of it, its last quarter

@@ -3,6 +3,7 @@ agent refuses to run, and what a trial can see of the agent's environment."""
 
 from __future__ import annotations
 
+import json
 import os
 import pwd
 import subprocess
@@ -105,3 +106,33 @@ def test_a_root_agent_runs_trials_as_the_mapped_user(cluster: Cluster) -> None:
     # The agent's own directories let the trial pass, and list nothing.
     assert (cluster.tmp / "work" / "n1").stat().st_mode & 0o777 == 0o711
     assert (workdir / "log.txt").stat().st_uid == 0  # the log stays the agent's
+
+
+FLOOD = """
+import json, os, sys
+path = os.environ["HYPERSACK_METRICS_FILE"]
+with open(path, "a") as f:
+    f.write(json.dumps({"step": 1, "metrics": {f"m{i:06d}": 1.0 for i in range(300000)}}))
+    f.write("\\n")
+    f.write(json.dumps({"step": 2, "metrics": {"loss": float(sys.argv[1])}}) + "\\n")
+"""
+
+
+def test_a_trial_cannot_knock_its_node_off_the_cluster(cluster: Cluster,
+                                                       tmp_path: Path) -> None:
+    """Issue 35: one metrics line of 300,000 names made a 9.6 MB exit the server refused,
+    and the agent reconnected for ever; its other trials' exits were never reported."""
+    script = tmp_path / "flood.py"
+    script.write_text(FLOOD)
+    cluster.start_server()
+    cluster.start_agent("n1", "1xA100-80GB@48", "--allow-commands", "python")
+    study = _submit(cluster, space_yaml("flood", models="[resnet18]", batch_sizes="[64]",
+                                        lrs="[0.001, 0.01, 0.1]", retries=0,
+                                        program=f"{{command: '{{python}} {script} {{lr}}'}}"))
+    trials = _done(cluster, study, 90)
+    assert {t.state for t in trials} == {"COMPLETED"}, [(t.reason, t.log_tail) for t in trials]
+    for t in trials:
+        assert t.log_tail.startswith("[hypersack: the agent dropped 1 metrics lines over")
+        assert dict(t.metrics) == {"loss": json.loads(t.params_json)["lr"]}
+    logs = cluster.logs("n1")
+    assert logs.count("registered with") == 1 and "reconnecting" not in logs
