@@ -78,6 +78,7 @@ class HyperSackServer:
             server_credentials(self.tls, require_client_cert=False),
             server_credentials(self.tls, require_client_cert=True))
         profiles = [p for path in settings.profiles for p in load_profiles(path)]
+        empty_db(settings.db, settings.init)
         # One writer: a second server on the same database stops here, saying who holds it.
         self._lock = DatabaseLock(settings.db)
         try:
@@ -104,9 +105,10 @@ class HyperSackServer:
                 max_agents=settings.max_agents)
         except (sqlite3.Error, ValidationError, StoreError, InvalidInput, ValueError) as exc:
             self._lock.release()
+            hint = "" if isinstance(exc, StoreError) and "recover" in str(exc) else \
+                " (restore it from a backup, or start on a new file)"
             raise InvalidInput(f"database {str(settings.db)!r} cannot be used: "
-                               f"{_first_line(exc)} (restore it from a backup, or start on "
-                               "a new file)") from None
+                               f"{_first_line(exc)}{hint}") from None
         except BaseException:
             self._lock.release()
             raise
@@ -272,6 +274,9 @@ def _parser() -> argparse.ArgumentParser:
                    help="users may read other users' studies and results (not their logs)")
     p.add_argument("--db", type=Path, help="SQLite database (default hypersack.db); "
                    "restart on the same file to resume every study")
+    p.add_argument("--init", action="store_true", default=None,
+                   help="start a new cluster on an existing empty (0-byte) --db file "
+                   "(refused otherwise: an emptied database is a lost cluster)")
     p.add_argument("--policy", help=f"override every study's policy: {', '.join(policy_names())}")
     p.add_argument("--ratio", action="append", default=[], metavar="ARCH=R",
                    help="oversubscription ratio per architecture (repeatable); default "
@@ -295,9 +300,24 @@ def _parser() -> argparse.ArgumentParser:
     return p
 
 
+def empty_db(db: Path, init: bool) -> None:
+    """An existing database file of 0 bytes is refused unless `init` asks for a new
+    cluster: it would start with no studies, nodes or users, and the trials of agents
+    that reconnect would be killed. A missing file is a new cluster."""
+    try:
+        size = db.stat().st_size
+    except OSError:
+        return
+    if size == 0 and not init:
+        raise InvalidInput(f"database {str(db)!r} is empty (0 bytes): a server on it starts "
+                           "a new cluster with no studies, nodes or users, and kills the "
+                           "trials of agents that reconnect. Restore it from a backup, or "
+                           "give --init to start a new cluster on it")
+
+
 def settings_from_args(args: argparse.Namespace) -> ServerSettings:
 
-    flags = {"listen": args.listen, "db": args.db, "policy": args.policy,
+    flags = {"listen": args.listen, "db": args.db, "init": args.init, "policy": args.policy,
              "insecure": args.insecure, "tls_dir": args.tls_dir, "tls_ca": args.tls_ca,
              "tls_cert": args.tls_cert, "tls_key": args.tls_key,
              "agent_listen": args.agent_listen, "share_results": args.share_results,

@@ -8,8 +8,10 @@ from __future__ import annotations
 
 import fcntl
 import os
+import shlex
 import socket
 import sqlite3
+import stat
 import threading
 import time
 from collections.abc import Iterator, Sequence
@@ -57,25 +59,45 @@ class StoreError(HyperSackError):
 
 
 class DatabaseLock:
-    """An exclusive lock beside the database (`FILE.lock`), held while a server runs: one
-    writer. The lock file names the holder, so a second server can say who it is."""
+    """An exclusive lock on the database file itself, held while a server (or a CLI
+    command writing with --db) runs: one writer per database, whatever path names it (a
+    symbolic link, a hard link, a relative path or a bind mount reach the same file).
+    SQLite's own locks are POSIX record locks, which flock(2) does not touch. The holder
+    is described in `FILE.lock` beside the real file, so a second server can say who
+    holds it."""
 
     def __init__(self, db: str | Path) -> None:
-        self.path = Path(f"{db}.lock")
-        self.path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o600)
+        path = Path(db)
+        path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
         try:
+            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        except OSError as exc:
+            raise StoreError(f"cannot open the database {str(db)!r}: {exc.strerror}") from None
+        real = Path(os.path.realpath(path))
+        self.path = Path(f"{real}.lock")
+        try:
+            if not stat.S_ISREG(os.fstat(fd).st_mode):
+                raise StoreError(f"{str(db)!r} is not a regular file")
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError:
+            os.close(fd)
             try:
-                holder = os.read(fd, 512).decode(errors="replace").strip() or "another process"
-            finally:
-                os.close(fd)
-            raise InvalidInput(f"database {str(db)!r} is in use by {holder}; one server per "
-                               "database (stop that one first)") from None
-        os.ftruncate(fd, 0)
-        os.write(fd, f"hypersack-server pid {os.getpid()} on {socket.gethostname()} since "
-                     f"{time.strftime('%Y-%m-%d %H:%M:%S')}\n".encode())
+                holder = self.path.read_text(errors="replace")[:512].strip()
+            except OSError:
+                holder = ""
+            raise InvalidInput(f"database {str(db)!r} is in use by "
+                               f"{holder or 'another process'}; one server per database, "
+                               "whatever path names it (stop that one first)") from None
+        except BaseException:
+            os.close(fd)
+            raise
+        try:
+            self.path.write_text(f"hypersack-server pid {os.getpid()} on "
+                                 f"{socket.gethostname()} since "
+                                 f"{time.strftime('%Y-%m-%d %H:%M:%S')}\n")
+            os.chmod(self.path, 0o600)
+        except OSError:
+            pass  # only a description; the lock holds without it
         self._fd: int | None = fd
 
     def release(self) -> None:
@@ -126,8 +148,22 @@ class SqliteStore(Store):
                 self._db.execute("PRAGMA foreign_keys=ON")
                 self._db.executescript(_SCHEMA)
                 self._check_schema()
+                damage = self._db.execute("PRAGMA quick_check(1)").fetchone()[0]
+        except sqlite3.DatabaseError as exc:
+            if "malformed" in str(exc) or "corrupt" in str(exc):
+                raise StoreError(self._damaged(str(exc))) from None
+            raise StoreError(f"{self.path}: not a HyperSack database ({exc})") from None
         except sqlite3.Error as exc:
             raise StoreError(f"{self.path}: not a HyperSack database ({exc})") from None
+        if damage != "ok":
+            self._db.close()
+            raise StoreError(self._damaged(str(damage)))
+
+    def _damaged(self, detail: str) -> str:
+        p = shlex.quote(self.path)
+        return (f"{self.path} is damaged ({detail.splitlines()[0][:200]}); recover what it "
+                f"holds with `sqlite3 {p} .recover > recovered.sql && sqlite3 new.db < "
+                f"recovered.sql` and start on new.db (--db), or restore it from a backup")
 
     def failed(self, exc: BaseException) -> bool:
         """SQLite's own failures (read-only, full disk, I/O, locked) are the store failing;

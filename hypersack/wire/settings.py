@@ -56,6 +56,7 @@ class ServerSettings(BaseSettings):
     listen: str = Field(default="127.0.0.1:50051",
                         description="address to listen on; 0.0.0.0:50051 for a cluster")
     db: Path = Field(default=Path("hypersack.db"), description="SQLite database file")
+    init: bool = Field(default=False, description="start a new cluster on an empty db file")
     insecure: bool = Field(default=False, description="accept a non-loopback --listen "
                            "without TLS or authentication (behind a firewall only)")
     tls_dir: Path | None = Field(default=None, description="a `hypersack certs` directory: "
