@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import math
 import sys
 import time
 from collections.abc import Iterator
@@ -77,6 +78,9 @@ def add_parsers(sub: Any) -> None:
     q = tsub.add_parser("create", help="a new token (admins: for anyone; users: their own)")
     q.add_argument("user", nargs="?", default="", help="whose (default: yours)")
     q.add_argument("--label", default="", help="a note to tell tokens apart")
+    q.add_argument("--ttl", type=parse_ttl, default=0.0, metavar="DURATION",
+                   help="how long it lasts: 90d (the default), 12h, 30m, 3600s, or never "
+                   "(admins only)")
     q.add_argument("--out", type=Path, help="write the token to this file (0600)")
     q.add_argument("--db", type=Path, help="work on the database directly (server stopped)")
     add_server_flag(q)
@@ -99,7 +103,9 @@ def run_admin(args: argparse.Namespace) -> int:
     if args.command == "whoami":
         with connect(args) as client:
             me = client.whoami()
-        print(f"{me.name} ({me.role}, by {me.via})")
+        ends = (f"; expires {_when(me.expires_at)}" if me.expires_at else
+                "; never expires" if me.via == "token" else "")
+        print(f"{me.name} ({me.role}, by {me.via}{ends})")
         return 0
     if getattr(args, "db", None) is not None:
         return _offline(args)
@@ -117,11 +123,12 @@ def run_admin(args: argparse.Namespace) -> int:
                     print(f"{u.name}\t{u.role}\t{_when(u.created_at)}")
             return 0
         if args.action == "create":
-            reply = client.create_token(args.user, args.label)
+            reply = client.create_token(args.user, args.label, args.ttl)
             _give(reply.secret, reply.token.id, reply.token.user, args.out)
         elif args.action == "list":
             for t in client.tokens(args.user):
-                _print_token(t.id, t.user, t.created_at, t.revoked_at, t.label)
+                _print_token(t.id, t.user, t.created_at, t.revoked_at, t.label,
+                             t.expires_at)
         else:
             t = client.revoke_token(args.id)
             print(f"token {t.id} of {t.user}: revoked")
@@ -195,11 +202,12 @@ def _offline(args: argparse.Namespace) -> int:
                     print(f"{u.name}\t{u.role.value}\t{_when(u.created_at)}")
             return 0
         if args.action == "create":
-            record, secret = auth.create_token(LOCAL, args.user, args.label)
+            record, secret = auth.create_token(LOCAL, args.user, args.label, args.ttl)
             _give(secret, record.id, record.user, args.out)
         elif args.action == "list":
             for t in auth.tokens(LOCAL, args.user or "*"):
-                _print_token(t.id, t.user, t.created_at, t.revoked_at, t.label)
+                _print_token(t.id, t.user, t.created_at, t.revoked_at, t.label,
+                             t.expires_at)
         else:
             t = auth.revoke_token(LOCAL, args.id)
             print(f"token {t.id} of {t.user}: revoked")
@@ -223,9 +231,29 @@ def _give(secret: str, token_id: str, user: str, out: Path | None) -> None:
           f"{out} or HYPERSACK_TOKEN_FILE={out}", file=sys.stderr)
 
 
-def _print_token(token_id: str, user: str, created: float, revoked: float, label: str) -> None:
-    state = f"revoked {_when(revoked)}" if revoked else "valid"
+def _print_token(token_id: str, user: str, created: float, revoked: float, label: str,
+                 expires: float) -> None:
+    state = (f"revoked {_when(revoked)}" if revoked else
+             f"expired {_when(expires)}" if expires and expires <= time.time() else
+             f"valid until {_when(expires)}" if expires else "valid, never expires")
     print(f"{token_id}\t{user}\t{_when(created)}\t{state}\t{label}")
+
+
+def parse_ttl(text: str) -> float:
+    """`90d`, `12h`, `30m`, `3600s` or `3600` -> seconds; `never` -> -1."""
+    text = text.strip().lower()
+    if text == "never":
+        return -1.0
+    units = {"d": 86400.0, "h": 3600.0, "m": 60.0, "s": 1.0}
+    number, unit = (text[:-1], units[text[-1]]) if text[-1:] in units else (text, 1.0)
+    try:
+        value = float(number) * unit
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text[:40]!r}: give a duration like 90d, 12h, "
+                                         "30m or never") from None
+    if not math.isfinite(value) or value <= 0:
+        raise argparse.ArgumentTypeError(f"{text[:40]!r}: a positive duration, or never")
+    return value
 
 
 def _when(t: float) -> str:

@@ -152,8 +152,10 @@ class Client:
     def users(self) -> list[pb.User]:
         return list(self._call("ListUsers", pb.ListUsersRequest()).users)
 
-    def create_token(self, user: str = "", label: str = "") -> pb.CreateTokenResponse:
-        return self._call("CreateToken", pb.CreateTokenRequest(user=user, label=label))  # type: ignore[no-any-return]
+    def create_token(self, user: str = "", label: str = "", ttl_s: float = 0.0
+                     ) -> pb.CreateTokenResponse:
+        return self._call("CreateToken", pb.CreateTokenRequest(  # type: ignore[no-any-return]
+            user=user, label=label, ttl_s=ttl_s))
 
     def tokens(self, user: str = "") -> list[pb.Token]:
         return list(self._call("ListTokens", pb.ListTokensRequest(user=user)).tokens)

@@ -245,6 +245,7 @@ class TokenRecord(Frozen):
     created_at: float = 0.0
     revoked_at: float = 0.0  # 0: valid
     label: str = ""
+    expires_at: float = 0.0  # 0: never
 
 
 class UserShare(Frozen):

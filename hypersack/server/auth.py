@@ -17,9 +17,11 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+import math
 import re
 import secrets
 import threading
+import time
 from collections.abc import Iterable
 from dataclasses import dataclass
 
@@ -41,6 +43,11 @@ TOKEN_PREFIX = "hsk_"  # noqa: S105 - a prefix, not a secret
 _TOKEN = re.compile(r"hsk_[0-9a-f]{8}_[A-Za-z0-9_-]{43}")
 MAX_TOKENS_PER_USER = 64
 MAX_USERS = 10_000
+DEFAULT_TOKEN_TTL_S = 90 * 86400.0
+MAX_TOKEN_TTL_S = 5 * 365 * 86400.0
+# A client certificate is the user record's only if issued after the record was made;
+# the slack covers clocks that differ between the CA's host and the server's.
+CERT_CLOCK_SLACK_S = 120.0
 
 
 @dataclass(frozen=True)
@@ -48,6 +55,7 @@ class Principal:
     name: str
     role: Role
     via: str  # token, certificate, or local (authentication is off)
+    expires_at: float = 0.0  # when the credential of the call ends (0: never)
 
     @property
     def is_admin(self) -> bool:
@@ -102,6 +110,15 @@ class Authenticator:
                 if user is None:
                     raise Unauthenticated(f"the client certificate names {peer.name!r}, who "
                                           "is not a user of this server (hypersack users add)")
+                if peer.issued_at and peer.issued_at < user.created_at - CERT_CLOCK_SLACK_S:
+                    # Issued for an earlier user of that name (removed since): removing a
+                    # user revokes their certificates too.
+                    raise Unauthenticated(
+                        f"the client certificate for {user.name} was issued "
+                        f"{_when(peer.issued_at)}, before this user {user.name} was added "
+                        f"({_when(user.created_at)}): it was issued for an earlier user of "
+                        f"that name; issue a new one (hypersack certs issue --client "
+                        f"{user.name})")
                 return Principal(user.name, user.role, "certificate")
         if token is None:
             raise Unauthenticated("no token: this server needs one (--token-file, or the "
@@ -118,9 +135,13 @@ class Authenticator:
             raise Unauthenticated("unknown token")
         if record.revoked_at:
             raise Unauthenticated(f"token {record.id} was revoked")
+        if record.expires_at and self._clock.now() >= record.expires_at:
+            raise Unauthenticated(f"token {record.id} expired {_when(record.expires_at)}; "
+                                  "ask for a new one (hypersack token create, --ttl to "
+                                  "choose how long it lasts)")
         if user is None:
             raise Unauthenticated(f"token {record.id} belongs to no user")
-        return Principal(user.name, user.role, "token")
+        return Principal(user.name, user.role, "token", record.expires_at)
 
     def agent(self, peer: Identity | None, node: str | None, *, tls: bool) -> None:
         """Raises unless the agent's certificate is a node's, and (once the agent said
@@ -209,12 +230,21 @@ class Authenticator:
         with self._lock:
             return sorted(self._users.values(), key=lambda u: u.name)
 
-    def create_token(self, who: Principal, user: str, label: str = "") -> tuple[TokenRecord, str]:
+    def create_token(self, who: Principal, user: str, label: str = "", ttl_s: float = 0.0
+                     ) -> tuple[TokenRecord, str]:
         """A new token for `user` (admins: anyone; a user: themselves); the secret is
-        returned once and only its hash is kept."""
+        returned once and only its hash is kept. It expires after `ttl_s` (0: the
+        default, 90 days; negative: never, for admins only)."""
         user = user or who.name
         if user != who.name:
             self.require_admin(who, f"creating a token for {user}")
+        if not math.isfinite(ttl_s) or ttl_s > MAX_TOKEN_TTL_S:
+            raise InvalidInput(f"a token lasts at most {MAX_TOKEN_TTL_S / 86400:.0f} days "
+                               "(--ttl)")
+        if ttl_s < 0:
+            self.require_admin(who, "creating a token that never expires")
+        now = self._clock.now()
+        expires = 0.0 if ttl_s < 0 else now + (ttl_s or DEFAULT_TOKEN_TTL_S)
         if len(label) > 200 or any(not ch.isprintable() for ch in label):
             raise InvalidInput("a token label is at most 200 printable characters")
         with self._lock:
@@ -229,7 +259,7 @@ class Authenticator:
                 token_id = secrets.token_hex(4)
             secret = f"{TOKEN_PREFIX}{token_id}_{secrets.token_urlsafe(32)}"
             record = TokenRecord(id=token_id, user=user, sha256=token_sha256(secret),
-                                 created_at=self._clock.now(), label=label)
+                                 created_at=now, label=label, expires_at=expires)
             with self._store.transaction():
                 self._store.put_token(record)
             self._tokens[token_id] = record
@@ -260,3 +290,7 @@ class Authenticator:
                 self._store.put_token(revoked)
             self._tokens[token_id] = revoked
         return revoked
+
+
+def _when(t: float) -> str:
+    return time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(t))

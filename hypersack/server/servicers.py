@@ -108,7 +108,7 @@ def _user_pb(user: UserRecord, via: str = "") -> pb.User:
 
 def _token_pb(t: TokenRecord) -> pb.Token:
     return pb.Token(id=t.id, user=t.user, created_at=t.created_at, revoked_at=t.revoked_at,
-                    label=t.label)
+                    label=t.label, expires_at=t.expires_at)
 
 
 class SchedulerServicer(pb_grpc.SchedulerServicer):
@@ -282,7 +282,8 @@ class SchedulerServicer(pb_grpc.SchedulerServicer):
     @translated
     def WhoAmI(self, request: pb.WhoAmIRequest, context: grpc.ServicerContext) -> pb.User:
         who = self._who(context)
-        return pb.User(name=who.name, role=who.role.value, via=who.via)
+        return pb.User(name=who.name, role=who.role.value, via=who.via,
+                       expires_at=who.expires_at)
 
     @translated
     def AddUser(self, request: pb.AddUserRequest, context: grpc.ServicerContext) -> pb.User:
@@ -303,7 +304,7 @@ class SchedulerServicer(pb_grpc.SchedulerServicer):
     def CreateToken(self, request: pb.CreateTokenRequest, context: grpc.ServicerContext
                     ) -> pb.CreateTokenResponse:
         record, secret = self._auth.create_token(self._who(context), request.user,
-                                                 request.label)
+                                                 request.label, request.ttl_s)
         return pb.CreateTokenResponse(token=_token_pb(record), secret=secret)
 
     @translated

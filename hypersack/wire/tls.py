@@ -15,7 +15,7 @@ import ipaddress
 import os
 import re
 import socket
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
 
@@ -34,6 +34,7 @@ KINDS = (NODE, CLIENT, SERVER)
 ORGANIZATION = "HyperSack"
 CA_DAYS = 3650
 LEAF_DAYS = 365
+BACKDATE_S = 300  # a certificate is valid from this long before it is issued
 MAX_PEM_BYTES = 64 << 10
 
 
@@ -43,6 +44,7 @@ class Identity:
 
     kind: str
     name: str
+    issued_at: float = field(default=0.0, compare=False)  # epoch seconds; 0: unknown
 
 
 @dataclass(frozen=True)
@@ -121,7 +123,7 @@ def init_ca(directory: Path, *, days: int = CA_DAYS) -> Path:
     now = _now()
     cert = (x509.CertificateBuilder().subject_name(subject).issuer_name(subject)
             .public_key(key.public_key()).serial_number(x509.random_serial_number())
-            .not_valid_before(now - datetime.timedelta(minutes=5))
+            .not_valid_before(now - datetime.timedelta(seconds=BACKDATE_S))
             .not_valid_after(now + datetime.timedelta(days=days))
             .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
             .add_extension(x509.KeyUsage(digital_signature=True, key_cert_sign=True,
@@ -196,7 +198,7 @@ def issue(directory: Path, kind: str, name: str, *, alt_names: list[str] | None 
     builder = (x509.CertificateBuilder().subject_name(_name(kind, name))
                .issuer_name(ca_cert.subject).public_key(key.public_key())
                .serial_number(x509.random_serial_number())
-               .not_valid_before(now - datetime.timedelta(minutes=5))
+               .not_valid_before(now - datetime.timedelta(seconds=BACKDATE_S))
                .not_valid_after(now + datetime.timedelta(days=days))
                .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
                .add_extension(x509.ExtendedKeyUsage(usages), critical=False))
@@ -248,7 +250,9 @@ def identity_of(pem: bytes) -> Identity | None:
     kind, name = str(units[0].value), str(names[0].value)
     if kind not in KINDS or not is_name(name):
         return None
-    return Identity(kind, name)
+    # `certs issue` dates a certificate BACKDATE_S before it is issued (clock skew).
+    issued = cert.not_valid_before_utc.timestamp() + BACKDATE_S
+    return Identity(kind, name, issued)
 
 
 def certificate_identity(path: Path) -> Identity:

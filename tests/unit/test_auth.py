@@ -334,7 +334,7 @@ def test_users_cli_bootstraps_an_admin_and_tokens_reach_the_server(
         assert cli_main(["whoami", *flags]) == 2
         assert "no token" in capsys.readouterr().err
         assert cli_main(["whoami", *flags, "--token-file", str(tok)]) == 0
-        assert capsys.readouterr().out.strip() == "ops (admin, by token)"
+        assert capsys.readouterr().out.strip().startswith("ops (admin, by token; expires 20")
         assert cli_main(["users", "add", "eve", "--role", "user", *flags,
                          "--token-file", str(tok)]) == 0
         capsys.readouterr()
@@ -342,7 +342,7 @@ def test_users_cli_bootstraps_an_admin_and_tokens_reach_the_server(
         eve = capsys.readouterr().out.strip()
         monkeypatch.setenv("HYPERSACK_TOKEN", eve)
         assert cli_main(["whoami", *flags]) == 0
-        assert capsys.readouterr().out.strip() == "eve (user, by token)"
+        assert capsys.readouterr().out.strip().startswith("eve (user, by token; expires ")
         assert cli_main(["drain", "n1", *flags]) == 2
         assert "permission denied" in capsys.readouterr().err
         tok.chmod(0o644)
@@ -403,3 +403,68 @@ def test_hostile_certificate_files_are_refused_in_one_line(tmp_path: Path, data:
     with pytest.raises(InvalidInput) as err:
         tls.checked((path, None, None))
     assert "\n" not in str(err.value)
+
+
+def test_tokens_expire_and_whoami_says_when() -> None:
+    from hypersack.core.clock import ManualClock
+    from hypersack.server.auth import DEFAULT_TOKEN_TTL_S
+
+    clock = ManualClock(1_000_000.0)
+    auth = Authenticator(MemoryStore(), enabled=True, clock=clock)
+    auth.add_user(LOCAL, "ada", "user")
+    auth.add_user(LOCAL, "ops", "admin")
+    ada = auth.client(None, tls.Identity("client", "ada"))
+    _, default = auth.create_token(ada, "ada")
+    record, hour = auth.create_token(ada, "ada", ttl_s=3600)
+    assert record.expires_at == 1_000_000.0 + 3600
+    assert auth.client(hour, None).expires_at == record.expires_at
+    with pytest.raises(PermissionDenied, match="never expires: only an admin"):
+        auth.create_token(ada, "ada", ttl_s=-1)
+    with pytest.raises(InvalidInput, match="at most"):
+        auth.create_token(ada, "ada", ttl_s=1e12)
+    ops = auth.client(None, tls.Identity("client", "ops"))
+    _, forever = auth.create_token(ops, "ops", ttl_s=-1)
+    clock.advance(3599)
+    auth.client(hour, None)
+    clock.advance(1)
+    with pytest.raises(Unauthenticated, match=r"token [0-9a-f]{8} expired"):
+        auth.client(hour, None)
+    clock.advance(DEFAULT_TOKEN_TTL_S - 3600)
+    with pytest.raises(Unauthenticated, match="expired"):
+        auth.client(default, None)
+    assert auth.client(forever, None).expires_at == 0.0
+
+
+def test_removing_a_user_revokes_their_client_certificates() -> None:
+    from hypersack.core.clock import ManualClock
+
+    clock = ManualClock(1_000_000.0)
+    auth = Authenticator(MemoryStore(), enabled=True, clock=clock)
+    auth.add_user(LOCAL, "ada", "admin")
+    clock.advance(60)
+    cert = tls.Identity("client", "ada", issued_at=clock.now())
+    assert auth.client(None, cert).role.value == "admin"
+    old = tls.Identity("client", "ada", issued_at=1_000_000.0 - 3600)  # before ada was added
+    with pytest.raises(Unauthenticated, match="issued for an earlier user of that name"):
+        auth.client(None, old)
+    auth.add_user(LOCAL, "ops", "admin")
+    ops = auth.client(None, tls.Identity("client", "ops", issued_at=clock.now()))
+    auth.remove_user(ops, "ada")
+    with pytest.raises(Unauthenticated, match="not a user"):
+        auth.client(None, cert)
+    clock.advance(3600)
+    auth.add_user(ops, "ada", "user")  # a new ada, with the name of the old
+    with pytest.raises(Unauthenticated, match="earlier user"):
+        auth.client(None, cert)
+    fresh = tls.Identity("client", "ada", issued_at=clock.now() + 1)
+    assert auth.client(None, fresh).role.value == "user"
+
+
+def test_a_certificates_issue_time_is_read_from_it(tmp_path: Path) -> None:
+    import time as _time
+
+    d = tmp_path / "certs"
+    assert cli_main(["certs", "init", "--dir", str(d)]) == 0
+    assert cli_main(["certs", "issue", "--dir", str(d), "--client", "alice"]) == 0
+    ident = tls.certificate_identity(d / "clients/alice.crt")
+    assert abs(ident.issued_at - _time.time()) < 120

@@ -11,16 +11,18 @@ class WhoAmIRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class User(_message.Message):
-    __slots__ = ("name", "role", "created_at", "via")
+    __slots__ = ("name", "role", "created_at", "via", "expires_at")
     NAME_FIELD_NUMBER: _ClassVar[int]
     ROLE_FIELD_NUMBER: _ClassVar[int]
     CREATED_AT_FIELD_NUMBER: _ClassVar[int]
     VIA_FIELD_NUMBER: _ClassVar[int]
+    EXPIRES_AT_FIELD_NUMBER: _ClassVar[int]
     name: str
     role: str
     created_at: float
     via: str
-    def __init__(self, name: _Optional[str] = ..., role: _Optional[str] = ..., created_at: _Optional[float] = ..., via: _Optional[str] = ...) -> None: ...
+    expires_at: float
+    def __init__(self, name: _Optional[str] = ..., role: _Optional[str] = ..., created_at: _Optional[float] = ..., via: _Optional[str] = ..., expires_at: _Optional[float] = ...) -> None: ...
 
 class AddUserRequest(_message.Message):
     __slots__ = ("name", "role")
@@ -47,26 +49,30 @@ class ListUsersResponse(_message.Message):
     def __init__(self, users: _Optional[_Iterable[_Union[User, _Mapping]]] = ...) -> None: ...
 
 class Token(_message.Message):
-    __slots__ = ("id", "user", "created_at", "revoked_at", "label")
+    __slots__ = ("id", "user", "created_at", "revoked_at", "label", "expires_at")
     ID_FIELD_NUMBER: _ClassVar[int]
     USER_FIELD_NUMBER: _ClassVar[int]
     CREATED_AT_FIELD_NUMBER: _ClassVar[int]
     REVOKED_AT_FIELD_NUMBER: _ClassVar[int]
     LABEL_FIELD_NUMBER: _ClassVar[int]
+    EXPIRES_AT_FIELD_NUMBER: _ClassVar[int]
     id: str
     user: str
     created_at: float
     revoked_at: float
     label: str
-    def __init__(self, id: _Optional[str] = ..., user: _Optional[str] = ..., created_at: _Optional[float] = ..., revoked_at: _Optional[float] = ..., label: _Optional[str] = ...) -> None: ...
+    expires_at: float
+    def __init__(self, id: _Optional[str] = ..., user: _Optional[str] = ..., created_at: _Optional[float] = ..., revoked_at: _Optional[float] = ..., label: _Optional[str] = ..., expires_at: _Optional[float] = ...) -> None: ...
 
 class CreateTokenRequest(_message.Message):
-    __slots__ = ("user", "label")
+    __slots__ = ("user", "label", "ttl_s")
     USER_FIELD_NUMBER: _ClassVar[int]
     LABEL_FIELD_NUMBER: _ClassVar[int]
+    TTL_S_FIELD_NUMBER: _ClassVar[int]
     user: str
     label: str
-    def __init__(self, user: _Optional[str] = ..., label: _Optional[str] = ...) -> None: ...
+    ttl_s: float
+    def __init__(self, user: _Optional[str] = ..., label: _Optional[str] = ..., ttl_s: _Optional[float] = ...) -> None: ...
 
 class CreateTokenResponse(_message.Message):
     __slots__ = ("token", "secret")
