@@ -62,13 +62,20 @@ class TrialUsers:
     """The account for each trial, by its study's owner."""
 
     def __init__(self, default: Account | None = None,
-                 by_owner: dict[str, Account] | None = None) -> None:
+                 by_owner: dict[str, Account] | None = None, same_named: bool = False) -> None:
         self.default = default
         self.by_owner = dict(by_owner or {})
+        self.same_named = same_named  # `*=*`: each owner as the account of their name
 
     @property
     def switches(self) -> bool:
-        return self.default is not None or bool(self.by_owner)
+        return self.default is not None or bool(self.by_owner) or self.same_named
+
+    @property
+    def pooled(self) -> bool:
+        """Whether owners share one account (`--run-as` for those not mapped): then
+        their trials are not isolated from each other."""
+        return self.default is not None
 
     @classmethod
     def parse(cls, run_as: str | None, user_map: Iterable[str], *, allow_root: bool,
@@ -78,13 +85,20 @@ class TrialUsers:
         if len(pairs) > MAX_MAPPINGS:
             raise InvalidInput(f"--user-map: at most {MAX_MAPPINGS} entries")
         by_owner: dict[str, Account] = {}
+        same_named = False
         for pair in pairs:
             owner, sep, unix = pair.partition("=")
             if not sep or not owner or not unix:
-                raise InvalidInput(f"--user-map {pair[:80]!r}: expected OWNER=UNIXUSER")
+                raise InvalidInput(f"--user-map {pair[:80]!r}: expected OWNER=UNIXUSER, or "
+                                   "*=* (each owner as the Unix user of the same name)")
+            if (owner == "*") != (unix == "*"):
+                raise InvalidInput(f"--user-map {pair[:80]!r}: * maps only to *")
+            if owner == "*":
+                same_named = True
+                continue
             by_owner[owner] = lookup(unix)
         default = lookup(run_as) if run_as else None
-        users = cls(default, by_owner)
+        users = cls(default, by_owner, same_named)
         if users.switches and euid != 0:
             raise InvalidInput("--run-as and --user-map switch users, which needs an agent "
                                "started as root; without them trials run as the agent's user")
@@ -100,7 +114,16 @@ class TrialUsers:
         """The account a trial of this owner runs as; None: the agent's own user."""
         if not self.switches:
             return None
-        account = self.by_owner.get(owner, self.default)
+        account = self.by_owner.get(owner)
+        if account is None and self.same_named and owner:
+            try:
+                account = lookup(owner)
+            except InvalidInput as exc:
+                if self.default is None:
+                    raise HyperSackError(f"study owner {owner[:64]!r}: {exc} (--user-map "
+                                         "*=* runs each owner as the Unix user of their "
+                                         "name)") from None
+        account = account or self.default
         if account is None:
             raise HyperSackError(f"this agent maps no Unix user for study owner "
                                  f"{owner or '(none)'!r} and has no --run-as: not run")
@@ -110,6 +133,8 @@ class TrialUsers:
         if not self.switches:
             return "as the agent's user"
         parts = [f"{o}->{a.name}" for o, a in sorted(self.by_owner.items())]
+        if self.same_named:
+            parts.append("each other owner as the Unix user of their name")
         if self.default:
             parts.append(f"others as {self.default.name} (group "
                          f"{_group_name(self.default.gid)})")

@@ -87,7 +87,8 @@ class Agent:
                  pass_env: Iterable[str] = (), inherit_env: bool = False,
                  credentials: grpc.ChannelCredentials | None = None,
                  server_name: str | None = None, users: TrialUsers | None = None,
-                 mps: MpsControl | None = None, checkpoints: Path | None = None) -> None:
+                 mps: MpsControl | None = None, checkpoints: Path | None = None,
+                 owner: str = "") -> None:
         self.server = server
         # TLS to the server, with this node's certificate (None: plain, loopback only).
         self.credentials = credentials
@@ -104,6 +105,7 @@ class Agent:
         self.log_max_bytes = log_max_bytes
         self.commands = commands or CommandPolicy()
         self.users = users or TrialUsers()  # default: trials run as the agent's user
+        self.owner = owner  # the one study owner whose trials it runs ("": anyone's)
         self.mps = mps  # None: co-located trials time-slice
         self._mps_checked_at = 0.0
         # What trials see of this process's environment (`inherit_env`: all of it, for
@@ -274,7 +276,7 @@ class Agent:
         running = self._running()
         return pb.AgentMessage(register=pb.Register(
             node=self.node, cores=self.backend.cores(), backend=self.backend.name,
-            version=__version__, running=running,
+            version=__version__, running=running, owner=self.owner,
             gpus=[pb.GpuInfo(index=d.index, arch=d.arch, memory_mib=d.memory_mib, uuid=d.uuid)
                   for d in self.backend.devices()]))
 
@@ -541,6 +543,9 @@ class Agent:
         workdir = job_dir(self.node_dir, group, job_id)
         if attempt:
             workdir = workdir / f"attempt-{attempt}"  # each attempt writes its own files
+        if self.owner and owner != self.owner:
+            raise HyperSackError(f"this agent runs the trials of {self.owner} only, not of "
+                                 f"{owner or 'nobody'} (--owner)")
         account = self.users.account_for(owner)
         fields = {**json.loads(params_json or "{}"), "epochs": epochs, "trial_id": job_id,
                   "study_id": study_id, "workdir": str(workdir.resolve())}

@@ -67,6 +67,10 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--user-map", action="append", metavar="OWNER=USER",
                    help="run the trials of a study owner as this Unix user (repeatable, or "
                    "comma-separated); others run as --run-as, or are refused")
+    p.add_argument("--owner", metavar="NAME",
+                   help="run only this study owner's trials (needed by an agent that is not "
+                   "root on a secured cluster: its trials run as its own user and could "
+                   "read each other's files; '*': any owner's, with no isolation)")
     p.add_argument("--allow-root-trials", action="store_true", default=None,
                    help="an agent started as root may run trials as root: a single-user "
                    "machine only (logged as a warning at every start)")
@@ -104,7 +108,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             "pass_env": args.pass_env,
             "tls_dir": args.tls_dir, "tls_ca": args.tls_ca, "tls_cert": args.tls_cert,
             "tls_key": args.tls_key, "tls_server_name": args.tls_server_name,
-            "run_as": args.run_as, "user_map": args.user_map,
+            "run_as": args.run_as, "user_map": args.user_map, "owner": args.owner,
             "allow_root_trials": args.allow_root_trials, "mps": args.mps,
             "metrics_listen": args.metrics_listen,
             "metrics_insecure": args.metrics_insecure}, args.config)
@@ -125,6 +129,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                                    f"{node!r}: the server accepts an agent only with its "
                                    f"node's certificate (hypersack certs issue --node {node})")
             credentials = channel_credentials(tls.ca, tls.cert, tls.key)
+        owner = one_owner(settings.owner, users, secured=tls is not None)
         backend = make_backend(settings.backend, inventory=settings.inventory, node=node)
         agent = Agent(settings.server, node, backend, settings.workdir,
                       poll_interval_s=settings.poll_interval_s,
@@ -137,7 +142,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                       # MPS for GPUs: not for the CPU backend, which has none.
                       mps=MpsControl(node_dir(settings.workdir, node), backend.devices(),
                                      enabled=settings.mps and backend.name != "cpu"),
-                      checkpoints=settings.checkpoint_dir)
+                      checkpoints=settings.checkpoint_dir, owner=owner)
     except HyperSackError as exc:
         print(f"hypersack-agent: error: {exc}", file=sys.stderr)
         return 2
@@ -148,6 +153,19 @@ def main(argv: Sequence[str] | None = None) -> int:
             "owns the machine")
     elif users.switches:
         logging.getLogger("hypersack.agent").info("trials run %s", users.describe())
+    if users.pooled:
+        logging.getLogger("hypersack.agent").warning(
+            "--run-as %s: the trials of every owner not in --user-map run as that one "
+            "account, with NO ISOLATION between users (one can read and signal another's "
+            "trials); map each owner to their own account (--user-map OWNER=USER, or *=*)",
+            users.default.name if users.default else "")
+    if owner:
+        logging.getLogger("hypersack.agent").info(
+            "this agent runs the trials of %s only", owner)
+    elif os.geteuid() != 0 and settings.owner == "*":
+        logging.getLogger("hypersack.agent").warning(
+            "--owner '*': every owner's trials run as this agent's Unix user, with NO "
+            "ISOLATION between users or from the agent (its key, its environment)")
 
     def _stop(signum: int, frame: object) -> None:
         agent.stop()
@@ -175,3 +193,24 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 if __name__ == "__main__":
     sys.exit(main())
+
+
+def one_owner(owner: str | None, users: TrialUsers, *, secured: bool) -> str:
+    """The one owner whose trials this agent runs ("": any owner's). An agent that does
+    not switch users runs every trial as itself: its trials can read whatever it can
+    (its node key, its environment, each other's files), so on a secured cluster it runs
+    one owner's trials only, named with --owner ('*': any, said to be no isolation)."""
+    if owner == "*":
+        return ""
+    if owner:
+        if not is_name(owner):
+            raise InvalidInput(f"--owner {owner[:80]!r}: a user name (letters, digits, "
+                               "_.:@+=-) or '*'")
+        return owner
+    if secured and not users.switches and os.geteuid() != 0:
+        raise InvalidInput(
+            "this agent is not root, so every trial runs as its Unix user and can read "
+            "what it can (the node's key, its environment, other trials' files): give "
+            "--owner NAME to run one study owner's trials only (--owner '*' for any "
+            "owner's, with no isolation), or start it as root with --user-map")
+    return ""

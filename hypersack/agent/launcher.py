@@ -133,17 +133,45 @@ class Job:
         return self.workdir / "log.1.txt"
 
     @property
+    def channel_dir(self) -> Path:
+        """Where the trial's metrics and profile result land: beside its work directory,
+        the agent's own (0700), so no trial reaches another's by path. The trial writes
+        them through descriptors it inherits (see `start`)."""
+        return self.workdir.parent / f".channel-{self.workdir.name}"
+
+    @property
     def metrics_path(self) -> Path:
-        return self.workdir / "metrics.jsonl"
+        return self.channel_dir / "metrics.jsonl"
 
     @property
     def profile_path(self) -> Path:
-        return self.workdir / "profile.json"
+        return self.channel_dir / "profile.json"
+
+    def _channels(self, env: dict[str, str]) -> list[int]:
+        """Open the trial's channels for it to inherit: the metrics file (append only)
+        and, for a profile run, the profile result. The files are the agent's, mode
+        0600, in the agent's 0700 folder: a trial of another owner, or of the same Unix
+        account, can open neither by path nor through /proc/PID/fd (which checks the
+        file's owner again). Only a trial that runs as the agent's own user also gets
+        the metrics file as a path (HYPERSACK_METRICS_FILE, /dev/fd/N)."""
+        self.channel_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+        os.chmod(self.channel_dir, 0o700)
+        for p in (self.metrics_path, self.profile_path):
+            p.unlink(missing_ok=True)
+        flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW
+        fds = [os.open(self.metrics_path, flags | os.O_APPEND, 0o600)]
+        env[sdk.ENV_METRICS_FD] = str(fds[0])
+        if self.account is None:
+            env[sdk.ENV_METRICS] = f"/dev/fd/{fds[0]}"
+        if self.profile:
+            fds.append(os.open(self.profile_path, flags, 0o600))
+            env[sdk.ENV_PROFILE_FD] = str(fds[1])
+            env[sdk.ENV_PROFILE] = f"/dev/fd/{fds[1]}"
+        return fds
 
     def start(self) -> None:
         self.workdir.mkdir(mode=0o700, parents=True, exist_ok=True)
-        for p in (self.metrics_path, self.profile_path, self.kept_log_path):
-            p.unlink(missing_ok=True)
+        self.kept_log_path.unlink(missing_ok=True)
         env = dict(os.environ) if self.base_env is None else dict(self.base_env)
         env.update(self.env)
         if self.account is not None:
@@ -151,9 +179,9 @@ class Job:
         if self.agent_dir:
             env[ENV_AGENT_DIR] = self.agent_dir
             env[ENV_JOB] = self.key
-        env[sdk.ENV_METRICS] = str(self.metrics_path.resolve())
-        if self.profile:
-            env[sdk.ENV_PROFILE] = str(self.profile_path.resolve())
+        env.pop(sdk.ENV_METRICS, None)
+        env.pop(sdk.ENV_PROFILE, None)
+        channels = self._channels(env)
         self._log = open_regular(self.log_path, "ab")
         self._log.write(f"$ {shlex.join(self.argv)}\n".encode())
         self._log.flush()
@@ -185,11 +213,14 @@ class Job:
             self.proc = subprocess.Popen(argv, cwd=self.workdir,
                                          env=env, stdin=subprocess.DEVNULL, stdout=self._log,
                                          stderr=subprocess.STDOUT, start_new_session=True,
-                                         **who)
+                                         pass_fds=channels, **who)
         except OSError as exc:
             self._log.write(f"cannot start: {exc}\n".encode())
             self._log.close()
             self.exit_code = 127
+        finally:
+            for fd in channels:
+                os.close(fd)
         self.started_at = time.monotonic()
 
     def give_workdir(self) -> None:
@@ -392,6 +423,11 @@ class MemberJob(Job):
     @property
     def stop_path(self) -> Path:
         return self.workdir / "stop"
+
+    @property
+    def metrics_path(self) -> Path:
+        """The group's process writes each member's metrics in the member's folder."""
+        return self.workdir / "metrics.jsonl"
 
     def start(self) -> None:
         self.workdir.mkdir(mode=0o700, parents=True, exist_ok=True)

@@ -139,6 +139,14 @@ class NodeSpec(Frozen):
     name: Name
     cores: Cores = Field(gt=0)
     gpus: tuple[GpuSpec, ...] = Field(max_length=MAX_GPUS_PER_NODE)
+    # The one study owner whose trials the node runs ("": anyone's). A node whose agent
+    # is not root runs every trial as its own Unix user, so it runs one owner's only.
+    owner: str = Field(default="", max_length=128,
+                       pattern=r"^([A-Za-z0-9_][A-Za-z0-9_.:@+=-]*)?$")
+
+    def takes(self, owner: str) -> bool:
+        """Whether this node runs trials of studies of this owner."""
+        return not self.owner or self.owner == owner
 
 
 class ClusterSpec(Frozen):

@@ -100,6 +100,7 @@ class Decider:
         """Reserve, for each of the study's trials that found no room (largest first, up
         to `budget` GPU-equivalents), the unreserved GPU closest to fitting it."""
         ratios = self.s.spaces[claim.study_id].settings.oversubscription
+        open_nodes = self.s.nodes_for(claim.study_id, open_nodes)
         for item in sorted(claim.unfit, key=lambda it: (-it.value, it.id))[:MAX_RESERVED]:
             if budget <= shares.EPS:
                 return
@@ -207,6 +208,7 @@ class Decider:
         the launches and whether the share stopped them short. `closed`: GPUs reserved
         for other studies, where it places nothing."""
         space = self.s.spaces[claim.study_id]
+        open_nodes = self.s.nodes_for(claim.study_id, open_nodes)
         view = _closed(self.s.cluster.view(open_nodes, space.settings.oversubscription), closed)
         pending = self.book.pending_of(claim.study_id)
         if not pending:

@@ -70,6 +70,7 @@ class Preemption:
         priority first, then the latest started)."""
         space = self.s.spaces[claim.study_id]
         ratios = space.settings.oversubscription
+        open_nodes = self.s.nodes_for(claim.study_id, open_nodes)
         view = _freed(self.s.cluster.view(open_nodes, ratios), victims)
         pending = self.book.pending_of(claim.study_id)
         batch = self.decider.plain_items(pending, archs, view)

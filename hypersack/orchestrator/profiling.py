@@ -244,7 +244,14 @@ class Profiling:
                     self.book.set(t, state=TrialState.PROFILING)
         wanted += [s for s in self.fused_profiles_wanted(active, open_nodes, archs)
                    if s not in in_flight and s not in wanted]
-        plan = planning.plan_profiles(wanted, self.s.cluster.gpu_slots(open_nodes))
+        owners = {n.name: n.spec for n in open_nodes}
+
+        def allowed(slot: Slot, g: planning.GpuSlot) -> bool:
+            """A profile job runs a trial of its sample's owner: only where they may run."""
+            sample = samples.get(fusion.fused_key(slot[0], 1))
+            return sample is None or owners[g.node].takes(self.s.studies[sample.study_id].owner)
+
+        plan = planning.plan_profiles(wanted, self.s.cluster.gpu_slots(open_nodes), allowed)
         for slot, g in plan.reserve:
             node = self.s.cluster.live(g.node)
             self.s.cluster.reserve(node, node.gpus[g.index], slot)

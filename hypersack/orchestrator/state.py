@@ -23,7 +23,7 @@ from hypersack.grid import rungs
 from hypersack.grid.adaptive import OptunaSearch
 from hypersack.grid.space import SearchSpace
 from hypersack.orchestrator import fusion
-from hypersack.orchestrator.cluster import ClusterState
+from hypersack.orchestrator.cluster import ClusterState, Node
 from hypersack.orchestrator.commands import Command
 from hypersack.orchestrator.config import OrchestratorConfig
 from hypersack.orchestrator.journal import Journal, JournaledDict, JournaledLog, journaled
@@ -147,6 +147,13 @@ class CoreState:
         except BaseException:
             self.journal.rollback_to(mark)
             raise
+
+    def nodes_for(self, study_id: str, nodes: list[Node]) -> list[Node]:
+        """The nodes that run this study's trials: those of any owner, or of its own
+        (a node whose agent is not root runs one owner's trials; see NodeSpec.owner)."""
+        owner = self.studies[study_id].owner
+        return nodes if all(n.spec.takes(owner) for n in nodes) else \
+            [n for n in nodes if n.spec.takes(owner)]
 
     def fusion_on(self, space: SearchSpace) -> bool:
         """Whether a study's trials may run as fused groups on this server."""

@@ -36,9 +36,11 @@ from hypersack.core.trial_env import (  # noqa: F401  (the SDK's names for them)
     ENV_CHECKPOINT_DIR,
     ENV_EPOCHS,
     ENV_METRICS,
+    ENV_METRICS_FD,
     ENV_OPTIONS,
     ENV_PARAMS,
     ENV_PROFILE,
+    ENV_PROFILE_FD,
     ENV_PROFILE_ITERATIONS,
     ENV_PROFILE_WARMUP,
     ENV_STOP_AT_EPOCH,
@@ -75,11 +77,37 @@ def report(step: int | None = None, **metrics: float) -> None:
     path = os.environ.get(ENV_METRICS)
     values = {k: float(v) for k, v in metrics.items()}
     line = json.dumps({"t": time.time(), "step": step, "metrics": values})
+    fd = _inherited(ENV_METRICS_FD)
+    if fd is not None:  # the agent's channel: one write, appended whole
+        _write_all(fd, (line + "\n").encode())
+        return
     if path is None:
         print(f"hypersack.report: {line}", file=sys.stderr)
         return
     with open(path, "a") as f:
         f.write(line + "\n")
+
+
+def _inherited(name: str) -> int | None:
+    """A descriptor the agent passed (its number in `name`), if it is open here."""
+    text = os.environ.get(name, "")
+    if not text.isdigit() or len(text) > 6:
+        return None
+    try:
+        os.fstat(int(text))
+    except OSError:
+        return None
+    return int(text)
+
+
+def _write_all(fd: int, data: bytes, at: int | None = None) -> None:
+    view = memoryview(data)
+    offset = 0
+    while offset < len(view):
+        if at is None:
+            offset += os.write(fd, view[offset:])
+        else:
+            offset += os.pwrite(fd, view[offset:], at + offset)
 
 
 def checkpoint_dir() -> Path | None:
@@ -233,6 +261,11 @@ def _write_profile(path: str, iters_per_epoch: int) -> None:
         "setup_s": setup,
         **p.info,
     }
+    fd = _inherited(ENV_PROFILE_FD)
+    if fd is not None:  # the agent's channel: the whole result at its start
+        os.ftruncate(fd, 0)
+        _write_all(fd, json.dumps(result).encode(), at=0)
+        return
     tmp = path + ".tmp"
     with open(tmp, "w") as f:
         json.dump(result, f)

@@ -3,7 +3,7 @@ GPU each is measured. Pure functions of what the orchestrator tells them."""
 
 from __future__ import annotations
 
-from collections.abc import Container, Iterable, Sequence
+from collections.abc import Callable, Container, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
@@ -54,7 +54,8 @@ def missing(key: WorkloadKey, archs: Iterable[str], profiles: Container[Slot],
             if (key, a) not in profiles and (key, a) not in failed]
 
 
-def plan_profiles(wanted: Sequence[Slot], gpus: Sequence[GpuSlot]) -> ProfilePlan:
+def plan_profiles(wanted: Sequence[Slot], gpus: Sequence[GpuSlot],
+                  allowed: Callable[[Slot, GpuSlot], bool] | None = None) -> ProfilePlan:
     """Each wanted profile goes to the first idle free GPU of its architecture; with none
     idle, the least busy free one is reserved, so that the profile does not starve while
     trials keep it busy. A reserved GPU that has drained starts its profile."""
@@ -63,7 +64,8 @@ def plan_profiles(wanted: Sequence[Slot], gpus: Sequence[GpuSlot]) -> ProfilePla
     reserve: list[tuple[Slot, GpuSlot]] = []
     for slot in wanted:
         free = [g for g in gpus
-                if g.arch == slot[1] and g.free and (g.node, g.index) not in taken]
+                if g.arch == slot[1] and g.free and (g.node, g.index) not in taken
+                and (allowed is None or allowed(slot, g))]
         if not free:
             continue
         idle = [g for g in free if g.trials == 0]

@@ -90,7 +90,7 @@ def node_from_register(msg: pb.Register) -> NodeSpec:
     if len(msg.gpus) > MAX_GPUS_PER_NODE:
         raise InvalidInput(f"register: {len(msg.gpus)} GPUs; at most {MAX_GPUS_PER_NODE} "
                            "per node")
-    return NodeSpec(name=msg.node, cores=msg.cores,
+    return NodeSpec(name=msg.node, cores=msg.cores, owner=msg.owner,
                     gpus=tuple(GpuSpec(index=g.index, arch=g.arch, memory_mib=g.memory_mib,
                                        uuid=g.uuid) for g in msg.gpus))
 

@@ -139,6 +139,8 @@ class AgentSettings(BaseSettings):
     tls_key: Path | None = Field(default=None, description="this node's private key")
     tls_server_name: str | None = Field(default=None, max_length=253, description="the name "
                                         "in the server's certificate, if not the --server host")
+    owner: str | None = Field(default=None, max_length=128, description="the one study "
+                              "owner whose trials this agent runs ('*': any)")
     run_as: str | None = Field(default=None, max_length=64, description="the Unix user "
                                "trials run as (needed when the agent runs as root)")
     user_map: list[str] = Field(default_factory=list, max_length=4096, description="OWNER="

@@ -20,6 +20,7 @@ from hypersack.wire.convert import LOG_TAIL_CHARS, MAX_METRICS
 def job(tmp_path: Path) -> Job:
     j = Job("s-1-t00000", 0, tmp_path / "t", [sys.executable, "-c", "pass"], {}, base_env={})
     j.workdir.mkdir(parents=True)
+    j.channel_dir.mkdir()
     return j
 
 

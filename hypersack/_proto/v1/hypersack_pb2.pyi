@@ -433,20 +433,22 @@ class RunningTrial(_message.Message):
     def __init__(self, trial_id: _Optional[str] = ..., gpu_index: _Optional[int] = ..., peak_memory_mib: _Optional[int] = ..., peak_utilization_pct: _Optional[float] = ..., attempt: _Optional[int] = ...) -> None: ...
 
 class Register(_message.Message):
-    __slots__ = ("node", "cores", "gpus", "running", "backend", "version")
+    __slots__ = ("node", "cores", "gpus", "running", "backend", "version", "owner")
     NODE_FIELD_NUMBER: _ClassVar[int]
     CORES_FIELD_NUMBER: _ClassVar[int]
     GPUS_FIELD_NUMBER: _ClassVar[int]
     RUNNING_FIELD_NUMBER: _ClassVar[int]
     BACKEND_FIELD_NUMBER: _ClassVar[int]
     VERSION_FIELD_NUMBER: _ClassVar[int]
+    OWNER_FIELD_NUMBER: _ClassVar[int]
     node: str
     cores: float
     gpus: _containers.RepeatedCompositeFieldContainer[GpuInfo]
     running: _containers.RepeatedCompositeFieldContainer[RunningTrial]
     backend: str
     version: str
-    def __init__(self, node: _Optional[str] = ..., cores: _Optional[float] = ..., gpus: _Optional[_Iterable[_Union[GpuInfo, _Mapping]]] = ..., running: _Optional[_Iterable[_Union[RunningTrial, _Mapping]]] = ..., backend: _Optional[str] = ..., version: _Optional[str] = ...) -> None: ...
+    owner: str
+    def __init__(self, node: _Optional[str] = ..., cores: _Optional[float] = ..., gpus: _Optional[_Iterable[_Union[GpuInfo, _Mapping]]] = ..., running: _Optional[_Iterable[_Union[RunningTrial, _Mapping]]] = ..., backend: _Optional[str] = ..., version: _Optional[str] = ..., owner: _Optional[str] = ...) -> None: ...
 
 class Heartbeat(_message.Message):
     __slots__ = ("running", "gpus", "seq")
