@@ -6,7 +6,6 @@ from __future__ import annotations
 import argparse
 import csv
 import io
-import json
 import math
 import os
 import sys
@@ -21,7 +20,7 @@ from rich.table import Table
 from hypersack._proto.v1 import hypersack_pb2 as pb
 from hypersack.cli.client import Client, params_of
 from hypersack.cli.connect import add_server_flag, connect
-from hypersack.cli.text import safe, safe_log
+from hypersack.cli.text import escaped, json_text, safe, safe_log
 from hypersack.core.errors import InvalidInput
 from hypersack.core.types import TrialState
 from hypersack.grid.space import read_space_file
@@ -309,13 +308,15 @@ def print_results(client: Reader, study_id: str, fmt: str, top: int | None,
                      **{f"metric.{k}": t.metrics.get(k) for k in metrics},
                      "tries": t.launches, "reason": t.reason})
     if fmt == "json":
-        json.dump({"study": study.id, "state": study.state,
-                   "objective": {"metric": study.objective_metric, "mode": study.objective_mode},
-                   "trials": rows}, sys.stdout, indent=2)
-        sys.stdout.write("\n")
+        sys.stdout.write(json_text({
+            "study": study.id, "state": study.state,
+            "objective": {"metric": study.objective_metric, "mode": study.objective_mode},
+            "trials": rows}) + "\n")
         return
     if fmt == "csv":
         buf = io.StringIO()
+        rows = [{escaped(k): escaped(v) if isinstance(v, str) else v for k, v in r.items()}
+                for r in rows]
         writer = csv.DictWriter(buf, fieldnames=list(rows[0]) if rows else ["trial"])
         writer.writeheader()
         writer.writerows(rows)

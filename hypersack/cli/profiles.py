@@ -4,7 +4,6 @@ showed, and its import and export, on a running server or directly on a database
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import time
 from pathlib import Path
@@ -14,7 +13,7 @@ from rich.table import Table
 
 from hypersack.cli.connect import add_server_flag, connect
 from hypersack.cli.control import make_console
-from hypersack.cli.text import safe
+from hypersack.cli.text import json_text, safe
 from hypersack.core.errors import InvalidInput
 from hypersack.core.types import Profile
 from hypersack.sampler.profiles import (
@@ -82,8 +81,7 @@ def run_profiles(args: argparse.Namespace) -> int:
     if args.format in ("csv", "yaml"):
         sys.stdout.write(dump_profiles(profiles, args.format))
     elif args.format == "json":
-        print(json.dumps([{**p.model_dump(), "owner": profile_owner(p)} for p in profiles],
-                         indent=2))
+        print(json_text([{**p.model_dump(), "owner": profile_owner(p)} for p in profiles]))
     else:
         print_profiles(profiles)
     return 0

@@ -8,12 +8,15 @@ sequences. Every such string passes through `safe` (one line, markup escaped) or
 
 from __future__ import annotations
 
+import json
 import re
 
 from rich.markup import escape
 
 # C0 controls but newline and tab, DEL, and C1 controls (an 8-bit CSI starts sequences too).
 _CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
+_ANY_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f\\]")
+_NAMED = {"\n": "\\n", "\t": "\\t", "\r": "\\r", "\\": "\\\\"}
 _ANSI = re.compile(r"\x1b\[[0-?]*[ -/]*[@-~]|\x1b\][^\x07\x1b]*(?:\x07|\x1b\\)|\x1b[@-_]")
 
 
@@ -22,6 +25,20 @@ def safe_log(text: str) -> str:
     (newlines and tabs kept; a carriage return becomes a newline)."""
     text = _ANSI.sub("", text).replace("\r\n", "\n").replace("\r", "\n")
     return _CONTROL.sub("", text)
+
+
+def escaped(text: str) -> str:
+    """A string for a file format a terminal may show (CSV): every control character
+    written as a visible escape (`\x1b`, `\n`), so nothing a trial chose reaches the
+    terminal as a control sequence and a row stays one line."""
+    return _ANY_CONTROL.sub(lambda m: _NAMED.get(m.group(), f"\\x{ord(m.group()):02x}"),
+                            text)
+
+
+def json_text(data: object) -> str:
+    """JSON whose strings carry no raw control character: json escapes C0 and (ASCII
+    only) C1 itself; DEL, the one left, is escaped too. The data is unchanged."""
+    return json.dumps(data, indent=2, ensure_ascii=True).replace("\x7f", "\\u007f")
 
 
 def safe(value: object) -> str:

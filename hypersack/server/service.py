@@ -531,13 +531,14 @@ class SchedulerService:
     @contextmanager
     def watch_slot(self, client: str) -> Iterator[None]:
         """Hold one of the bounded watch slots: at most `max_watches` in all and
-        `max_watches_per_client` per client host; past that, Overloaded."""
+        `max_watches_per_client` per holder (a user; a client host without
+        authentication); past that, Overloaded."""
         with self._lock:
             total = self.watching()
             mine = self._watches.get(client, 0)
             if total >= self.max_watches or mine >= self.max_watches_per_client:
-                raise Overloaded(f"too many watches open ({total} in all, {mine} from this "
-                                 "client); close one or poll with hypersack status")
+                raise Overloaded(f"too many watches open ({total} in all, {mine} of {client}); "
+                                 "close one or poll with hypersack status")
             self._watches[client] = mine + 1
         try:
             yield

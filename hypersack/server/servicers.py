@@ -197,8 +197,13 @@ class SchedulerServicer(pb_grpc.SchedulerServicer):
                    ) -> Iterator[pb.StudyUpdate]:
         context.add_callback(self._s.wake)  # a cancelled watch frees its thread at once
         try:
-            self._readable(self._who(context), request.study_id)
-            with self._s.watch_slot(peer_host(context.peer())):
+            who = self._who(context)
+            self._readable(who, request.study_id)
+            # Bounded per user: one user's open watches never shut out another working
+            # from the same login node. Without authentication, per client host.
+            holder = (f"user {who.name}" if who.via != "local" else
+                      f"host {peer_host(context.peer())}")
+            with self._s.watch_slot(holder):
                 stream = self._s.watch(request.study_id, request.min_interval_s,
                                        context.is_active)
                 for snap in stream:

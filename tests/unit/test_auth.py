@@ -468,3 +468,35 @@ def test_a_certificates_issue_time_is_read_from_it(tmp_path: Path) -> None:
     assert cli_main(["certs", "issue", "--dir", str(d), "--client", "alice"]) == 0
     ident = tls.certificate_identity(d / "clients/alice.crt")
     assert abs(ident.issued_at - _time.time()) < 120
+
+
+def test_watches_are_bounded_per_user_not_per_host(secured: Secured) -> None:
+    """Eight watches that never read, from one host, locked every user of that host (a
+    login node) out of `watch` (issue 35)."""
+    with secured.client("alice") as c:
+        study = c.submit(SLEEP_SPACE, "s.yaml").id
+    stub_calls = []
+    per_user = secured.server.service.max_watches_per_client
+    alice = secured.client("alice")
+    channel = grpc.secure_channel(secured.server.address, secured.creds())
+    from hypersack._proto.v1 import hypersack_pb2_grpc as pb_grpc
+
+    stub = pb_grpc.SchedulerStub(channel)  # type: ignore[no-untyped-call]
+    meta = [("authorization", f"Bearer {secured.tokens['alice']}")]
+    for _ in range(per_user):
+        call = stub.WatchStudy(pb.WatchStudyRequest(study_id=study, min_interval_s=1e300),
+                               metadata=meta)
+        next(call)
+        stub_calls.append(call)
+    with pytest.raises(grpc.RpcError) as err:
+        next(stub.WatchStudy(pb.WatchStudyRequest(study_id=study), metadata=meta))
+    assert err.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+    assert "of user alice" in str(err.value.details())
+    # Another user on the same host still watches (their own study).
+    with secured.client("bob") as c:
+        mine = c.submit(SLEEP_SPACE, "s.yaml").id
+        assert next(iter(c.watch(mine, timeout_s=5))).study.id == mine
+    for call in stub_calls:
+        call.cancel()
+    alice.close()
+    channel.close()

@@ -176,3 +176,42 @@ def test_profiles_list_export_import_and_observed_feedback(
     assert "profiles.0" in capsys.readouterr().err
     assert main(["profiles", "export", *s]) == 2
     assert "profiles export: give a file" in capsys.readouterr().err
+
+
+EVIL = "\x1b]0;owned\x07\x1b[2J\x9b31m\x7f"
+
+
+def test_csv_and_json_results_carry_no_control_characters(
+        server: HyperSackServer, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A trial's metric names, log tail (its reason) and parameters are its own: what
+    `results --format csv/json` prints of them holds no escape sequence (issue 35)."""
+    import re
+
+    space = tmp_path / "evil.yaml"
+    space.write_text(SLEEP_SPACE.replace("name: tiny", "name: evil").replace("retries: 1",
+                                                                             "retries: 0"))
+    s = ["--server", server.address]
+    agent = RawAgent(server.address)
+    agent.register("n1")
+    assert main(["submit", str(space), *s]) == 0, capsys.readouterr().err
+    (first, *_) = agent.launches(4)
+    agent.send(pb.AgentMessage(exited=pb.TrialExited(
+        trial_id=first.trial_id, exit_code=0, attempt=first.attempt,
+        log_tail=f"done {EVIL}", metrics={f"m{EVIL}": 1.0, "loss": 0.5})))
+    from hypersack.cli.client import Client
+    from hypersack.testing.server import wait as _wait
+
+    with Client(server.address) as c:
+        _wait(lambda: any(t.state == "COMPLETED" for t in c.trials("evil-1")))
+    capsys.readouterr()
+    control = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f-\x9f]")  # \r\n ends CSV rows
+    assert main(["results", "evil-1", "--format", "csv", *s]) == 0
+    out = capsys.readouterr().out
+    assert not control.search(out) and "\\x1b" in out
+    rows = list(csv.DictReader(io.StringIO(out)))
+    assert "metric.m\\x1b]0;owned\\x07\\x1b[2J\\x9b31m\\x7f" in rows[0]
+    assert main(["results", "evil-1", "--format", "json", *s]) == 0
+    out = capsys.readouterr().out
+    assert not control.search(out)
+    data = json.loads(out)
+    assert f"metric.m{EVIL}" in data["trials"][0]  # the data itself, unchanged
