@@ -46,7 +46,7 @@ def test_the_readme_cluster_recipe_works_on_a_fresh_server(tmp_path: Path) -> No
             ("/shared/hypersack.db", str(tmp_path / "db" / "hypersack.db")),
             ("/scratch/hypersack", str(tmp_path / "work")),
             ("head:50051", f"127.0.0.1:{port}"), ("head:50052", f"127.0.0.1:{port + 1}"),
-            ("0.0.0.0:50051", f"0.0.0.0:{port}"), ("--run-as hypersack", agent_extra)]
+            ("0.0.0.0:50051", f"0.0.0.0:{port}"), ("--user-map '*=*'", agent_extra)]
     script = ["set -euo pipefail", f"cd {ROOT}", "trap 'kill $(jobs -p) 2>/dev/null' EXIT"]
     commands = recipe()
     assert any(c.startswith("hypersack-server") for c in commands)
