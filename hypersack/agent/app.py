@@ -96,6 +96,27 @@ def _parser() -> argparse.ArgumentParser:
     return p
 
 
+def one_owner(owner: str | None, users: TrialUsers, *, secured: bool) -> str:
+    """The one owner whose trials this agent runs ("": any owner's). An agent that does
+    not switch users runs every trial as itself: its trials can read whatever it can
+    (its node key, its environment, each other's files), so on a secured cluster it runs
+    one owner's trials only, named with --owner ('*': any, said to be no isolation)."""
+    if owner == "*":
+        return ""
+    if owner:
+        if not is_name(owner):
+            raise InvalidInput(f"--owner {owner[:80]!r}: a user name (letters, digits, "
+                               "_.:@+=-) or '*'")
+        return owner
+    if secured and not users.switches and os.geteuid() != 0:
+        raise InvalidInput(
+            "this agent is not root, so every trial runs as its Unix user and can read "
+            "what it can (the node's key, its environment, other trials' files): give "
+            "--owner NAME to run one study owner's trials only (--owner '*' for any "
+            "owner's, with no isolation), or start it as root with --user-map")
+    return ""
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_daemon_args(_parser(), argv)
     try:
@@ -194,23 +215,3 @@ def main(argv: Sequence[str] | None = None) -> int:
 if __name__ == "__main__":
     sys.exit(main())
 
-
-def one_owner(owner: str | None, users: TrialUsers, *, secured: bool) -> str:
-    """The one owner whose trials this agent runs ("": any owner's). An agent that does
-    not switch users runs every trial as itself: its trials can read whatever it can
-    (its node key, its environment, each other's files), so on a secured cluster it runs
-    one owner's trials only, named with --owner ('*': any, said to be no isolation)."""
-    if owner == "*":
-        return ""
-    if owner:
-        if not is_name(owner):
-            raise InvalidInput(f"--owner {owner[:80]!r}: a user name (letters, digits, "
-                               "_.:@+=-) or '*'")
-        return owner
-    if secured and not users.switches and os.geteuid() != 0:
-        raise InvalidInput(
-            "this agent is not root, so every trial runs as its Unix user and can read "
-            "what it can (the node's key, its environment, other trials' files): give "
-            "--owner NAME to run one study owner's trials only (--owner '*' for any "
-            "owner's, with no isolation), or start it as root with --user-map")
-    return ""

@@ -136,3 +136,35 @@ def test_a_trial_cannot_knock_its_node_off_the_cluster(cluster: Cluster,
         assert dict(t.metrics) == {"loss": json.loads(t.params_json)["lr"]}
     logs = cluster.logs("n1")
     assert logs.count("registered with") == 1 and "reconnecting" not in logs
+
+
+LIVE_ESCAPES = [  # issue 35: these ran code from values on agents without --allow-shell
+    ("env -u /opt/bin/train /bin/bash -c {code}", "allows only these executables",
+     "/opt/bin/train,python"),
+    ("{python} {flag} {code}", "placeholder", ""),
+    ("{python} -I -c {code}", "with -c runs inline code", ""),
+    ("{python} -m timeit -n 1 {code}", "--allow-modules", ""),
+    ("timeout -s KILL 60 bash -c {code}", "timeout runs another", ""),
+]
+
+
+def test_the_live_escapes_are_refused_by_a_real_agent(cluster: Cluster) -> None:
+    cluster.start_server()
+    marker = cluster.tmp / "pwned"
+    code = {"python": f"open({str(marker)!r}, 'w')", "shell": f"touch {marker}"}
+    for i, (template, reason, allowed) in enumerate(LIVE_ESCAPES):
+        if i == 0:  # an agent that allows only these executables
+            cluster.start_agent("only", "1xA100-80GB@48", "--allow-commands", allowed)
+        elif i == 1:  # then one that allows any
+            with cluster.client() as client:
+                client.drain("only")
+            cluster.start_agent("any", "1xA100-80GB@48", "--allow-commands")
+        value = code["shell" if "bash" in template else "python"]
+        space = {"name": f"live{i}", "program": {"command": template},
+                 "hyperparameters": {"code": [value], "flag": ["-c"]},
+                 "settings": {"epochs": 1, "retries": 0, "demand": {
+                     "compute_pct": 40, "memory_mib": 2000, "cores": 1, "epoch_s": 1}}}
+        (trial,) = _done(cluster, _submit(cluster, json.dumps(space)), 60)
+        assert trial.state == "FAILED", (template, trial.log_tail)
+        assert reason in trial.log_tail, (template, trial.log_tail)
+    assert not marker.exists()
