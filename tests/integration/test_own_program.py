@@ -32,10 +32,11 @@ def test_own_program_on_a_cluster_of_two_agents(cluster: Cluster) -> None:
         assert not final.warnings
     with cluster.client() as c:
         profiles = c.profiles()
-    # Its own workload, one profile per width and architecture, never a zoo model's.
+    # Its own workload, in its owner's namespace, one profile per width and
+    # architecture, never a zoo model's.
     assert {p.key.model for p in profiles if p.source.startswith("measured")} == \
-        {"spiral-mlp"}
-    widths = {(p.key.params, p.arch) for p in profiles if p.key.model == "spiral-mlp"}
+        {"admin:spiral-mlp"}
+    widths = {(p.key.params, p.arch) for p in profiles if p.key.model == "admin:spiral-mlp"}
     assert {w for w, _ in widths} == {"width=16", "width=64"}
 
 
