@@ -6,6 +6,7 @@ binary, too large, too deeply nested, a key given twice), never a traceback.
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Any
 
@@ -64,6 +65,15 @@ def _construct_mapping(loader: _UniqueKeyLoader, node: yaml.MappingNode) -> dict
 
 _UniqueKeyLoader.add_constructor(
     yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _construct_mapping
+)
+# YAML 1.2's (and JSON's) floats with an exponent and no dot: `1e-5`, `1E-05`, `-2e+300`.
+# YAML 1.1, which PyYAML reads, takes them for strings, and JSON writes 1e-05 for 1e-5:
+# a space sent as JSON would lose its numbers. Tried after the integer rule, so `10`
+# stays an int.
+_UniqueKeyLoader.add_implicit_resolver(
+    "tag:yaml.org,2002:float",
+    re.compile(r"^[-+]?(?:[0-9][0-9_]*(?:\.[0-9_]*)?|\.[0-9_]+)[eE][-+]?[0-9]+$"),
+    list("-+0123456789."),
 )
 
 
