@@ -688,6 +688,9 @@ class Agent:
         try:
             key = key_from_pb(m.key)
             job_id = f"profile-{key.label()}-{m.arch}"
+            same = self.jobs.get(job_id)
+            if same is not None and same.exit_code is None:
+                return  # already running (the server asked again after a reconnection)
             # A profile run has its GPU to itself: an MPS client with all of it.
             mps_env = self.mps.client_env(m.gpu_index, 100.0, None) \
                 if self.mps is not None else {}

@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import logging
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -43,6 +44,9 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--top", type=int, default=10, help="results to print (default 10)")
 
 
+AGENT_WAIT_S = 60.0
+
+
 def run_embedded(args: argparse.Namespace) -> int:
     console = make_console()
     path = Path(args.space)
@@ -71,6 +75,17 @@ def run_embedded(args: argparse.Namespace) -> int:
     devices = ", ".join(f"{d.arch}:{d.index}" for d in backend.devices())
     study_id = ""
     try:
+        # The local agent first: a study submitted before it registers would have its
+        # first commands sent to a node the server restored from the last run.
+        deadline = time.monotonic() + AGENT_WAIT_S
+        while not (session := server.service.sessions().get("local")) or \
+                not session.connected:
+            if failure or not thread.is_alive():
+                raise HyperSackError(f"the local agent stopped: "
+                                     f"{failure[0] if failure else 'at start'}")
+            if time.monotonic() > deadline:
+                raise HyperSackError(f"the local agent did not register in {AGENT_WAIT_S:g} s")
+            time.sleep(0.05)
         with Client(server.address) as client:
             for old in client.studies():
                 if old.state == "ACTIVE":

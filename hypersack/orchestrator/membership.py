@@ -79,7 +79,23 @@ class Membership:
         else:
             node = old
             self.s.cluster.seen(node, now)
+            self.replan_profiles(node)
         return self.reconcile(node, event.running, joined=True) + self.s.decide()
+
+    def replan_profiles(self, node: Node) -> None:
+        """A node that (re)joins may never have got the profile jobs placed on it (its
+        agent was not connected when they were sent), or may have lost them with a
+        restart: they are planned again, and go to it (or elsewhere) anew. An agent
+        still running one ignores the repeated job; a result from a node no longer
+        holding the job is refused as stale."""
+        for gpu in node.gpus.values():
+            slot = gpu.profiling
+            if slot is None:
+                continue
+            self.s.cluster.end_profile(slot)
+            self.s.profiling_dirty = True
+            log.info("node %s joined again: profiling %s on %s is planned again",
+                     node.spec.name, slot[0].label(), slot[1])
 
     def reconcile(self, node: Node, running: Iterable[RunningTrial], *, joined: bool
                    ) -> list[Command]:
