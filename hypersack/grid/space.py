@@ -342,6 +342,10 @@ class Settings(_Spec):
     oversubscription: dict[str, float] = Field(default_factory=dict)
     max_trials: int = Field(default=100_000, ge=1, le=MAX_TRIALS_CAP)
     objective: Objective = Field(default_factory=Objective)
+    # A trial that reports metrics without the objective stops the study at once (a
+    # misspelt metric would otherwise run every trial to its end, and teach the search
+    # nothing); true: such trials run on, and complete without an objective.
+    allow_missing_objective: bool = False
     # Stop a trial as DIVERGED once a metric goes past a bound: {loss: {above: 1.0e6}}.
     stop_if: dict[MetricName, StopBound] = Field(default_factory=dict, max_length=16)
     # The hyperparameters that change a trial's demand (default: batch_size, optimizer

@@ -3,7 +3,7 @@ objective. Pure functions of the study's settings and the metrics."""
 
 from __future__ import annotations
 
-from collections.abc import Collection, Mapping
+from collections.abc import Collection, Iterable, Mapping
 
 from hypersack.grid.space import Settings
 
@@ -27,11 +27,22 @@ def divergence(settings: Settings, metrics: Mapping[str, float],
     return None
 
 
-def missing_objective(settings: Settings, metrics: Mapping[str, float]) -> str | None:
-    """What to say of a trial that completed without its objective metric, or None."""
+def missing_objective(settings: Settings, metrics: Mapping[str, float],
+                      nonfinite: Iterable[str] = ()) -> str | None:
+    """What to say of a trial that reported (or completed with) metrics but not its
+    objective metric, or None."""
     metric = settings.objective.metric
-    if metric in metrics:
+    if metric in metrics or metric in nonfinite:
         return None
     reported = ", ".join(sorted(metrics)[:12]) or "none"
-    return (f"completed without reporting the objective metric {metric!r} (it reported: "
-            f"{reported}); check settings.objective.metric")
+    return (f"reported no objective metric {metric!r} (it reported: {reported}); check "
+            "settings.objective.metric, or set settings.allow_missing_objective")
+
+
+def stops_study(settings: Settings, metrics: Mapping[str, float],
+                nonfinite: Iterable[str] = ()) -> str | None:
+    """Why a trial's report stops its study: it reports metrics, none of them the
+    objective, and the study does not allow that. None: it does not."""
+    if settings.allow_missing_objective or not (metrics or tuple(nonfinite)):
+        return None
+    return missing_objective(settings, metrics, nonfinite)

@@ -213,6 +213,29 @@ class Pruning:
         promotion resuming); None: nothing waits on time."""
         return min(self.s.windows.values(), default=None)
 
+    def stop_study(self, study_id: str, state: StudyState, why: str) -> list[Command]:
+        """End an active study now: its running trials are killed, every trial not yet
+        ended is CANCELLED with `why`, and the study takes `state` (CANCELLED, or FAILED
+        when its trials cannot give what it asks)."""
+        study = self.book.study(study_id)
+        if study.state != StudyState.ACTIVE:
+            return []
+        commands: list[Command] = []
+        for tid in self.s.by_study[study_id]:
+            t = self.s.trials[tid]
+            if t.state == TrialState.RUNNING:
+                assert t.node is not None
+                commands.append(KillTrial(t.id, t.node, why, attempt=t.launches))
+                self.book.release(t.id)
+            if not t.state.terminal:
+                self.book.set(t, state=TrialState.CANCELLED, reason=why,
+                              finished_at=self.s.clock.now())
+        self.book.set_study(study, state)
+        if state != StudyState.CANCELLED:
+            self.book.warn(study_id, why)
+        self.rung_decisions(study_id)  # closes its promotion windows
+        return commands
+
     def maybe_done(self, study_id: str) -> None:
         study = self.s.studies[study_id]
         if study.state != StudyState.ACTIVE or self.book.asks_left(study_id):

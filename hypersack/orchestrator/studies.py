@@ -19,7 +19,6 @@ from hypersack.grid.space import SearchSpace
 from hypersack.orchestrator.book import Book
 from hypersack.orchestrator.commands import (
     Command,
-    KillTrial,
 )
 from hypersack.orchestrator.events import (
     StudyCancelled,
@@ -98,23 +97,8 @@ class StudyEvents:
         return self.s.decide()
 
     def on_cancelled(self, event: StudyCancelled) -> list[Command]:
-        study_id = event.study_id
-        study = self.book.study(study_id)
-        if study.state != StudyState.ACTIVE:
-            return []
-        commands: list[Command] = []
-        for tid in self.s.by_study[study_id]:
-            t = self.s.trials[tid]
-            if t.state == TrialState.RUNNING:
-                assert t.node is not None
-                commands.append(KillTrial(t.id, t.node, "study cancelled", attempt=t.launches))
-                self.book.release(t.id)
-            if not t.state.terminal:
-                self.book.set(t, state=TrialState.CANCELLED, reason="study cancelled",
-                          finished_at=self.s.clock.now())
-        self.book.set_study(study, StudyState.CANCELLED)
-        self.pruning.rung_decisions(study_id)  # closes its promotion windows
-        return commands + self.s.decide()
+        return self.pruning.stop_study(event.study_id, StudyState.CANCELLED,
+                                       "study cancelled") + self.s.decide()
 
 
 def owned_workload(space: SearchSpace, owner: str) -> SearchSpace:

@@ -8,6 +8,7 @@ from hypersack.core.errors import (
     StaleEvent,
 )
 from hypersack.core.types import (
+    StudyState,
     TrialRecord,
     TrialState,
 )
@@ -15,6 +16,7 @@ from hypersack.orchestrator import fusion
 from hypersack.orchestrator.book import Book
 from hypersack.orchestrator.commands import (
     Command,
+    KillTrial,
 )
 from hypersack.orchestrator.events import (
     TrialFailed,
@@ -23,7 +25,7 @@ from hypersack.orchestrator.events import (
     TrialProgress,
     TrialStarted,
 )
-from hypersack.orchestrator.outcomes import divergence, missing_objective
+from hypersack.orchestrator.outcomes import divergence, missing_objective, stops_study
 from hypersack.orchestrator.profiling import Profiling
 from hypersack.orchestrator.pruning import Pruning
 from hypersack.orchestrator.retries import after_failure, after_out_of_memory
@@ -43,8 +45,12 @@ class TrialEvents:
         t = self.running_on(event.trial_id, event.node, event.attempt)
         if not isinstance(event, TrialProgress):
             return []
-        why = divergence(self.s.spaces[t.study_id].settings, event.metrics, event.nonfinite)
+        settings = self.s.spaces[t.study_id].settings
+        why = divergence(settings, event.metrics, event.nonfinite)
         if why is None:
+            missing = stops_study(settings, event.metrics, event.nonfinite)
+            if missing:
+                return self.stop_for_objective(t, missing)
             return self.pruning.at_rung(t, event)
         # Stopped now: its capacity goes to a trial that may still converge.
         return self.pruning.end_now(t, TrialState.DIVERGED, why, event)
@@ -91,6 +97,11 @@ class TrialEvents:
         if objective is None:
             objective = event.metrics.get(settings.objective.metric)
         why = divergence(settings, event.metrics, event.nonfinite)
+        if not why and objective is None:
+            stop = stops_study(settings, event.metrics, event.nonfinite)
+            if stop:
+                return self.stop_for_objective(t, stop, dict(event.metrics),
+                                               event.log_tail[-4000:])
         missing = None if why or objective is not None else \
             missing_objective(settings, event.metrics)
         self.book.set(t, state=TrialState.DIVERGED if why else TrialState.COMPLETED,
@@ -101,6 +112,24 @@ class TrialEvents:
             self.book.warn(t.study_id, missing)
         self.pruning.maybe_done(t.study_id)
         return self.s.decide()
+
+    def stop_for_objective(self, t: TrialRecord, missing: str,
+                           metrics: dict[str, float] | None = None, log_tail: str = ""
+                           ) -> list[Command]:
+        """A trial reported metrics without its study's objective: it FAILED, and the
+        study stops now (FAILED), saying which metrics its trials do report. `metrics`:
+        those of its exit (it ended; nothing to kill or release)."""
+        kill: list[Command] = []
+        if metrics is None and t.node:  # still running: stopped now
+            self.book.release(t.id)
+            kill = [KillTrial(t.id, t.node, missing, attempt=t.launches)]
+        self.book.fail(t, missing, log_tail=log_tail or t.log_tail)
+        if metrics is not None:
+            self.book.set(self.s.trials[t.id], metrics=metrics)
+        stop = self.pruning.stop_study(
+            t.study_id, StudyState.FAILED,
+            f"stopped: trial {t.id} {missing}")
+        return kill + stop + self.s.decide()
 
     def on_failed(self, event: TrialFailed) -> list[Command]:
         t = self.exit_of(event)

@@ -84,7 +84,9 @@ def test_a_study_fails_only_when_no_trial_completed() -> None:
 
 
 def test_a_missing_objective_is_flagged_and_the_study_warns_once() -> None:
-    orch, store, (first,) = setup(n=2)
+    """With settings.allow_missing_objective, trials without it complete, and the study
+    warns once."""
+    orch, store, (first,) = setup(n=2, allow_missing_objective=True)
     (second,) = launches(orch.handle(TrialFinished(first.trial_id, "node0",
                                                    {"val_loss": 0.2, "epoch": 3})))
     orch.handle(TrialFinished(second.trial_id, "node0", {"val_loss": 0.1}))
@@ -94,6 +96,33 @@ def test_a_missing_objective_is_flagged_and_the_study_warns_once() -> None:
     s = store.get_study(t.study_id)
     assert len(s.warnings) == 1 and "val_loss" in s.warnings[0]
     assert s.state == StudyState.COMPLETED
+
+
+@pytest.mark.parametrize("report", ["progress", "exit"])
+def test_a_missing_objective_stops_the_study_at_the_first_report(report: str) -> None:
+    """Issue 36: `objective: {metric: val_los}` ran every trial to its end, and taught
+    the search nothing. Now the first report without it stops the study, and says
+    which metrics the trials do report."""
+    orch, store, (first,) = setup(n=4)
+    sid = store.get_trial(first.trial_id).study_id
+    event = (TrialProgress(first.trial_id, "node0", 1, {"val_loss": 0.2, "acc": 0.5})
+             if report == "progress" else
+             TrialFinished(first.trial_id, "node0", {"val_loss": 0.2, "acc": 0.5}))
+    commands = orch.handle(event)
+    assert not launches(commands)  # nothing more runs
+    t = store.get_trial(first.trial_id)
+    assert t.state == TrialState.FAILED and "acc, val_loss" in t.reason
+    assert "settings.allow_missing_objective" in t.reason
+    study = orch.study(sid)
+    assert study.state == StudyState.FAILED
+    assert any("stopped: trial" in w and "'loss'" in w for w in study.warnings)
+    assert {x.state for x in orch.trials(sid)} == {TrialState.FAILED, TrialState.CANCELLED}
+    if report == "progress":
+        assert [c.trial_id for c in commands if isinstance(c, KillTrial)] == [first.trial_id]
+    # A trial that reports no metrics at all is not taken for a misspelt objective.
+    orch2, store2, (other,) = setup(n=2)
+    orch2.handle(TrialFinished(other.trial_id, "node0", {}))
+    assert store2.get_trial(other.trial_id).state == TrialState.COMPLETED
 
 
 def test_stop_if_bounds_are_validated() -> None:
