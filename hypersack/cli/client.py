@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import socket
+import ssl
 from collections.abc import Iterator
 from typing import Any, TypeVar
 
@@ -27,7 +29,23 @@ class Unreachable(HyperSackError):
     pass
 
 
-def domain_error(exc: grpc.RpcError, server: str) -> HyperSackError:
+def speaks_tls(server: str, timeout_s: float = 2.0) -> bool:
+    """Whether a TLS handshake with `server` (HOST:PORT) succeeds: a plain client that
+    cannot reach it is then told to pass the CA, not that nothing runs there."""
+    host, _, port = server.rpartition(":")
+    host = host.strip("[]") or "127.0.0.1"
+    context = ssl.create_default_context()
+    context.check_hostname = False
+    context.verify_mode = ssl.CERT_NONE  # only asking whether it speaks TLS at all
+    try:
+        with socket.create_connection((host, int(port)), timeout=timeout_s) as sock, \
+                context.wrap_socket(sock, server_hostname=host or None):
+            return True
+    except (OSError, ValueError):
+        return False
+
+
+def domain_error(exc: grpc.RpcError, server: str, tls: bool = True) -> HyperSackError:
     code = exc.code()
     detail = exc.details() or str(code)
     if code == grpc.StatusCode.NOT_FOUND:
@@ -42,6 +60,9 @@ def domain_error(exc: grpc.RpcError, server: str) -> HyperSackError:
         return InvalidInput(detail)
     if code == grpc.StatusCode.UNAVAILABLE and detail.startswith(STORE_UNAVAILABLE):
         return HyperSackError(detail)  # the server answered: its database fails
+    if code == grpc.StatusCode.UNAVAILABLE and not tls and speaks_tls(server):
+        return Unreachable(f"the HyperSack server at {server} speaks TLS: pass --tls-ca "
+                           "(or set HYPERSACK_TLS_CA) with the cluster's CA certificate")
     if code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
         return Unreachable(f"cannot reach the HyperSack server at {server} ({detail}); is "
                            "hypersack-server running there? (--server or HYPERSACK_SERVER)")
@@ -57,6 +78,7 @@ class Client:
                  server_name: str | None = None) -> None:
         self.server = server
         self.timeout_s = timeout_s
+        self._tls = credentials is not None
         self._metadata = (("authorization", f"Bearer {token}"),) if token else None
         options = [("grpc.ssl_target_name_override", server_name)] if server_name else []
         self._channel = (grpc.insecure_channel(server, options=options) if credentials is None
@@ -77,7 +99,7 @@ class Client:
             return getattr(self._stub, method)(request, timeout=self.timeout_s,
                                                metadata=self._metadata)
         except grpc.RpcError as exc:
-            raise domain_error(exc, self.server) from None
+            raise domain_error(exc, self.server, self._tls) from None
 
     def submit(self, text: str, source: str) -> pb.Study:
         return self._call("SubmitStudy", pb.SubmitStudyRequest(space_yaml=text, source=source))  # type: ignore[no-any-return]
@@ -137,7 +159,7 @@ class Client:
         except grpc.RpcError as exc:
             if timeout_s is not None and exc.code() == grpc.StatusCode.DEADLINE_EXCEEDED:
                 return
-            raise domain_error(exc, self.server) from None
+            raise domain_error(exc, self.server, self._tls) from None
 
 
     def whoami(self) -> pb.User:

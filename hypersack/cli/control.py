@@ -155,12 +155,22 @@ def run_control(args: argparse.Namespace) -> int:
     raise InvalidInput(f"unknown command {args.command}")
 
 
+def as_shown(value: object) -> str:
+    """A parameter in a table: floats to 6 significant digits (TPE proposes 17), the
+    rest as they are; CSV and JSON keep every digit."""
+    return f"{value:.6g}" if isinstance(value, float) else str(value)
+
+
 def _submit(client: Client, args: argparse.Namespace, console: Console) -> int:
     path = Path(args.space)
     if not path.exists():
         raise InvalidInput(f"search space file {args.space!r} does not exist")
     study = client.submit(read_space_file(path), str(path))
-    console.print(f"submitted {safe(study.id)}: {sum(study.counts.values())} trials")
+    now = sum(study.counts.values())
+    planned = max(study.planned, now)
+    asked = f" ({planned - now} asked of its sampler as capacity frees)" \
+        if planned > now else ""
+    console.print(f"submitted {safe(study.id)}: {planned} trials{asked}")
     if args.watch:
         return exit_code(watch(client, study.id, console))
     return 0
@@ -199,7 +209,7 @@ def _status(client: Reader, args: argparse.Namespace, console: Console) -> int:
     table.add_column("objective", no_wrap=True)
     shown = trials if args.all else trials[:40]
     for t in shown:
-        params = safe(" ".join(f"{k}={v}" for k, v in params_of(t).items()))
+        params = safe(" ".join(f"{k}={as_shown(v)}" for k, v in params_of(t).items()))
         where = safe(f"{t.node}:{t.gpu_index}") if t.node else ""
         table.add_row(safe(t.id), _state(t.state), params, where,
                       str(t.launches), f"{t.objective:.6g}" if t.has_objective else "")
@@ -339,8 +349,8 @@ def print_results(client: Reader, study_id: str, fmt: str, top: int | None,
         table.add_column("tries", no_wrap=True)
     for i, t in enumerate(trials, 1):
         p = params_of(t)
-        values = ([safe(p.get(k, "")) for k in names] if wide
-                  else [safe(" ".join(f"{k}={p[k]}" for k in names if k in p))])
+        values = ([safe(as_shown(p.get(k, ""))) for k in names] if wide
+                  else [safe(" ".join(f"{k}={as_shown(p[k])}" for k in names if k in p))])
         objective = f"{t.objective:.6g}" if t.has_objective else ""
         if wide:
             table.add_row(str(i), safe(t.id), _state(t.state), objective, *values,

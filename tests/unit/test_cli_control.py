@@ -215,3 +215,37 @@ def test_csv_and_json_results_carry_no_control_characters(
     assert not control.search(out)
     data = json.loads(out)
     assert f"metric.m{EVIL}" in data["trials"][0]  # the data itself, unchanged
+
+
+def test_submit_of_an_adaptive_study_counts_every_trial(
+        server: HyperSackServer, capsys: pytest.CaptureFixture[str]) -> None:
+    """Issue 36: a 20-trial TPE study said "5 trials" (those asked so far)."""
+    s = ["--server", server.address]
+    assert main(["submit", str(Path(__file__).parents[2] / "examples" / "adaptive.yaml"),
+                 *s]) == 0
+    out = capsys.readouterr().out
+    assert "submitted adaptive-1: 18 trials" in out and "asked of its sampler" in out
+
+
+def test_a_plain_client_of_a_tls_server_is_told_to_pass_the_ca(tmp_path: Path) -> None:
+    from hypersack.cli.client import Client
+    from hypersack.core.errors import HyperSackError
+    from hypersack.testing.server import start
+
+    secured = start(tmp_path)
+    try:
+        with Client(secured.server.address, timeout_s=5) as c, \
+                pytest.raises(HyperSackError, match="speaks TLS: pass --tls-ca"):
+            c.studies()
+    finally:
+        secured.server.stop(0)
+    with Client(secured.server.address, timeout_s=2) as c, \
+            pytest.raises(HyperSackError, match="cannot reach"):  # nothing there now
+        c.studies()
+
+
+def test_table_values_have_six_significant_digits() -> None:
+    from hypersack.cli.control import as_shown
+
+    assert as_shown(0.0068327419871234567) == "0.00683274" and as_shown(64) == "64"
+    assert as_shown("sgd") == "sgd" and as_shown(1e-05) == "1e-05"
