@@ -44,6 +44,7 @@ PASSABLE = 0o711  # others may pass through (to their own directory), not list
 LOG_MAX_BYTES = 64 << 20  # default cap on a trial's log: log.txt plus the kept tail
 METRICS_READ_BYTES = 1 << 20  # of a trial's metrics file, read at most per poll
 METRICS_LINE_BYTES = 64 << 10  # a longer metrics line is dropped
+_TOO_LONG = f"metrics lines over {METRICS_LINE_BYTES >> 10} KiB"
 METRICS_FINAL_BYTES = 64 << 20  # read at most at a trial's end
 _SAFE_NAME = re.compile(r"[^A-Za-z0-9_.-]")
 
@@ -181,7 +182,6 @@ class Job:
             env[ENV_JOB] = self.key
         env.pop(sdk.ENV_METRICS, None)
         env.pop(sdk.ENV_PROFILE, None)
-        channels = self._channels(env)
         self._log = open_regular(self.log_path, "ab")
         self._log.write(f"$ {shlex.join(self.argv)}\n".encode())
         self._log.flush()
@@ -209,6 +209,7 @@ class Job:
             else:
                 who = {"user": self.account.uid, "group": self.account.gid,
                        "extra_groups": list(self.account.groups)}
+        channels = self._channels(env)  # opened last: nothing between them and their close
         try:
             self.proc = subprocess.Popen(argv, cwd=self.workdir,
                                          env=env, stdin=subprocess.DEVNULL, stdout=self._log,
@@ -303,10 +304,10 @@ class Job:
         for line in data[:end].split(b"\n")[:-1]:
             if self._skip_line:  # the rest of a line too long to read
                 self._skip_line = False
-                self._drop("metrics lines over 64 KiB")
+                self._drop(_TOO_LONG)
                 continue
             if len(line) > METRICS_LINE_BYTES:
-                self._drop("metrics lines over 64 KiB")
+                self._drop(_TOO_LONG)
                 continue
             try:
                 rec = json.loads(line)

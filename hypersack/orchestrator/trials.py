@@ -123,9 +123,8 @@ class TrialEvents:
         if metrics is None and t.node:  # still running: stopped now
             self.book.release(t.id)
             kill = [KillTrial(t.id, t.node, missing, attempt=t.launches)]
-        self.book.fail(t, missing, log_tail=log_tail or t.log_tail)
-        if metrics is not None:
-            self.book.set(self.s.trials[t.id], metrics=metrics)
+        self.book.fail(t, missing, log_tail=log_tail or t.log_tail,
+                       **({} if metrics is None else {"metrics": metrics}))
         stop = self.pruning.stop_study(
             t.study_id, StudyState.FAILED,
             f"stopped: trial {t.id} {missing}")

@@ -31,7 +31,7 @@ from hypersack.server.bridge import LoopThread, offloaded
 from hypersack.server.metrics import ServerCollector
 from hypersack.server.service import SchedulerService
 from hypersack.server.servicers import AgentLinkServicer, SchedulerServicer
-from hypersack.store.sqlite import DatabaseLock, SqliteStore, StoreError
+from hypersack.store.sqlite import DamagedDatabase, DatabaseLock, SqliteStore, StoreError
 from hypersack.wire.logs import add_log_flags, parse_daemon_args
 from hypersack.wire.metrics import MetricsEndpoint, serve_metrics
 from hypersack.wire.settings import (
@@ -105,7 +105,7 @@ class HyperSackServer:
                 max_agents=settings.max_agents)
         except (sqlite3.Error, ValidationError, StoreError, InvalidInput, ValueError) as exc:
             self._lock.release()
-            hint = "" if isinstance(exc, StoreError) and "recover" in str(exc) else \
+            hint = "" if isinstance(exc, DamagedDatabase) else \
                 " (restore it from a backup, or start on a new file)"
             raise InvalidInput(f"database {str(settings.db)!r} cannot be used: "
                                f"{_first_line(exc)}{hint}") from None

@@ -58,6 +58,10 @@ class StoreError(HyperSackError):
     """The database file is not one this HyperSack can use."""
 
 
+class DamagedDatabase(StoreError):
+    """The database file is damaged; the message says how to recover what it holds."""
+
+
 class DatabaseLock:
     """An exclusive lock on the database file itself, held while a server (or a CLI
     command writing with --db) runs: one writer per database, whatever path names it (a
@@ -151,13 +155,13 @@ class SqliteStore(Store):
                 damage = self._db.execute("PRAGMA quick_check(1)").fetchone()[0]
         except sqlite3.DatabaseError as exc:
             if "malformed" in str(exc) or "corrupt" in str(exc):
-                raise StoreError(self._damaged(str(exc))) from None
+                raise DamagedDatabase(self._damaged(str(exc))) from None
             raise StoreError(f"{self.path}: not a HyperSack database ({exc})") from None
         except sqlite3.Error as exc:
             raise StoreError(f"{self.path}: not a HyperSack database ({exc})") from None
         if damage != "ok":
             self._db.close()
-            raise StoreError(self._damaged(str(damage)))
+            raise DamagedDatabase(self._damaged(str(damage)))
 
     def _damaged(self, detail: str) -> str:
         p = shlex.quote(self.path)
