@@ -35,6 +35,13 @@ class OrchestratorConfig:
     feedback_margin: float = 0.05
     feedback_compute_tolerance: float = 0.25
     profile_iterations: int = 10
+    # Keep each trial's learning curve and spans in the store (the simulator does not).
+    history: bool = True
+    # A workload's profile runs one waiting trial's parameters: when that run fails, the
+    # trial fails (its parameters may be what crashes) and the profile is tried on
+    # another trial's, up to this many trials per (workload, architecture), before the
+    # workload counts as failed there.
+    profile_samples: int = 3
     profile_warmup: int = 1
     policy: str | None = None  # overrides every study's policy when set
     policy_options: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)

@@ -4,11 +4,13 @@ profile next and where, and the feedback of what running trials show."""
 from __future__ import annotations
 
 import logging
+from collections.abc import Iterator
 
 from hypersack.core.errors import NotFound, StaleEvent
 from hypersack.core.types import (
     Profile,
     StudyRecord,
+    StudyState,
     TrialRecord,
     TrialState,
     WorkloadKey,
@@ -39,6 +41,11 @@ from hypersack.sampler.planning import Slot
 from hypersack.sampler.profiles import demand_with_override, to_import
 
 log = logging.getLogger(__name__)
+
+
+def params_text(params: dict[str, object], limit: int = 300) -> str:
+    """A trial's parameters in one short line, for a reason."""
+    return short(", ".join(f"{k}={v}" for k, v in sorted(params.items())), limit)
 
 
 class Profiling:
@@ -110,7 +117,8 @@ class Profiling:
         self._given(slot, event.node, "result")
         self.s.cluster.end_profile(slot)
         self.s.profiles[slot] = profile
-        self.s.profile_failed.pop(slot, None)
+        self.s.forget_profile_failure(slot)
+        self.s.profile_sample.pop(slot, None)
         self.s.needs_cache.clear()
         self.s.store.put_profile(profile)
         return self.s.decide()
@@ -118,7 +126,7 @@ class Profiling:
     def on_imported(self, event: ProfilesImported) -> list[Command]:
         for p in to_import(event.profiles, self.s.profiles, event.replace):
             self.s.profiles[p.key, p.arch] = p
-            self.s.profile_failed.pop((p.key, p.arch), None)
+            self.s.forget_profile_failure((p.key, p.arch))
             self.s.store.put_profile(p)
         self.s.needs_cache.clear()
         return self.s.decide()
@@ -138,17 +146,50 @@ class Profiling:
         for slot in slots:
             if self.s.profiles.pop(slot, None) is not None:
                 self.s.store.remove_profile(*slot)
-            self.s.profile_failed.pop(slot, None)
+            self.s.forget_profile_failure(slot)
         log.info("forgot %d profile(s) of %s", len(slots), event.model)
         return self.s.decide()
 
     def on_profile_failed(self, event: ProfileFailed) -> list[Command]:
+        """A profile run failed. It ran one waiting trial's parameters, which may be what
+        crashed: that trial fails with this reason as its own, and the profile is tried
+        on another waiting trial's, up to `profile_samples` trials, before the workload
+        counts as failed on this architecture (and its trials fail, saying so). A fused
+        width's failure only stops fusing at that width."""
         slot = (event.key, event.arch)
         self._given(slot, event.node, "failure")
         self.s.cluster.end_profile(slot)
-        self.s.profile_failed[slot] = event.reason
-        log.warning("profiling %s on %s failed: %s", event.key.label(), event.arch, event.reason)
+        log.warning("profiling %s on %s failed: %s", event.key.label(), event.arch,
+                    short(event.reason, 500))
+        sample = self.s.trials.get(self.s.profile_sample.pop(slot, ""))
+        if event.key.fusion_width != 1 or sample is None:
+            self.s.profile_failed[slot] = event.reason
+            return self.s.decide()
+        tried = (*self.s.profile_tried.get(slot, ()), sample.id)
+        if not sample.state.terminal:
+            self.book.fail(sample, f"its profile run on {event.arch} failed with its "
+                           f"parameters ({params_text(sample.params)}): {event.reason}")
+            self.pruning.maybe_done(sample.study_id)
+        others = any(t.key == event.key and t.id not in tried for t in self.waiting_trials())
+        if len(tried) >= self.s.config.profile_samples or not others:
+            self.s.profile_failed[slot] = (
+                f"the profile run failed with the parameters of each of the {len(tried)} "
+                f"trials tried ({', '.join(tried)}); the last: {event.reason}")
+            self.s.profile_tried.pop(slot, None)
+        else:
+            self.s.profile_tried[slot] = tried
+            self.s.profiling_dirty = True
         return self.s.decide()
+
+    def waiting_trials(self) -> Iterator[TrialRecord]:
+        """The trials of active studies that wait for a profile or a GPU."""
+        for study in self.s.studies.values():
+            if study.state != StudyState.ACTIVE:
+                continue
+            for tid in self.s.by_study[study.id]:
+                t = self.s.trials[tid]
+                if t.state in (TrialState.PENDING, TrialState.PROFILING):
+                    yield t
 
     def state_demands(self, active: list[StudyRecord], archs: frozenset[str]) -> None:
         """A study that states its demand (`settings.demand`) needs no profile run: its
@@ -172,7 +213,7 @@ class Profiling:
                                 iter_time_s=d.epoch_s, iters_per_epoch=1,
                                 source=f"stated by study {study.id}")
                     self.s.profiles[key, arch] = p
-                    self.s.profile_failed.pop((key, arch), None)
+                    self.s.forget_profile_failure((key, arch))
                     self.s.store.put_profile(p)
                     self.s.needs_cache.clear()  # it may hold "no profile yet" for the key
 
@@ -260,6 +301,7 @@ class Profiling:
             node = self.s.cluster.live(g.node)
             self.s.cluster.start_profile(node, node.gpus[g.index], slot)
             sample = samples[fusion.fused_key(slot[0], 1)]
+            self.s.profile_sample[slot] = sample.id
             commands.append(ProfileWorkload(key=slot[0], arch=slot[1], node=node.name,
                                             gpu_index=g.index,
                                             iterations=self.s.config.profile_iterations,

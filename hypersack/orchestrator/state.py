@@ -80,8 +80,14 @@ class CoreState:
         self.cluster = ClusterState(j, config.ratio, config.exclusive)
         self.profiles: dict[Slot, Profile] = journaled(j)
         self.profile_failed: dict[Slot, str] = journaled(j)
+        # The waiting trial whose parameters each running profile job uses, and the
+        # trials whose profile runs failed, per slot (see Profiling.on_profile_failed).
+        self.profile_sample: dict[Slot, str] = journaled(j)
+        self.profile_tried: dict[Slot, tuple[str, ...]] = journaled(j)
         # trial: arch, peak MiB, peak %
         self.observed: dict[str, tuple[str, int, float]] = journaled(j)
+        # When each running trial's current attempt was launched (its span's start).
+        self.launched_at: dict[str, float] = journaled(j)
         # fused group -> its members still running
         self.groups: dict[str, tuple[str, ...]] = journaled(j)
         self.oom_groups: dict[str, bool] = journaled(j)  # groups whose OOM was counted
@@ -147,6 +153,11 @@ class CoreState:
         except BaseException:
             self.journal.rollback_to(mark)
             raise
+
+    def forget_profile_failure(self, slot: Slot) -> None:
+        """The history changed for this slot: what failed there is tried afresh."""
+        self.profile_failed.pop(slot, None)
+        self.profile_tried.pop(slot, None)
 
     def nodes_for(self, study_id: str, nodes: list[Node]) -> list[Node]:
         """The nodes that run this study's trials: those of any owner, or of its own

@@ -69,7 +69,7 @@ class StudyEvents:
         for slot in [s for s in self.s.profile_failed if s[0] in keys]:
             log.info("study %s: profiling %s on %s again (it failed before: %s)", study_id,
                      slot[0].label(), slot[1], short(self.s.profile_failed[slot], 200))
-            del self.s.profile_failed[slot]
+            self.s.forget_profile_failure(slot)
         log.info("study %s submitted: %d trials%s", study_id, space.size(),
                  f" (asked of Optuna's {space.search.sampler} sampler as capacity frees)"
                  if space.search.adaptive else "")

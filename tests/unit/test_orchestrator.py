@@ -167,10 +167,21 @@ def test_profiling_first_then_placement_and_failures_are_explained() -> None:
     after = launches(orch.handle(ProfileMeasured(prof("resnet18", 64), r18.node)))
     assert {c.key.model for c in after} == {"resnet18"}
     assert store.get_profile(r18.key, "A100") is not None  # written to the history
-    orch.handle(ProfileFailed(r34.key, "A100", r34.node, "CUDA out of memory"))
+    # The failed run used one trial's parameters: that trial fails, with its own
+    # parameters in its reason, and the profile runs again on the other trial's.
+    cmds = orch.handle(ProfileFailed(r34.key, "A100", r34.node, "CUDA out of memory"))
+    r34s = {t.id: t for t in orch.trials(sid) if t.key.model == "resnet34"}
+    first = next(t for t in r34s.values() if t.params == r34.params)
+    assert first.state == TrialState.FAILED and "CUDA out of memory" in first.reason
+    assert f"lr={r34.params['lr']}" in first.reason
+    again = [c for c in cmds if isinstance(c, ProfileWorkload)]
+    assert [j.key.model for j in again] == ["resnet34"] and again[0].params != r34.params
+    other = next(t for t in r34s.values() if t.id != first.id)
+    assert other.state == TrialState.PROFILING
+    orch.handle(ProfileFailed(r34.key, "A100", again[0].node, "CUDA out of memory"))
     failed = [t for t in orch.trials(sid) if t.key.model == "resnet34"]
     assert {t.state for t in failed} == {TrialState.FAILED}
-    assert "CUDA out of memory" in failed[0].reason
+    assert f"lr={again[0].params['lr']}" in orch.trial(other.id).reason
     # The user fixes the program and submits again: it is profiled again, not failed at
     # once with the old reason.
     cmds = orch.handle(StudySubmitted(space(n_lr=1, models=("resnet34",))))

@@ -149,8 +149,10 @@ def test_forgetting_a_workload_profiles_it_again() -> None:
     orch, store, _ = make(profiles=[])
     orch.handle(NodeJoined(parse_shorthand("1x1xA100-80GB").nodes[0]))
     space = parse_space(own(workload="mlp"))
-    (job,) = [c for c in orch.handle(StudySubmitted(space)) if isinstance(c, ProfileWorkload)]
-    orch.handle(ProfileFailed(job.key, "A100", job.node, "Traceback: bug"))
+    cmds = orch.handle(StudySubmitted(space))
+    while jobs := [c for c in cmds if isinstance(c, ProfileWorkload)]:  # each sample fails
+        cmds = orch.handle(ProfileFailed(jobs[0].key, "A100", jobs[0].node, "Traceback: bug"))
+        job = jobs[0]
     assert {t.state for t in orch.trials()} == {TrialState.FAILED}
     assert orch.known_slots("mlp") == [(job.key, "A100")]
     cmds = orch.handle(ProfilesForgotten("mlp"))

@@ -1,0 +1,64 @@
+"""The researcher's daily loop on a real embedded server and agent (issue 36): a
+program that crashes on some parameters fails only those trials, the exit status says
+some trials did not complete, and the run's table says why each failed."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from hypersack._proto.v1 import hypersack_pb2 as pb
+from hypersack.cli.control import exit_code
+
+PICKY = """
+import sys
+from hypersack.runner import sdk
+lr = float(sys.argv[1])
+if lr < 0.001:
+    sys.exit(f"refusing lr {lr}: below 0.001")
+for epoch in range(1, 3):
+    sdk.iteration()
+    sdk.report(step=epoch, loss=abs(lr - 0.01) / epoch)
+"""
+
+
+def test_a_crash_on_some_parameters_fails_only_those_trials(tmp_path: Path) -> None:
+    (tmp_path / "train.py").write_text(PICKY)
+    space = tmp_path / "space.yaml"
+    # The first two trials (the first samples a profile takes) crash; the rest work.
+    space.write_text("""
+name: picky
+hyperparameters: {lr: [0.0005, 0.0007, 0.0068, 0.0129]}
+settings: {epochs: 2}
+program: {command: "{python} {space_dir}/train.py {lr}"}
+""")
+    done = subprocess.run(
+        [sys.executable, "-m", "hypersack.cli.main", "run", str(space), "--backend", "cpu",
+         "--state-dir", str(tmp_path / "state")],
+        capture_output=True, text=True, timeout=180, env={**os.environ, "COLUMNS": "200"})
+    out = done.stdout
+    assert done.returncode == 3, (out[-3000:], done.stderr[-3000:])  # some did not complete
+    assert "picky-1: COMPLETED" in out and "completed 2" in out and "failed 2" in out, out
+    failed = [line for line in out.splitlines() if "FAILED" in line]
+    assert len(failed) == 2, out
+    for line in failed:  # each row says why, in one line
+        assert "profile run" in line and "below 0.001" in line, line
+
+
+def test_exit_codes_tell_a_script_whether_every_trial_completed() -> None:
+    def study(state: str, **counts: int) -> pb.Study:
+        return pb.Study(id="s", state=state, counts=counts)
+
+    assert exit_code(study("COMPLETED", COMPLETED=4)) == 0
+    assert exit_code(study("COMPLETED", COMPLETED=2, PRUNED=6)) == 0  # its pruner's doing
+    assert exit_code(study("COMPLETED", COMPLETED=2, FAILED=1)) == 3
+    assert exit_code(study("COMPLETED", COMPLETED=2, DIVERGED=1)) == 3
+    assert exit_code(study("FAILED", FAILED=3)) == 1
+    assert exit_code(study("CANCELLED", COMPLETED=1, CANCELLED=3)) == 1
+    for command in (["run", "--help"], ["submit", "--help"], ["watch", "--help"]):
+        text = subprocess.run([sys.executable, "-m", "hypersack.cli.main", *command],
+                              capture_output=True, text=True, timeout=60).stdout
+        assert "exit status: 0 when the study completed and every trial" in " ".join(
+            text.split()), (command, text)
