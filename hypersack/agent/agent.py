@@ -762,9 +762,7 @@ class Agent:
                 job.metrics_due = now - job.metrics_sent_at < METRICS_EVERY_S
                 if not job.metrics_due:
                     job.metrics_sent_at = now
-                    outbox.put(pb.AgentMessage(metrics=pb.TrialMetrics(
-                        trial_id=job.id, step=job.step, metrics=job.metrics,
-                        attempt=job.attempt)))
+                    outbox.put(self._metrics_message(job))
             code = job.poll()
             if code is None:
                 continue
@@ -774,13 +772,22 @@ class Agent:
                 self.records.remove(job.key)
             self._ended_since_sweep = True
             fenced = job.fenced or self._fenced_by_watchdog(job)
-            if job.killed_at is not None and not fenced:
-                continue  # the server asked for it; nothing to report
             if job.profile:
-                self._send(outbox, self._profile_result(job, code), job.gpu_index)
+                if job.killed_at is None or fenced:
+                    self._send(outbox, self._profile_result(job, code), job.gpu_index)
+                continue
+            if job.killed_at is not None and not fenced:
+                # The server stopped it (pruned, cancelled, preempted): only its log goes
+                # back, so that `hypersack logs` shows what it printed.
+                job.cap_log()
+                self._send(outbox, pb.AgentMessage(exited=pb.TrialExited(
+                    trial_id=job.id, exit_code=code, log_tail=job.exit_tail(LOG_TAIL_CHARS),
+                    attempt=job.attempt, killed=True)), job.gpu_index)
                 continue
             job.last_metrics()
             job.cap_log()
+            if job.unsent:  # the last steps of its curve, before its exit
+                outbox.put(self._metrics_message(job))
             log.info("%s exited with code %d%s", job.id, code,
                      " (fenced)" if fenced else "")
             self._send(outbox, pb.AgentMessage(exited=pb.TrialExited(
@@ -805,6 +812,13 @@ class Agent:
         """Whether the job's watchdog (its group's, for a fused member) fenced it."""
         process = job.group if isinstance(job, MemberJob) and job.group is not None else job
         return (process.workdir / FENCED_MARK).exists()
+
+    @staticmethod
+    def _metrics_message(job: Job) -> pb.AgentMessage:
+        """A trial's latest metrics, with each step's own since the last message."""
+        return pb.AgentMessage(metrics=pb.TrialMetrics(
+            trial_id=job.id, step=job.step, metrics=job.metrics, attempt=job.attempt,
+            steps=[pb.StepMetrics(step=k, metrics=v) for k, v in job.take_steps().items()]))
 
     def _profile_result(self, job: Job, code: int) -> pb.AgentMessage:
         m = self._profile_keys.pop(job.id)

@@ -46,6 +46,7 @@ METRICS_READ_BYTES = 1 << 20  # of a trial's metrics file, read at most per poll
 METRICS_LINE_BYTES = 64 << 10  # a longer metrics line is dropped
 _TOO_LONG = f"metrics lines over {METRICS_LINE_BYTES >> 10} KiB"
 METRICS_FINAL_BYTES = 64 << 20  # read at most at a trial's end
+MAX_UNSENT_STEPS = 256  # steps of a learning curve kept between two sends (the latest)
 _SAFE_NAME = re.compile(r"[^A-Za-z0-9_.-]")
 
 
@@ -106,6 +107,8 @@ class Job:
     exit_code: int | None = None
     metrics: dict[str, float] = field(default_factory=dict)
     step: int = 0
+    # Each step's own metrics since they last went to the server (its learning curve).
+    unsent: dict[int, dict[str, float]] = field(default_factory=dict)
     peak_memory_mib: int = 0  # observed by the device backend while it ran; 0: not measured
     peak_util_pct: float = 0.0
     memory_mib: int = 0  # as last observed
@@ -314,6 +317,9 @@ class Job:
                 if rec.get("end"):
                     self.ended = str(rec["end"])[:32]
                 values = rec.get("metrics", {})
+                if rec.get("step") is not None:
+                    self.step = int(rec["step"])
+                at_step = self.unsent.setdefault(self.step, {})
                 for k, v in values.items():
                     name = str(k)
                     if len(name) > MAX_METRIC_NAME:
@@ -321,13 +327,19 @@ class Job:
                     elif name not in self.metrics and len(self.metrics) >= MAX_METRICS:
                         self._drop(f"metric names beyond the first {MAX_METRICS}")
                     else:
-                        self.metrics[name] = float(v)
-                if rec.get("step") is not None:
-                    self.step = int(rec["step"])
+                        self.metrics[name] = at_step[name] = float(v)
+                while len(self.unsent) > MAX_UNSENT_STEPS:
+                    del self.unsent[next(iter(self.unsent))]
                 changed = True
             except (ValueError, TypeError, AttributeError, OverflowError, RecursionError):
                 self._drop("malformed metrics lines")
         return changed
+
+    def take_steps(self) -> dict[int, dict[str, float]]:
+        """The steps not yet sent, with their metrics (then forgotten here)."""
+        steps = {k: v for k, v in self.unsent.items() if v}
+        self.unsent = {}
+        return steps
 
     def last_metrics(self) -> None:
         """At the trial's end: read what is left of its metrics file, up to

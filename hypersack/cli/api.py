@@ -7,6 +7,7 @@
         hs.wait(study.id)
         best = hs.results(study.id).best
         frame = hs.results(study.id).to_dataframe()   # with pandas installed
+        curves = hs.results(study.id).history()       # each trial's metrics per epoch
 
 Records are plain frozen dataclasses; errors are HyperSack's own (`NotFound`,
 `PermissionDenied`, `Unauthenticated`, `InvalidInput`, ...).
@@ -17,7 +18,7 @@ from __future__ import annotations
 import json
 import math
 import os
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -26,7 +27,7 @@ from hypersack._proto.v1 import hypersack_pb2 as pb
 from hypersack.cli.client import Client as _Rpc
 from hypersack.cli.client import params_of
 from hypersack.cli.connect import DEFAULT_SERVER, env_token
-from hypersack.cli.control import ranked
+from hypersack.cli.results import ranked
 from hypersack.core.errors import HyperSackError, InvalidInput
 from hypersack.core.types import TrialState
 from hypersack.grid.space import read_space_file
@@ -68,14 +69,26 @@ class Trial:
     started_at: float | None
     finished_at: float | None
     log_tail: str = field(default="", repr=False)
+    epoch: int = 0  # the last step (epoch) it reported (0: none yet)
+    last_value: float | None = None  # its objective metric at that epoch
 
 
 class Results(list[Trial]):
     """A study's trials, best objective first (its mode), those without one after."""
 
-    def __init__(self, study: Study, ranked_trials: list[Trial]) -> None:
+    def __init__(self, study: Study, ranked_trials: list[Trial],
+                 curves: Callable[[], pb.History] | None = None) -> None:
         super().__init__(ranked_trials)
         self.study = study
+        self._curves = curves
+
+    def history(self) -> Any:
+        """Every trial's learning curve as a pandas DataFrame: one row per trial and step
+        (columns trial, step, at, state, then each metric), in trial then step order."""
+        if self._curves is None:
+            raise HyperSackError("these results were made without a server to ask")
+        states = {t.id: t.state for t in self}
+        return curves_frame(self._curves(), states)
 
     @property
     def best(self) -> Trial | None:
@@ -87,6 +100,7 @@ class Results(list[Trial]):
         out = []
         for t in self:
             out.append({"trial": t.id, "state": t.state, "objective": t.objective,
+                        "epoch": t.epoch, "last_value": t.last_value,
                         **t.params, **{f"metric.{k}": v for k, v in sorted(t.metrics.items())},
                         "tries": t.launches, "reason": t.reason})
         return out
@@ -98,6 +112,25 @@ class Results(list[Trial]):
         except ImportError:
             raise HyperSackError("to_dataframe() needs pandas: pip install pandas") from None
         return pd.DataFrame.from_records(self.records(), index="trial")
+
+
+def curve_rows(history: pb.History, states: Mapping[str, str] | None = None
+               ) -> list[dict[str, Any]]:
+    """One flat dict per (trial, step): trial, step, at, state (when known), metrics."""
+    return [{"trial": h.trial_id, "step": int(h.step), "at": h.at,
+             **({"state": states.get(h.trial_id, "")} if states is not None else {}),
+             **dict(sorted(h.metrics.items()))} for h in history.steps]
+
+
+def curves_frame(history: pb.History, states: Mapping[str, str] | None = None) -> Any:
+    try:
+        import pandas as pd
+    except ImportError:
+        raise HyperSackError("history() needs pandas: pip install pandas") from None
+    rows = curve_rows(history, states)
+    columns = ["trial", "step", "at", *(["state"] if states is not None else [])]
+    return pd.DataFrame.from_records(rows, columns=columns + sorted(
+        {k for r in rows for k in r} - set(columns)))
 
 
 def _study(s: pb.Study) -> Study:
@@ -112,7 +145,8 @@ def _trial(t: pb.Trial) -> Trial:
                  metrics=dict(t.metrics), objective=objective, reason=t.reason, node=t.node,
                  gpu_index=t.gpu_index if t.gpu_index >= 0 else None, launches=t.launches,
                  started_at=t.started_at or None, finished_at=t.finished_at or None,
-                 log_tail=t.log_tail)
+                 log_tail=t.log_tail, epoch=int(t.epoch),
+                 last_value=t.last_value if t.has_last_value else None)
 
 
 class Client:
@@ -175,6 +209,11 @@ class Client:
         """Why a trial is where it is: for a waiting one, what blocks it on each GPU and
         what holds its study back (the lines `hypersack why` prints)."""
         return list(self._rpc.explain(trial_id).lines)
+
+    def history(self, trial_id: str) -> Any:
+        """One trial's learning curve as a pandas DataFrame: one row per step it
+        reported (columns trial, step, at, then each metric)."""
+        return curves_frame(self._rpc.history(trial_id=trial_id))
 
     def logs(self, trial_id: str) -> str:
         """The tail of a trial's log (your own trials; admins: any)."""
@@ -241,4 +280,5 @@ class Client:
         study = self._rpc.study(study_id)
         # The order `hypersack results` prints.
         return Results(_study(study), [_trial(t) for t in
-                                       ranked(study, self._rpc.trials(study_id))])
+                                       ranked(study, self._rpc.trials(study_id))],
+                       lambda: self._rpc.history(study_id=study_id))

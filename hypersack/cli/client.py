@@ -116,6 +116,19 @@ class Client:
     def trial(self, trial_id: str) -> pb.Trial:
         return self._call("GetTrial", pb.GetTrialRequest(trial_id=trial_id))  # type: ignore[no-any-return]
 
+    def history(self, *, study_id: str = "", trial_id: str = "") -> pb.History:
+        """Learning curves (every page) and spans of a study or of one trial."""
+        whole = pb.History()
+        request = pb.GetHistoryRequest(study_id=study_id, trial_id=trial_id)
+        while True:
+            page = self._call("GetHistory", request)
+            whole.steps.extend(page.steps)
+            whole.spans.extend(page.spans)
+            if not page.more or not page.steps:
+                return whole
+            request.after_trial = page.steps[-1].trial_id
+            request.after_step = page.steps[-1].step
+
     def explain(self, trial_id: str) -> pb.TrialExplanation:
         return self._call("ExplainTrial", pb.GetTrialRequest(trial_id=trial_id))  # type: ignore[no-any-return]
 

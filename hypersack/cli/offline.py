@@ -12,7 +12,7 @@ from hypersack.core.errors import InvalidInput
 from hypersack.core.types import TrialState
 from hypersack.grid.space import Objective
 from hypersack.store.sqlite import SqliteStore
-from hypersack.wire.convert import study_to_pb, trial_to_pb
+from hypersack.wire.convert import history_to_pb, study_to_pb, trial_to_pb
 
 
 class StoreReader:
@@ -52,8 +52,19 @@ class StoreReader:
         return self._study(self._store.get_study(study_id))
 
     def trials(self, study_id: str) -> list[pb.Trial]:
-        self._store.get_study(study_id)  # NotFound for an unknown id
-        return [trial_to_pb(t) for t in self._store.list_trials(study_id)]
+        record = self._store.get_study(study_id)  # NotFound for an unknown id
+        last = self._store.last_steps(study_id)
+        objective = self._study(record).objective_metric
+        return [trial_to_pb(t, last.get(t.id), objective)
+                for t in self._store.list_trials(study_id)]
+
+    def history(self, *, study_id: str = "", trial_id: str = "") -> pb.History:
+        if trial_id:
+            study_id = self._store.get_trial(trial_id).study_id
+        spans = [s for s in self._store.spans(study_id)
+                 if not trial_id or s.trial_id == trial_id]
+        return history_to_pb(self._store.history(study_id="" if trial_id else study_id,
+                                                 trial_id=trial_id), spans)
 
     def trial(self, trial_id: str) -> pb.Trial:
         return trial_to_pb(self._store.get_trial(trial_id))

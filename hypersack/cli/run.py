@@ -14,7 +14,8 @@ from hypersack.agent.agent import Agent
 from hypersack.agent.devices import BACKENDS, make_backend
 from hypersack.agent.guard import CommandPolicy
 from hypersack.cli.client import Client
-from hypersack.cli.control import exit_code, make_console, print_results, watch
+from hypersack.cli.control import EXIT_CODES, exit_code, make_console, watch
+from hypersack.cli.results import print_results
 from hypersack.core.errors import HyperSackError
 from hypersack.grid.space import load_space, read_space_file
 from hypersack.policies.registry import policy_names
@@ -30,7 +31,8 @@ def add_parser(sub: Any) -> None:
                     "print the results, best first. Without a GPU the CPU is the device. "
                     "The database (<state-dir>/run.db) keeps the profile history, so a "
                     "second run of the same workloads is not profiled again, and the "
-                    "results: `hypersack results STUDY --db <state-dir>/run.db`.")
+                    "results: `hypersack results STUDY --db <state-dir>/run.db`.",
+        epilog=EXIT_CODES)
     p.add_argument("space", help="search-space file, e.g. examples/quickstart.yaml")
     p.add_argument("--backend", choices=BACKENDS, default="auto",
                    help="auto (NVIDIA GPUs through NVML if present, else the CPU), nvml, "

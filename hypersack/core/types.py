@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 import re
 from enum import Enum
-from typing import Any
+from typing import Any, NamedTuple
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
@@ -33,6 +33,11 @@ from hypersack.core.bounds import (
 
 MAX_KEY_PARAMS = 16
 MAX_RUNG_VALUES = 4096  # objective values kept per trial for its pruner
+# A trial's learning curve in the store: at most this many steps (past it, every other
+# step is dropped, the first and the last kept), each with at most this many metrics
+# (the objective first).
+MAX_HISTORY_STEPS = 1000
+MAX_HISTORY_METRICS = 16
 _KEY_PARAM_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,63}")
 # The demand key that makes a stated demand its study's own (see grid.expand.workload_key).
 STATED_KEY = "stated_by"
@@ -279,3 +284,33 @@ def ceil_units(value: float, scale: int) -> int:
 def floor_units(value: float, scale: int) -> int:
     """A capacity in integer units, rounded down (never over-promise)."""
     return math.floor(round(value * scale, 6))
+
+
+class HistoryStep(NamedTuple):
+    """One step (epoch) of a trial's learning curve, as the server received it."""
+
+    trial_id: str
+    step: int
+    at: float  # seconds since the epoch
+    metrics: dict[str, float]
+
+
+class Span(NamedTuple):
+    """One attempt of a trial on a GPU, from its launch to its end: the real Gantt."""
+
+    trial_id: str
+    attempt: int
+    node: str
+    gpu_index: int
+    start: float
+    end: float
+    group: str = ""  # its fused group ("": alone)
+
+
+def thinned(steps: list[int], limit: int = MAX_HISTORY_STEPS) -> list[int]:
+    """The steps a curve drops to stay within `limit`: every other one, the first and
+    the last kept (the curve keeps its shape at half the resolution)."""
+    if len(steps) <= limit:
+        return []
+    ordered = sorted(steps)
+    return ordered[1:-1:2]

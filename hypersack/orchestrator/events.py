@@ -79,6 +79,9 @@ class TrialProgress:
     metrics: dict[str, float] = field(default_factory=dict)
     attempt: int = 0
     nonfinite: tuple[str, ...] = ()  # metrics it reported as NaN or infinite
+    # Each step reported since the last progress event, with that step's own metrics
+    # (its learning curve; `metrics` is the latest value of each).
+    steps: tuple[tuple[int, dict[str, float]], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -101,6 +104,17 @@ class TrialFailed:
     attempt: int = 0
     # Stopped by its node's fence (its agent lost the server): not the trial's failure.
     fenced: bool = False
+
+
+@dataclass(frozen=True)
+class TrialLogged:
+    """The log tail of an attempt the server stopped (pruned, cancelled, preempted):
+    kept with the trial, so that its log can be read."""
+
+    trial_id: str
+    node: str
+    attempt: int
+    log_tail: str
 
 
 @dataclass(frozen=True)
@@ -155,7 +169,7 @@ class Wake:
 
 Event = Union[
     StudySubmitted, StudyCancelled, TrialsAsked, NodeJoined, Heartbeat, NodeLost, NodeDrained,
-    TrialStarted, TrialProgress, TrialFinished, TrialFailed, TrialOutOfMemory,
+    TrialStarted, TrialProgress, TrialFinished, TrialFailed, TrialOutOfMemory, TrialLogged,
     ProfileMeasured, ProfileFailed, ProfilesImported, ProfilesForgotten, Tick, Wake,
 ]
 

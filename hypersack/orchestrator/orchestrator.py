@@ -27,8 +27,10 @@ from hypersack.core.errors import (
     StoreUnavailable,
 )
 from hypersack.core.types import (
+    HistoryStep,
     NodeRecord,
     Profile,
+    Span,
     StudyRecord,
     StudyState,
     TrialRecord,
@@ -38,6 +40,7 @@ from hypersack.grid.space import SearchSpace, parse_space
 from hypersack.orchestrator.book import Book
 from hypersack.orchestrator.commands import Command
 from hypersack.orchestrator.config import DEFAULT_RATIOS, OrchestratorConfig
+from hypersack.orchestrator.curves import Curves
 from hypersack.orchestrator.decide import Decider
 from hypersack.orchestrator.events import (
     Event,
@@ -54,6 +57,7 @@ from hypersack.orchestrator.events import (
     Tick,
     TrialFailed,
     TrialFinished,
+    TrialLogged,
     TrialOutOfMemory,
     TrialProgress,
     TrialsAsked,
@@ -104,7 +108,9 @@ class Orchestrator:
         self.decider = Decider(s, self.book, self.pruning, self.profiling)
         self.preemption = Preemption(s, self.book, self.decider)
         self.explainer = Explainer(s, self.book, self.profiling, self.decider)
-        self.trial_events = TrialEvents(s, self.book, self.pruning, self.profiling)
+        self.curves = Curves(s, self.book)
+        self.trial_events = TrialEvents(s, self.book, self.pruning, self.profiling,
+                                        self.curves)
         self.study_events = StudyEvents(s, self.book, self.pruning)
         # Event dispatch: one handler per event type.
         t, m, p, st = self.trial_events, self.membership, self.profiling, self.study_events
@@ -115,6 +121,7 @@ class Orchestrator:
             _handler(TrialFinished, t.on_finished),
             _handler(TrialFailed, t.on_failed),
             _handler(TrialOutOfMemory, t.on_oom),
+            _handler(TrialLogged, t.on_logged),
             _handler(StudySubmitted, st.on_submitted),
             _handler(StudyCancelled, st.on_cancelled),
             _handler(TrialsAsked, st.on_asked),
@@ -138,6 +145,19 @@ class Orchestrator:
     @property
     def decision_count(self) -> int:
         return self.s.decisions.count
+
+    def history(self, *, study_id: str = "", trial_id: str = "",
+                after: tuple[str, int] = ("", -1), limit: int | None = None
+                ) -> list[HistoryStep]:
+        """Learning curves, as the store keeps them (see Curves)."""
+        return self.s.store.history(study_id=study_id, trial_id=trial_id, after=after,
+                                    limit=limit)
+
+    def spans(self, study_id: str) -> list[Span]:
+        return self.s.store.spans(study_id)
+
+    def last_steps(self, study_id: str) -> dict[str, HistoryStep]:
+        return self.s.store.last_steps(study_id)
 
     @property
     def decision_time_s(self) -> float:

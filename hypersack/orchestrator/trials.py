@@ -18,9 +18,11 @@ from hypersack.orchestrator.commands import (
     Command,
     KillTrial,
 )
+from hypersack.orchestrator.curves import Curves
 from hypersack.orchestrator.events import (
     TrialFailed,
     TrialFinished,
+    TrialLogged,
     TrialOutOfMemory,
     TrialProgress,
     TrialStarted,
@@ -35,8 +37,10 @@ log = logging.getLogger(__name__)
 
 
 class TrialEvents:
-    def __init__(self, s: CoreState, book: Book, pruning: Pruning, profiling: Profiling) -> None:
+    def __init__(self, s: CoreState, book: Book, pruning: Pruning, profiling: Profiling,
+                 curves: Curves) -> None:
         self.s = s
+        self.curves = curves
         self.book = book
         self.pruning = pruning
         self.profiling = profiling
@@ -45,6 +49,7 @@ class TrialEvents:
         t = self.running_on(event.trial_id, event.node, event.attempt)
         if not isinstance(event, TrialProgress):
             return []
+        self.curves.progress(t, event)
         settings = self.s.spaces[t.study_id].settings
         why = divergence(settings, event.metrics, event.nonfinite)
         if why is None:
@@ -147,6 +152,17 @@ class TrialEvents:
         else:
             self.book.requeue(t, failures=after.failures, log_tail=tail, reason=after.reason)
         return self.s.decide()
+
+    def on_logged(self, event: TrialLogged) -> list[Command]:
+        """The log of an attempt the server stopped: kept with the trial (only its
+        latest attempt's, from the node that ran it, once the trial left RUNNING)."""
+        t = self.s.trials.get(event.trial_id)
+        if t is None or t.launched_on != event.node or event.attempt != t.launches or \
+                t.state == TrialState.RUNNING or not event.log_tail:
+            raise StaleEvent(f"no stopped attempt {event.attempt} of trial "
+                             f"{short(event.trial_id, 80)!r} on {short(event.node, 80)}")
+        self.book.set(t, log_tail=event.log_tail[-4000:])
+        return []
 
     def on_oom(self, event: TrialOutOfMemory) -> list[Command]:
         t = self.exit_of(event, late=False)

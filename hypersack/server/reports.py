@@ -15,7 +15,9 @@ from hypersack.orchestrator.events import (
     ProfileMeasured,
     TrialFailed,
     TrialFinished,
+    TrialLogged,
     TrialOutOfMemory,
+    TrialProgress,
 )
 from hypersack.wire.convert import (
     LOG_TAIL_CHARS,
@@ -26,11 +28,24 @@ from hypersack.wire.convert import (
     profile_from_pb,
 )
 
+MAX_STEPS_PER_MESSAGE = 256  # steps of a learning curve one metrics message may carry
+
+
+def progress_event(node: str, m: pb.TrialMetrics) -> TrialProgress:
+    """A running trial's metrics, with each step it reported since the last message (the
+    latest MAX_STEPS_PER_MESSAGE, each step's metrics cleaned as the latest are)."""
+    steps = tuple((int(s.step), clean_metrics(s.metrics))
+                  for s in list(m.steps)[-MAX_STEPS_PER_MESSAGE:])
+    return TrialProgress(m.trial_id, node, int(m.step), clean_metrics(m.metrics), m.attempt,
+                         nonfinite_names(m.metrics), steps)
+
 
 def exit_event(node: str, e: pb.TrialExited) -> Event:
     """The event a trial's exit stands for: finished, fenced (not its failure), out of
-    memory, or failed."""
+    memory, or failed; or, for an attempt the server stopped, its log."""
     tail = e.log_tail[-LOG_TAIL_CHARS:]
+    if e.killed:
+        return TrialLogged(e.trial_id, node, e.attempt, tail)
     if e.exit_code == 0:
         return TrialFinished(e.trial_id, node, clean_metrics(e.metrics), log_tail=tail,
                              attempt=e.attempt, nonfinite=nonfinite_names(e.metrics))

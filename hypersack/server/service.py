@@ -66,7 +66,6 @@ from hypersack.orchestrator.events import (
     StudyCancelled,
     StudySubmitted,
     Tick,
-    TrialProgress,
     TrialsAsked,
     TrialStarted,
 )
@@ -74,16 +73,14 @@ from hypersack.orchestrator.orchestrator import BatchResult
 from hypersack.policies.registry import policy_names
 from hypersack.sampler.profiles import select_profiles, to_import
 from hypersack.server.metrics import LatencyHistograms
-from hypersack.server.reports import exit_event, profile_event
+from hypersack.server.reports import exit_event, profile_event, progress_event
 from hypersack.store.base import Store
 from hypersack.wire.convert import (
     ack_id,
     clean_memory,
-    clean_metrics,
     clean_percent,
     key_to_pb,
     node_from_register,
-    nonfinite_names,
     program_to_pb,
 )
 
@@ -695,9 +692,7 @@ class SchedulerService:
         if kind == "started":
             return TrialStarted(msg.started.trial_id, node, msg.started.attempt)
         if kind == "metrics":
-            m = msg.metrics
-            return TrialProgress(m.trial_id, node, int(m.step), clean_metrics(m.metrics),
-                                 m.attempt, nonfinite_names(m.metrics))
+            return progress_event(node, msg.metrics)
         if kind == "exited":
             return exit_event(node, msg.exited)
         if kind == "profile":

@@ -30,7 +30,13 @@ from hypersack.sampler.profiles import reject_repeats
 from hypersack.server.auth import Authenticator, Principal, bearer
 from hypersack.server.bridge import Aborted, Waker
 from hypersack.server.service import AgentSession, SchedulerService, Snapshot
-from hypersack.wire.convert import profile_from_pb, profile_to_pb, study_to_pb, trial_to_pb
+from hypersack.wire.convert import (
+    history_to_pb,
+    profile_from_pb,
+    profile_to_pb,
+    study_to_pb,
+    trial_to_pb,
+)
 from hypersack.wire.tls import Identity, identity_of
 
 log = logging.getLogger(__name__)
@@ -79,6 +85,9 @@ def translated(fn: Callable[..., T]) -> Callable[..., T]:
 
 MAX_ASKED = 1000  # trials one AskTrials call may add
 MAX_PARAMS_CHARS = 64 * 1024
+# Learning-curve steps per GetHistory reply: at most 16 metrics each, well within the
+# 4 MiB a gRPC message may carry.
+HISTORY_PAGE = 5000
 
 
 def _study(service: SchedulerService, study: StudyRecord, counts: dict[str, int]) -> pb.Study:
@@ -172,8 +181,35 @@ class SchedulerServicer(pb_grpc.SchedulerServicer):
         study = self._readable(who, request.study_id)
         with self._s.locked():  # the records are immutable: converted outside the lock
             trials = self._s.orch.trials(request.study_id)
-        return pb.ListTrialsResponse(trials=[self._trial(who, trial_to_pb(t), study)
-                                             for t in trials])
+            last = self._s.orch.last_steps(request.study_id)
+        objective = self._s.orch.space(request.study_id).settings.objective.metric
+        return pb.ListTrialsResponse(trials=[
+            self._trial(who, trial_to_pb(t, last.get(t.id), objective), study)
+            for t in trials])
+
+    @translated
+    def GetHistory(self, request: pb.GetHistoryRequest, context: grpc.ServicerContext
+                   ) -> pb.History:
+        """Learning curves of one trial or a study's, in pages of HISTORY_PAGE steps,
+        with the study's spans on the first page: readable by whoever reads the study."""
+        who = self._who(context)
+        study_id = request.study_id
+        if request.trial_id:
+            with self._s.locked():
+                study_id = self._s.orch.trial(request.trial_id).study_id
+        self._readable(who, study_id)
+        after = (request.after_trial, int(request.after_step)) if request.after_trial \
+            else ("", -1)
+        with self._s.locked():
+            steps = self._s.orch.history(study_id="" if request.trial_id else study_id,
+                                         trial_id=request.trial_id, after=after,
+                                         limit=HISTORY_PAGE + 1)
+            spans = [] if request.after_trial else self._s.orch.spans(study_id)
+        if request.trial_id:
+            spans = [s for s in spans if s.trial_id == request.trial_id]
+        reply = history_to_pb(steps[:HISTORY_PAGE], spans)
+        reply.more = len(steps) > HISTORY_PAGE
+        return reply
 
     @translated
     def GetTrial(self, request: pb.GetTrialRequest, context: grpc.ServicerContext) -> pb.Trial:

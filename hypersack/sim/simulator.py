@@ -164,7 +164,7 @@ class Simulation:
         self.cluster = cluster
         self.truth = {(p.key, p.arch): p for p in truth}
         # No time bound on asking samplers: a simulated run is the same on any machine.
-        self.config = replace(config or OrchestratorConfig(), ask_budget_s=None)
+        self.config = replace(config or OrchestratorConfig(), ask_budget_s=None, history=False)
         self.interference = interference or Interference()
         self.store = store or MemoryStore()
         for p in truth if history is None else history:

@@ -8,8 +8,10 @@ from contextlib import AbstractContextManager
 
 from hypersack.core.errors import StoreUnavailable
 from hypersack.core.types import (
+    HistoryStep,
     NodeRecord,
     Profile,
+    Span,
     StudyRecord,
     TokenRecord,
     TrialRecord,
@@ -112,6 +114,30 @@ class Store(ABC):
     @abstractmethod
     def list_tokens(self) -> list[TokenRecord]:
         """By id; revoked ones too."""
+
+    @abstractmethod
+    def add_history(self, steps: Sequence[HistoryStep]) -> None:
+        """Insert or replace each (trial, step); a trial keeps at most MAX_HISTORY_STEPS
+        (see `thinned`)."""
+
+    @abstractmethod
+    def history(self, *, study_id: str = "", trial_id: str = "",
+                after: tuple[str, int] = ("", -1), limit: int | None = None
+                ) -> list[HistoryStep]:
+        """One trial's steps, or every trial's of a study: by trial, then step; those
+        after `after` (trial, step), at most `limit`."""
+
+    @abstractmethod
+    def last_steps(self, study_id: str) -> dict[str, HistoryStep]:
+        """Each trial of a study with a curve: its last step."""
+
+    @abstractmethod
+    def add_span(self, span: Span) -> None:
+        """Insert or replace the span of (trial, attempt)."""
+
+    @abstractmethod
+    def spans(self, study_id: str) -> list[Span]:
+        """Every attempt of a study's trials that ran, by start."""
 
     def close(self) -> None:  # noqa: B027 - optional hook
         """Release resources; the default has none."""

@@ -8,13 +8,16 @@ from typing import Any
 
 from hypersack.core.errors import AlreadyExists, NotFound
 from hypersack.core.types import (
+    HistoryStep,
     NodeRecord,
     Profile,
+    Span,
     StudyRecord,
     TokenRecord,
     TrialRecord,
     UserRecord,
     WorkloadKey,
+    thinned,
 )
 from hypersack.store.base import Store
 
@@ -29,6 +32,8 @@ class MemoryStore(Store):
         self._profiles: dict[tuple[WorkloadKey, str], Profile] = {}
         self._users: dict[str, UserRecord] = {}
         self._tokens: dict[str, TokenRecord] = {}
+        self._history: dict[str, dict[int, HistoryStep]] = {}
+        self._spans: dict[tuple[str, int], Span] = {}
         self._undo: list[tuple[dict[Any, Any], Any, Any]] | None = None
 
     @contextmanager
@@ -166,3 +171,37 @@ class MemoryStore(Store):
 
     def list_tokens(self) -> list[TokenRecord]:
         return sorted(self._tokens.values(), key=lambda t: t.id)
+
+    def add_history(self, steps: Sequence[HistoryStep]) -> None:
+        with self.transaction():
+            for h in steps:
+                if h.trial_id not in self._trials:
+                    raise NotFound(f"no trial {h.trial_id!r}")
+                if h.trial_id not in self._history:
+                    self._set(self._history, h.trial_id, {})
+                curve = self._history[h.trial_id]
+                self._set(curve, h.step, h)
+                for step in thinned(list(curve)):
+                    self._set(curve, step, _MISSING)
+
+    def history(self, *, study_id: str = "", trial_id: str = "",
+                after: tuple[str, int] = ("", -1), limit: int | None = None
+                ) -> list[HistoryStep]:
+        ids = [trial_id] if trial_id else [t.id for t in self.list_trials(study_id)]
+        rows = [h for tid in ids for _, h in sorted(self._history.get(tid, {}).items())
+                if (h.trial_id, h.step) > after]
+        return rows if limit is None else rows[:limit]
+
+    def last_steps(self, study_id: str) -> dict[str, HistoryStep]:
+        return {t.id: curve[max(curve)] for t in self.list_trials(study_id)
+                if (curve := self._history.get(t.id))}
+
+    def add_span(self, span: Span) -> None:
+        if span.trial_id not in self._trials:
+            raise NotFound(f"no trial {span.trial_id!r}")
+        self._set(self._spans, (span.trial_id, span.attempt), span)
+
+    def spans(self, study_id: str) -> list[Span]:
+        return sorted((s for s in self._spans.values()
+                       if self._trials[s.trial_id].study_id == study_id),
+                      key=lambda s: (s.start, s.trial_id, s.attempt))

@@ -7,6 +7,7 @@ committed transaction; only an operating-system crash may lose the last ones.
 from __future__ import annotations
 
 import fcntl
+import json
 import os
 import shlex
 import socket
@@ -20,13 +21,17 @@ from pathlib import Path
 
 from hypersack.core.errors import AlreadyExists, HyperSackError, InvalidInput, NotFound
 from hypersack.core.types import (
+    MAX_HISTORY_STEPS,
+    HistoryStep,
     NodeRecord,
     Profile,
+    Span,
     StudyRecord,
     TokenRecord,
     TrialRecord,
     UserRecord,
     WorkloadKey,
+    thinned,
 )
 from hypersack.store.base import Store
 
@@ -44,6 +49,13 @@ CREATE TABLE IF NOT EXISTS profiles (
     key TEXT NOT NULL, arch TEXT NOT NULL, doc TEXT NOT NULL, PRIMARY KEY (key, arch));
 CREATE TABLE IF NOT EXISTS users (name TEXT PRIMARY KEY, doc TEXT NOT NULL);
 CREATE TABLE IF NOT EXISTS tokens (id TEXT PRIMARY KEY, doc TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS history (
+    trial_id TEXT NOT NULL REFERENCES trials(id), step INTEGER NOT NULL, at REAL NOT NULL,
+    metrics TEXT NOT NULL, PRIMARY KEY (trial_id, step)) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS spans (
+    trial_id TEXT NOT NULL REFERENCES trials(id), attempt INTEGER NOT NULL,
+    node TEXT NOT NULL, gpu_index INTEGER NOT NULL, start REAL NOT NULL, end REAL NOT NULL,
+    grp TEXT NOT NULL, PRIMARY KEY (trial_id, attempt)) WITHOUT ROWID;
 """
 
 
@@ -128,7 +140,8 @@ def locked_store(db: str | Path) -> Iterator[SqliteStore]:
 _COLUMNS = {"meta": ("key", "value"), "studies": ("id", "seq", "doc"),
             "trials": ("id", "study_id", "doc"), "nodes": ("name", "doc"),
             "profiles": ("key", "arch", "doc"), "users": ("name", "doc"),
-            "tokens": ("id", "doc")}
+            "tokens": ("id", "doc"), "history": ("trial_id", "step", "at", "metrics"),
+            "spans": ("trial_id", "attempt", "node", "gpu_index", "start", "end", "grp")}
 
 
 class SqliteStore(Store):
@@ -361,3 +374,64 @@ class SqliteStore(Store):
         with self._lock:
             rows = self._db.execute("SELECT doc FROM tokens ORDER BY id").fetchall()
         return [TokenRecord.model_validate_json(r[0]) for r in rows]
+
+    def add_history(self, steps: Sequence[HistoryStep]) -> None:
+        with self.transaction():
+            try:
+                self._db.executemany(
+                    "INSERT OR REPLACE INTO history VALUES (?, ?, ?, ?)",
+                    [(h.trial_id, h.step, h.at, json.dumps(h.metrics)) for h in steps])
+            except sqlite3.IntegrityError as exc:
+                raise NotFound(f"a trial of this history does not exist: {exc}") from None
+            for tid in sorted({h.trial_id for h in steps}):
+                (count,) = self._db.execute("SELECT COUNT(*) FROM history WHERE trial_id=?",
+                                            (tid,)).fetchone()
+                if count <= MAX_HISTORY_STEPS:
+                    continue
+                all_steps = [r[0] for r in self._db.execute(
+                    "SELECT step FROM history WHERE trial_id=?", (tid,))]
+                self._db.executemany("DELETE FROM history WHERE trial_id=? AND step=?",
+                                     [(tid, step) for step in thinned(all_steps)])
+
+    def history(self, *, study_id: str = "", trial_id: str = "",
+                after: tuple[str, int] = ("", -1), limit: int | None = None
+                ) -> list[HistoryStep]:
+        args = (*after, -1 if limit is None else limit)
+        with self._lock:
+            if trial_id:
+                rows = self._db.execute(
+                    "SELECT h.trial_id, h.step, h.at, h.metrics FROM history h "
+                    "WHERE h.trial_id=? AND (h.trial_id, h.step) > (?, ?) "
+                    "ORDER BY h.trial_id, h.step LIMIT ?", (trial_id, *args)).fetchall()
+            else:
+                rows = self._db.execute(
+                    "SELECT h.trial_id, h.step, h.at, h.metrics FROM history h JOIN trials t "
+                    "ON t.id = h.trial_id WHERE t.study_id=? AND (h.trial_id, h.step) > (?, ?) "
+                    "ORDER BY h.trial_id, h.step LIMIT ?", (study_id, *args)).fetchall()
+        return [HistoryStep(r[0], int(r[1]), float(r[2]), json.loads(r[3])) for r in rows]
+
+    def last_steps(self, study_id: str) -> dict[str, HistoryStep]:
+        with self._lock:
+            rows = self._db.execute(
+                "SELECT h.trial_id, MAX(h.step), h.at, h.metrics FROM history h JOIN trials t "
+                "ON t.id = h.trial_id WHERE t.study_id=? GROUP BY h.trial_id",
+                (study_id,)).fetchall()
+        return {r[0]: HistoryStep(r[0], int(r[1]), float(r[2]), json.loads(r[3])) for r in rows}
+
+    def add_span(self, span: Span) -> None:
+        with self.transaction():
+            try:
+                self._db.execute("INSERT OR REPLACE INTO spans VALUES (?, ?, ?, ?, ?, ?, ?)",
+                                 (span.trial_id, span.attempt, span.node, span.gpu_index,
+                                  span.start, span.end, span.group))
+            except sqlite3.IntegrityError as exc:
+                raise NotFound(f"no trial {span.trial_id!r}: {exc}") from None
+
+    def spans(self, study_id: str) -> list[Span]:
+        with self._lock:
+            rows = self._db.execute(
+                "SELECT s.trial_id, s.attempt, s.node, s.gpu_index, s.start, s.end, s.grp "
+                "FROM spans s JOIN trials t ON t.id = s.trial_id WHERE t.study_id=? "
+                "ORDER BY s.start, s.trial_id, s.attempt", (study_id,)).fetchall()
+        return [Span(r[0], int(r[1]), r[2], int(r[3]), float(r[4]), float(r[5]), r[6])
+                for r in rows]

@@ -29,12 +29,15 @@ from hypothesis import strategies as st
 from hypersack.agent.devices import DeviceBackend, Measured
 from hypersack.core.errors import AlreadyExists, NotFound
 from hypersack.core.types import (
+    MAX_HISTORY_STEPS,
     Demand,
     GpuSpec,
+    HistoryStep,
     NodeRecord,
     NodeSpec,
     Profile,
     Role,
+    Span,
     StudyRecord,
     StudyState,
     TokenRecord,
@@ -143,6 +146,46 @@ class StoreContract:
         with store.transaction():
             store.update_trial(changed)
         assert store.get_trial(trials[0].id).state == TrialState.RUNNING
+
+    def test_learning_curves_and_spans(self, store: Store) -> None:
+        s, trials = sample_study()
+        store.add_study(s, trials)
+        a, b = trials[0].id, trials[1].id
+        store.add_history([HistoryStep(a, 1, 10.0, {"loss": 0.5}),
+                           HistoryStep(a, 2, 11.0, {"loss": 0.25, "acc": 0.9}),
+                           HistoryStep(b, 1, 12.0, {"loss": 0.7})])
+        store.add_history([HistoryStep(a, 2, 13.0, {"loss": 0.2})])  # a step again: replaced
+        assert store.history(trial_id=a) == [HistoryStep(a, 1, 10.0, {"loss": 0.5}),
+                                             HistoryStep(a, 2, 13.0, {"loss": 0.2})]
+        assert [(h.trial_id, h.step) for h in store.history(study_id="s-1")] == \
+            [(a, 1), (a, 2), (b, 1)]
+        page = store.history(study_id="s-1", after=(a, 1), limit=1)
+        assert [(h.trial_id, h.step) for h in page] == [(a, 2)]
+        assert {k: v.step for k, v in store.last_steps("s-1").items()} == {a: 2, b: 1}
+        with pytest.raises(NotFound):
+            store.add_history([HistoryStep("nope", 1, 1.0, {})])
+        with pytest.raises(RuntimeError), store.transaction():
+            store.add_history([HistoryStep(b, 2, 14.0, {"loss": 0.1})])
+            store.add_span(Span(b, 1, "n0", 0, 1.0, 2.0))
+            raise RuntimeError("undone")
+        assert store.last_steps("s-1")[b].step == 1 and store.spans("s-1") == []
+        store.add_span(Span(a, 2, "n0", 1, 5.0, 9.0, "g1"))
+        store.add_span(Span(a, 1, "n0", 0, 1.0, 4.0))
+        assert store.spans("s-1") == [Span(a, 1, "n0", 0, 1.0, 4.0),
+                                      Span(a, 2, "n0", 1, 5.0, 9.0, "g1")]
+        assert store.spans("s-2") == []
+
+    def test_a_long_curve_is_thinned_to_its_bound(self, store: Store) -> None:
+        s, trials = sample_study()
+        store.add_study(s, trials)
+        tid = trials[0].id
+        for start in range(0, 2500, 500):
+            store.add_history([HistoryStep(tid, k, float(k), {"loss": 1.0 / (k + 1)})
+                               for k in range(start, start + 500)])
+        steps = [h.step for h in store.history(trial_id=tid)]
+        assert len(steps) <= MAX_HISTORY_STEPS
+        assert steps[0] == 0 and steps[-1] == 2499  # the first and the last kept
+        assert steps == sorted(steps) and len(steps) > MAX_HISTORY_STEPS // 2
 
     def test_nodes_and_profiles(self, store: Store) -> None:
         node = NodeRecord(spec=NodeSpec(name="n0", cores=8, gpus=(

@@ -8,8 +8,10 @@ from contextlib import contextmanager
 
 from hypersack.core.errors import StoreUnavailable
 from hypersack.core.types import (
+    HistoryStep,
     NodeRecord,
     Profile,
+    Span,
     StudyRecord,
     TokenRecord,
     TrialRecord,
@@ -129,6 +131,24 @@ class FailingStore(Store):
 
     def list_tokens(self) -> list[TokenRecord]:
         return self.inner.list_tokens()
+
+    def add_history(self, steps: Sequence[HistoryStep]) -> None:
+        self.inner.add_history(steps)
+
+    def history(self, *, study_id: str = "", trial_id: str = "",
+                after: tuple[str, int] = ("", -1), limit: int | None = None
+                ) -> list[HistoryStep]:
+        return self.inner.history(study_id=study_id, trial_id=trial_id, after=after,
+                                  limit=limit)
+
+    def last_steps(self, study_id: str) -> dict[str, HistoryStep]:
+        return self.inner.last_steps(study_id)
+
+    def add_span(self, span: Span) -> None:
+        self.inner.add_span(span)
+
+    def spans(self, study_id: str) -> list[Span]:
+        return self.inner.spans(study_id)
 
     def close(self) -> None:
         self.inner.close()

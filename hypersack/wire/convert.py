@@ -11,8 +11,10 @@ from hypersack.core.bounds import MAX_COMPUTE_PCT, MAX_GPUS_PER_NODE, MAX_MEMORY
 from hypersack.core.errors import InvalidInput
 from hypersack.core.types import (
     GpuSpec,
+    HistoryStep,
     NodeSpec,
     Profile,
+    Span,
     StudyRecord,
     TrialRecord,
     WorkloadKey,
@@ -132,8 +134,23 @@ def study_to_pb(study: StudyRecord, counts: dict[str, int], objective: Objective
                     planned=min(planned, 2**31 - 1))
 
 
-def trial_to_pb(t: TrialRecord) -> pb.Trial:
-    return pb.Trial(id=t.id, study_id=t.study_id, state=t.state.value,
+def history_to_pb(steps: list[HistoryStep], spans: list[Span]) -> pb.History:
+    return pb.History(
+        steps=[pb.HistoryStep(trial_id=h.trial_id, step=h.step, at=h.at, metrics=h.metrics)
+               for h in steps],
+        spans=[pb.Span(trial_id=s.trial_id, attempt=s.attempt, node=s.node,
+                       gpu_index=s.gpu_index, start=s.start, end=s.end, group=s.group)
+               for s in spans])
+
+
+def trial_to_pb(t: TrialRecord, last: HistoryStep | None = None, objective: str = ""
+                ) -> pb.Trial:
+    """A trial's message; with its curve's last step, the epoch it reached and the
+    objective's value there (what a pruned or running trial shows)."""
+    value = last.metrics.get(objective) if last is not None else None
+    return pb.Trial(epoch=last.step if last is not None else 0,
+                    has_last_value=value is not None, last_value=value or 0.0,
+                    id=t.id, study_id=t.study_id, state=t.state.value,
                     params_json=json.dumps(t.params, sort_keys=True), workload=t.key.label(),
                     node=t.node or "", gpu_index=-1 if t.gpu_index is None else t.gpu_index,
                     failures=t.failures, launches=t.launches, metrics=t.metrics,

@@ -245,7 +245,7 @@ def test_a_plain_client_of_a_tls_server_is_told_to_pass_the_ca(tmp_path: Path) -
 
 
 def test_table_values_have_six_significant_digits() -> None:
-    from hypersack.cli.control import as_shown
+    from hypersack.cli.results import as_shown
 
     assert as_shown(0.0068327419871234567) == "0.00683274" and as_shown(64) == "64"
     assert as_shown("sgd") == "sgd" and as_shown(1e-05) == "1e-05"

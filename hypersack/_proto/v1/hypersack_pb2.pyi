@@ -268,7 +268,7 @@ class Study(_message.Message):
     def __init__(self, id: _Optional[str] = ..., name: _Optional[str] = ..., state: _Optional[str] = ..., submitted_at: _Optional[float] = ..., counts: _Optional[_Mapping[str, int]] = ..., space_json: _Optional[str] = ..., objective_metric: _Optional[str] = ..., objective_mode: _Optional[str] = ..., owner: _Optional[str] = ..., warnings: _Optional[_Iterable[str]] = ..., planned: _Optional[int] = ...) -> None: ...
 
 class Trial(_message.Message):
-    __slots__ = ("id", "study_id", "state", "params_json", "workload", "node", "gpu_index", "failures", "launches", "metrics", "has_objective", "objective", "reason", "log_tail", "started_at", "finished_at", "fused_group", "fusion_width")
+    __slots__ = ("id", "study_id", "state", "params_json", "workload", "node", "gpu_index", "failures", "launches", "metrics", "has_objective", "objective", "reason", "log_tail", "started_at", "finished_at", "fused_group", "fusion_width", "epoch", "has_last_value", "last_value")
     class MetricsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -294,6 +294,9 @@ class Trial(_message.Message):
     FINISHED_AT_FIELD_NUMBER: _ClassVar[int]
     FUSED_GROUP_FIELD_NUMBER: _ClassVar[int]
     FUSION_WIDTH_FIELD_NUMBER: _ClassVar[int]
+    EPOCH_FIELD_NUMBER: _ClassVar[int]
+    HAS_LAST_VALUE_FIELD_NUMBER: _ClassVar[int]
+    LAST_VALUE_FIELD_NUMBER: _ClassVar[int]
     id: str
     study_id: str
     state: str
@@ -312,7 +315,69 @@ class Trial(_message.Message):
     finished_at: float
     fused_group: str
     fusion_width: int
-    def __init__(self, id: _Optional[str] = ..., study_id: _Optional[str] = ..., state: _Optional[str] = ..., params_json: _Optional[str] = ..., workload: _Optional[str] = ..., node: _Optional[str] = ..., gpu_index: _Optional[int] = ..., failures: _Optional[int] = ..., launches: _Optional[int] = ..., metrics: _Optional[_Mapping[str, float]] = ..., has_objective: bool = ..., objective: _Optional[float] = ..., reason: _Optional[str] = ..., log_tail: _Optional[str] = ..., started_at: _Optional[float] = ..., finished_at: _Optional[float] = ..., fused_group: _Optional[str] = ..., fusion_width: _Optional[int] = ...) -> None: ...
+    epoch: int
+    has_last_value: bool
+    last_value: float
+    def __init__(self, id: _Optional[str] = ..., study_id: _Optional[str] = ..., state: _Optional[str] = ..., params_json: _Optional[str] = ..., workload: _Optional[str] = ..., node: _Optional[str] = ..., gpu_index: _Optional[int] = ..., failures: _Optional[int] = ..., launches: _Optional[int] = ..., metrics: _Optional[_Mapping[str, float]] = ..., has_objective: bool = ..., objective: _Optional[float] = ..., reason: _Optional[str] = ..., log_tail: _Optional[str] = ..., started_at: _Optional[float] = ..., finished_at: _Optional[float] = ..., fused_group: _Optional[str] = ..., fusion_width: _Optional[int] = ..., epoch: _Optional[int] = ..., has_last_value: bool = ..., last_value: _Optional[float] = ...) -> None: ...
+
+class GetHistoryRequest(_message.Message):
+    __slots__ = ("study_id", "trial_id", "after_trial", "after_step")
+    STUDY_ID_FIELD_NUMBER: _ClassVar[int]
+    TRIAL_ID_FIELD_NUMBER: _ClassVar[int]
+    AFTER_TRIAL_FIELD_NUMBER: _ClassVar[int]
+    AFTER_STEP_FIELD_NUMBER: _ClassVar[int]
+    study_id: str
+    trial_id: str
+    after_trial: str
+    after_step: int
+    def __init__(self, study_id: _Optional[str] = ..., trial_id: _Optional[str] = ..., after_trial: _Optional[str] = ..., after_step: _Optional[int] = ...) -> None: ...
+
+class HistoryStep(_message.Message):
+    __slots__ = ("trial_id", "step", "at", "metrics")
+    class MetricsEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: float
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[float] = ...) -> None: ...
+    TRIAL_ID_FIELD_NUMBER: _ClassVar[int]
+    STEP_FIELD_NUMBER: _ClassVar[int]
+    AT_FIELD_NUMBER: _ClassVar[int]
+    METRICS_FIELD_NUMBER: _ClassVar[int]
+    trial_id: str
+    step: int
+    at: float
+    metrics: _containers.ScalarMap[str, float]
+    def __init__(self, trial_id: _Optional[str] = ..., step: _Optional[int] = ..., at: _Optional[float] = ..., metrics: _Optional[_Mapping[str, float]] = ...) -> None: ...
+
+class Span(_message.Message):
+    __slots__ = ("trial_id", "attempt", "node", "gpu_index", "start", "end", "group")
+    TRIAL_ID_FIELD_NUMBER: _ClassVar[int]
+    ATTEMPT_FIELD_NUMBER: _ClassVar[int]
+    NODE_FIELD_NUMBER: _ClassVar[int]
+    GPU_INDEX_FIELD_NUMBER: _ClassVar[int]
+    START_FIELD_NUMBER: _ClassVar[int]
+    END_FIELD_NUMBER: _ClassVar[int]
+    GROUP_FIELD_NUMBER: _ClassVar[int]
+    trial_id: str
+    attempt: int
+    node: str
+    gpu_index: int
+    start: float
+    end: float
+    group: str
+    def __init__(self, trial_id: _Optional[str] = ..., attempt: _Optional[int] = ..., node: _Optional[str] = ..., gpu_index: _Optional[int] = ..., start: _Optional[float] = ..., end: _Optional[float] = ..., group: _Optional[str] = ...) -> None: ...
+
+class History(_message.Message):
+    __slots__ = ("steps", "spans", "more")
+    STEPS_FIELD_NUMBER: _ClassVar[int]
+    SPANS_FIELD_NUMBER: _ClassVar[int]
+    MORE_FIELD_NUMBER: _ClassVar[int]
+    steps: _containers.RepeatedCompositeFieldContainer[HistoryStep]
+    spans: _containers.RepeatedCompositeFieldContainer[Span]
+    more: bool
+    def __init__(self, steps: _Optional[_Iterable[_Union[HistoryStep, _Mapping]]] = ..., spans: _Optional[_Iterable[_Union[Span, _Mapping]]] = ..., more: bool = ...) -> None: ...
 
 class GpuLoad(_message.Message):
     __slots__ = ("node", "gpu_index", "trials", "compute_share")
@@ -468,8 +533,23 @@ class TrialStarted(_message.Message):
     attempt: int
     def __init__(self, trial_id: _Optional[str] = ..., attempt: _Optional[int] = ...) -> None: ...
 
+class StepMetrics(_message.Message):
+    __slots__ = ("step", "metrics")
+    class MetricsEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: float
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[float] = ...) -> None: ...
+    STEP_FIELD_NUMBER: _ClassVar[int]
+    METRICS_FIELD_NUMBER: _ClassVar[int]
+    step: int
+    metrics: _containers.ScalarMap[str, float]
+    def __init__(self, step: _Optional[int] = ..., metrics: _Optional[_Mapping[str, float]] = ...) -> None: ...
+
 class TrialMetrics(_message.Message):
-    __slots__ = ("trial_id", "step", "metrics", "attempt")
+    __slots__ = ("trial_id", "step", "metrics", "attempt", "steps")
     class MetricsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -481,14 +561,16 @@ class TrialMetrics(_message.Message):
     STEP_FIELD_NUMBER: _ClassVar[int]
     METRICS_FIELD_NUMBER: _ClassVar[int]
     ATTEMPT_FIELD_NUMBER: _ClassVar[int]
+    STEPS_FIELD_NUMBER: _ClassVar[int]
     trial_id: str
     step: int
     metrics: _containers.ScalarMap[str, float]
     attempt: int
-    def __init__(self, trial_id: _Optional[str] = ..., step: _Optional[int] = ..., metrics: _Optional[_Mapping[str, float]] = ..., attempt: _Optional[int] = ...) -> None: ...
+    steps: _containers.RepeatedCompositeFieldContainer[StepMetrics]
+    def __init__(self, trial_id: _Optional[str] = ..., step: _Optional[int] = ..., metrics: _Optional[_Mapping[str, float]] = ..., attempt: _Optional[int] = ..., steps: _Optional[_Iterable[_Union[StepMetrics, _Mapping]]] = ...) -> None: ...
 
 class TrialExited(_message.Message):
-    __slots__ = ("trial_id", "exit_code", "log_tail", "metrics", "out_of_memory", "peak_memory_mib", "attempt", "fenced")
+    __slots__ = ("trial_id", "exit_code", "log_tail", "metrics", "out_of_memory", "peak_memory_mib", "attempt", "fenced", "killed")
     class MetricsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -504,6 +586,7 @@ class TrialExited(_message.Message):
     PEAK_MEMORY_MIB_FIELD_NUMBER: _ClassVar[int]
     ATTEMPT_FIELD_NUMBER: _ClassVar[int]
     FENCED_FIELD_NUMBER: _ClassVar[int]
+    KILLED_FIELD_NUMBER: _ClassVar[int]
     trial_id: str
     exit_code: int
     log_tail: str
@@ -512,7 +595,8 @@ class TrialExited(_message.Message):
     peak_memory_mib: int
     attempt: int
     fenced: bool
-    def __init__(self, trial_id: _Optional[str] = ..., exit_code: _Optional[int] = ..., log_tail: _Optional[str] = ..., metrics: _Optional[_Mapping[str, float]] = ..., out_of_memory: bool = ..., peak_memory_mib: _Optional[int] = ..., attempt: _Optional[int] = ..., fenced: bool = ...) -> None: ...
+    killed: bool
+    def __init__(self, trial_id: _Optional[str] = ..., exit_code: _Optional[int] = ..., log_tail: _Optional[str] = ..., metrics: _Optional[_Mapping[str, float]] = ..., out_of_memory: bool = ..., peak_memory_mib: _Optional[int] = ..., attempt: _Optional[int] = ..., fenced: bool = ..., killed: bool = ...) -> None: ...
 
 class ProfileRecord(_message.Message):
     __slots__ = ("key", "arch", "compute_pct", "memory_mib", "cores", "iter_time_s", "iters_per_epoch", "data_fraction", "source", "setup_s", "eval_s_per_epoch", "versions", "measured_at", "observed_memory_mib", "observed_compute_pct", "observed_trials", "corrected")

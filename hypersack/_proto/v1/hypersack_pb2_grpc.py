@@ -61,6 +61,11 @@ class SchedulerStub(object):
                 request_serializer=hypersack_dot___proto_dot_v1_dot_hypersack__pb2.GetTrialRequest.SerializeToString,
                 response_deserializer=hypersack_dot___proto_dot_v1_dot_hypersack__pb2.Trial.FromString,
                 _registered_method=True)
+        self.GetHistory = channel.unary_unary(
+                '/hypersack.v1.Scheduler/GetHistory',
+                request_serializer=hypersack_dot___proto_dot_v1_dot_hypersack__pb2.GetHistoryRequest.SerializeToString,
+                response_deserializer=hypersack_dot___proto_dot_v1_dot_hypersack__pb2.History.FromString,
+                _registered_method=True)
         self.ExplainTrial = channel.unary_unary(
                 '/hypersack.v1.Scheduler/ExplainTrial',
                 request_serializer=hypersack_dot___proto_dot_v1_dot_hypersack__pb2.GetTrialRequest.SerializeToString,
@@ -179,6 +184,14 @@ class SchedulerServicer(object):
 
     def GetTrial(self, request, context):
         """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def GetHistory(self, request, context):
+        """Learning curves: each step's metrics of one trial or of every trial of a study,
+        and where each attempt ran (node, GPU, start and end), for plots and exports.
+        """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
@@ -323,6 +336,11 @@ def add_SchedulerServicer_to_server(servicer, server):
                     servicer.GetTrial,
                     request_deserializer=hypersack_dot___proto_dot_v1_dot_hypersack__pb2.GetTrialRequest.FromString,
                     response_serializer=hypersack_dot___proto_dot_v1_dot_hypersack__pb2.Trial.SerializeToString,
+            ),
+            'GetHistory': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetHistory,
+                    request_deserializer=hypersack_dot___proto_dot_v1_dot_hypersack__pb2.GetHistoryRequest.FromString,
+                    response_serializer=hypersack_dot___proto_dot_v1_dot_hypersack__pb2.History.SerializeToString,
             ),
             'ExplainTrial': grpc.unary_unary_rpc_method_handler(
                     servicer.ExplainTrial,
@@ -547,6 +565,33 @@ class Scheduler(object):
             '/hypersack.v1.Scheduler/GetTrial',
             hypersack_dot___proto_dot_v1_dot_hypersack__pb2.GetTrialRequest.SerializeToString,
             hypersack_dot___proto_dot_v1_dot_hypersack__pb2.Trial.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetHistory(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/hypersack.v1.Scheduler/GetHistory',
+            hypersack_dot___proto_dot_v1_dot_hypersack__pb2.GetHistoryRequest.SerializeToString,
+            hypersack_dot___proto_dot_v1_dot_hypersack__pb2.History.FromString,
             options,
             channel_credentials,
             insecure,
