@@ -88,6 +88,39 @@ def add_parsers(sub: Any) -> None:
     _db_flag(p)
     add_server_flag(p)
 
+    p = sub.add_parser(
+        "plot", help="draw a study: learning curves, where each attempt ran, occupancy",
+        description="One figure of three panels from what the server recorded: the "
+                    "objective per epoch of every trial (the best bold, pruned ones ending "
+                    "in an x, failed ones red), the real Gantt (each attempt's span on its "
+                    "GPU, trials sharing a GPU stacked, fused groups hatched) and the trials "
+                    "running on each GPU over time. Needs matplotlib: pip install "
+                    "'hypersack[plot]'.")
+    p.add_argument("study")
+    p.add_argument("--out", type=Path, required=True,
+                   help="the picture to write: FILE.svg or FILE.png")
+    _db_flag(p)
+    add_server_flag(p)
+
+    p = sub.add_parser(
+        "export", help="write a study into an Optuna storage (optuna-dashboard, "
+                       "optuna.visualization)",
+        description="Write the study into an Optuna storage, so that optuna-dashboard and "
+                    "optuna.visualization work on it unchanged: each trial with its "
+                    "parameters and the space's distributions, its state, objective, "
+                    "learning curve (intermediate values), start and end, and user "
+                    "attributes (HyperSack trial id and state, node, GPU, attempts, fused "
+                    "group, metrics, reason). Needs optuna.")
+    p.add_argument("study")
+    p.add_argument("--optuna", required=True, metavar="STORAGE_URL",
+                   help="an Optuna RDB storage, e.g. sqlite:///optuna.db")
+    p.add_argument("--name", default="", help="the Optuna study's name (default: the "
+                   "study id)")
+    p.add_argument("--replace", action="store_true", help="rewrite an Optuna study of that "
+                   "name exported from this study before")
+    _db_flag(p)
+    add_server_flag(p)
+
     p = sub.add_parser("why", help="why a trial waits: what blocks it on each GPU, and what "
                        "holds its study back (trials ahead, share, quota, priority)")
     p.add_argument("trial")
@@ -120,6 +153,10 @@ def run_control(args: argparse.Namespace) -> int:
             if args.command == "results":
                 print_results(reader, args.study, args.format, args.top, console, args.wide)
                 return 0
+            if args.command == "plot":
+                return _plot(reader, args, console)
+            if args.command == "export":
+                return _export(reader, args, console)
             return print_logs(reader, args.trial, console)
     with connect(args) as client:
         cmd = args.command
@@ -147,6 +184,10 @@ def run_control(args: argparse.Namespace) -> int:
         if cmd == "results":
             print_results(client, args.study, args.format, args.top, console, args.wide)
             return 0
+        if cmd == "plot":
+            return _plot(client, args, console)
+        if cmd == "export":
+            return _export(client, args, console)
         if cmd == "why":
             for line in client.explain(args.trial).lines:
                 console.print(safe(line), highlight=False)
@@ -154,6 +195,29 @@ def run_control(args: argparse.Namespace) -> int:
         if cmd == "logs":
             return print_logs(client, args.trial, console)
     raise InvalidInput(f"unknown command {args.command}")
+
+
+def _plot(client: Reader, args: argparse.Namespace, console: Console) -> int:
+    from hypersack.cli.plot import plot_study
+
+    study = client.study(args.study)
+    drawn = plot_study(study, client.trials(study.id), client.history(study_id=study.id),
+                       args.out)
+    console.print(f"{safe(str(args.out))}: {drawn['curves']} learning curves "
+                  f"({drawn['pruned']} pruned), {drawn['spans']} spans on {drawn['gpus']} "
+                  "GPUs")
+    return 0
+
+
+def _export(client: Reader, args: argparse.Namespace, console: Console) -> int:
+    from hypersack.cli.export import export_optuna
+
+    counts = export_optuna(client, args.study, args.optuna, name=args.name,
+                           replace=args.replace)
+    console.print(f"{safe(args.study)} -> {safe(args.optuna)} as "
+                  f"{safe(args.name or args.study)}: {sum(counts.values())} trials ("
+                  + ", ".join(f"{k.lower()} {v}" for k, v in sorted(counts.items())) + ")")
+    return 0
 
 
 def _submit(client: Client, args: argparse.Namespace, console: Console) -> int:

@@ -11,6 +11,7 @@ import json
 import os
 import subprocess
 import sys
+import xml.etree.ElementTree as ET
 from pathlib import Path
 
 import hypersack
@@ -79,6 +80,30 @@ program: {command: "{python} {space_dir}/fast.py {lr}"}
                           "--format", "csv")
     rows = list(csv.DictReader(io.StringIO(table.stdout)))
     assert {r["epoch"] for r in rows} == {"12"}
+    # The pictures of this real study: a curve per trial, a span per attempt.
+    picture = tmp_path / "fast.svg"
+    drawn = hypersack_cli("plot", "fast-1", "--db", str(state / "run.db"), "--out",
+                          str(picture))
+    assert drawn.returncode == 0, drawn.stderr[-2000:]
+    found = {e.get("id", "") for e in ET.parse(picture).iter()}  # noqa: S314 - ours
+    assert {i for i in found if i.startswith("curve:")} == {f"curve:{t.id}" for t in trials}
+    assert {i for i in found if i.startswith("span:")} == {
+        f"span:{s.trial_id}:{s.attempt}" for s in spans}
+    # And into Optuna: every trial, with its curve as intermediate values.
+    url = f"sqlite:///{tmp_path / 'optuna.db'}"
+    exported = hypersack_cli("export", "fast-1", "--db", str(state / "run.db"),
+                             "--optuna", url)
+    assert exported.returncode == 0, exported.stderr[-2000:]
+    import optuna
+
+    theirs = optuna.load_study(study_name="fast-1", storage=url)
+    assert [t.user_attrs["hypersack_trial"] for t in theirs.trials] == \
+        sorted(t.id for t in trials)
+    for t in theirs.trials:
+        curve = {h.step: h.metrics["loss"] for h in history.steps
+                 if h.trial_id == t.user_attrs["hypersack_trial"]}
+        assert t.intermediate_values == curve and t.state.name == "COMPLETE"
+        assert t.value == curve[12]
 
 
 def test_curves_pruned_logs_and_the_python_api(cluster: Cluster) -> None:

@@ -1,0 +1,126 @@
+"""`hypersack export STUDY --optuna STORAGE_URL`: a HyperSack study written into an
+Optuna storage, so that optuna-dashboard and `optuna.visualization` work on it unchanged.
+
+Each trial becomes an Optuna trial in HyperSack's order: its parameters with the
+space's distributions, its state (COMPLETED: COMPLETE with its objective; PRUNED:
+PRUNED; FAILED, DIVERGED, CANCELLED: FAIL; waiting: WAITING; running: RUNNING), its
+learning curve as intermediate values (the objective at each step), its start and end,
+and user attributes: the HyperSack trial id and state, the node and GPU of its last
+attempt, attempts, its fused group, its final metrics and the reason it ended."""
+
+from __future__ import annotations
+
+import datetime
+import json
+import math
+from collections import defaultdict
+from typing import Any
+
+from hypersack._proto.v1 import hypersack_pb2 as pb
+from hypersack.cli.client import params_of
+from hypersack.cli.results import Reader
+from hypersack.core.errors import AlreadyExists, HyperSackError, InvalidInput
+from hypersack.grid.space import parse_space
+
+STUDY_ATTR = "hypersack_study"  # the study attribute naming the HyperSack study exported
+
+
+def _optuna() -> Any:
+    try:
+        import optuna
+    except ImportError:
+        raise HyperSackError("export --optuna needs optuna: pip install optuna") from None
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    return optuna
+
+
+def _when(seconds: float) -> datetime.datetime | None:
+    return datetime.datetime.fromtimestamp(seconds) if seconds > 0 else None
+
+
+def _state(optuna: Any, t: pb.Trial) -> tuple[Any, float | None]:
+    states = optuna.trial.TrialState
+    if t.state == "COMPLETED" and t.has_objective and math.isfinite(t.objective):
+        return states.COMPLETE, t.objective
+    if t.state == "PRUNED":
+        return states.PRUNED, None
+    if t.state in ("FAILED", "DIVERGED", "CANCELLED", "COMPLETED"):
+        return states.FAIL, None
+    if t.state in ("RUNNING", "PAUSED"):
+        return states.RUNNING, None
+    return states.WAITING, None
+
+
+def _within(distribution: Any, value: Any) -> bool:
+    """Whether an Optuna distribution holds the value (a manual search may ask outside
+    the space's ranges: such a parameter goes to the user attributes)."""
+    try:
+        return bool(distribution._contains(distribution.to_internal_repr(value)))
+    except (ValueError, TypeError):
+        return False
+
+
+def export_optuna(client: Reader, study_id: str, storage: str, *, name: str = "",
+                  replace: bool = False) -> dict[str, int]:
+    """Write the study into the Optuna storage `storage` (an RDB URL such as
+    sqlite:///optuna.db) under `name` (default: the study id). An Optuna study of that
+    name is replaced only if it was exported from this HyperSack study and `replace`
+    says so. Returns how many trials went in, and in which Optuna state."""
+    optuna = _optuna()
+    study = client.study(study_id)
+    trials = sorted(client.trials(study_id), key=lambda t: t.id)
+    history = client.history(study_id=study_id)
+    space = parse_space(json.loads(study.space_json or "{}"), source=f"study {study.id}")
+    from hypersack.grid.adaptive import distributions
+
+    dists = distributions(space)
+    curves: dict[str, dict[int, float]] = defaultdict(dict)
+    for h in history.steps:
+        value = h.metrics.get(study.objective_metric)
+        if value is not None and math.isfinite(value):
+            curves[h.trial_id][int(h.step)] = float(value)
+    name = name or study.id
+    try:
+        storage_obj = optuna.storages.get_storage(storage)
+    except Exception as exc:  # optuna raises many kinds for a bad URL
+        raise InvalidInput(f"--optuna {storage!r}: not an Optuna storage ({exc})") from None
+    existing = {s.study_name: s for s in optuna.get_all_study_summaries(storage_obj)}
+    if name in existing:
+        if not replace or existing[name].user_attrs.get(STUDY_ATTR) != study.id:
+            raise AlreadyExists(
+                f"the Optuna storage has a study named {name!r}"
+                + (" (--replace rewrites it)" if existing[name].user_attrs.get(STUDY_ATTR)
+                   == study.id else "; --name picks another name"))
+        optuna.delete_study(study_name=name, storage=storage_obj)
+    target = optuna.create_study(storage=storage_obj, study_name=name,
+                                 direction="maximize" if study.objective_mode == "max"
+                                 else "minimize")
+    target.set_user_attr(STUDY_ATTR, study.id)
+    target.set_user_attr("objective", study.objective_metric)
+    target.set_user_attr("owner", study.owner)
+    counts: dict[str, int] = defaultdict(int)
+    last_span = {(s.trial_id): s for s in sorted(history.spans, key=lambda s: s.start)}
+    for t in trials:
+        state, value = _state(optuna, t)
+        params = params_of(t)
+        kept = {k: v for k, v in params.items() if k in dists and _within(dists[k], v)}
+        span = last_span.get(t.id)
+        attrs: dict[str, Any] = {
+            "hypersack_trial": t.id, "hypersack_state": t.state, "attempts": t.launches,
+            "node": span.node if span else t.node, "gpu": span.gpu_index if span else
+            (t.gpu_index if t.gpu_index >= 0 else None),
+            "fused_group": t.fused_group, "metrics": dict(t.metrics), "reason": t.reason,
+            **{f"param.{k}": v for k, v in params.items() if k not in kept}}
+        # A trial that never started (its profile failed) starts and ends when it ended.
+        start = (_when(t.started_at) or _when(t.finished_at) or _when(study.submitted_at)
+                 or datetime.datetime.now())
+        end = (_when(t.finished_at) or start) if state.is_finished() else None
+        frozen = optuna.trial.FrozenTrial(
+            number=0, trial_id=0, state=state, value=value,
+            datetime_start=start if state != optuna.trial.TrialState.WAITING else None,
+            datetime_complete=end, params=kept,
+            distributions={k: dists[k] for k in kept}, user_attrs=attrs, system_attrs={},
+            intermediate_values=curves.get(t.id, {}))
+        target.add_trial(frozen)
+        counts[state.name] += 1
+    return dict(counts)
