@@ -85,7 +85,7 @@ program: {command: "{python} {space_dir}/fast.py {lr}"}
     drawn = hypersack_cli("plot", "fast-1", "--db", str(state / "run.db"), "--out",
                           str(picture))
     assert drawn.returncode == 0, drawn.stderr[-2000:]
-    found = {e.get("id", "") for e in ET.parse(picture).iter()}  # noqa: S314 - ours
+    found = {e.get("id", "") for e in ET.parse(picture).iter()}
     assert {i for i in found if i.startswith("curve:")} == {f"curve:{t.id}" for t in trials}
     assert {i for i in found if i.startswith("span:")} == {
         f"span:{s.trial_id}:{s.attempt}" for s in spans}
