@@ -30,6 +30,7 @@ from hypersack.core.bounds import (
     Text,
     Timestamp,
 )
+from hypersack.core.catalog import MODELS
 
 MAX_KEY_PARAMS = 16
 MAX_RUNG_VALUES = 4096  # objective values kept per trial for its pruner
@@ -73,11 +74,18 @@ class WorkloadKey(Frozen):
         return params
 
     def label(self) -> str:
+        """`resnet18/b64/sgd/fp32/k1` for a zoo model; a user's program shows only what
+        it has besides its name (`alice:mlp/width=64`): the fields it keeps at their
+        defaults (no batch size, sgd, fp32, alone) are left out."""
         extra = "".join(f"/{n}={v}" for n, v in self.params)
-        return (
-            f"{self.model}/b{self.batch_size}/{self.optimizer}/{self.precision}"
-            f"/k{self.fusion_width}{extra}"
-        )
+        if self.model in MODELS:
+            return (f"{self.model}/b{self.batch_size}/{self.optimizer}/{self.precision}"
+                    f"/k{self.fusion_width}{extra}")
+        parts = [f"b{self.batch_size}" if self.batch_size else "",
+                 self.optimizer if self.optimizer != "sgd" else "",
+                 self.precision if self.precision != "fp32" else "",
+                 f"k{self.fusion_width}" if self.fusion_width != 1 else ""]
+        return self.model + "".join(f"/{p}" for p in parts if p) + extra
 
     def params_text(self) -> str:
         """The demand keys as a profile file writes them: `width=512,depth=4`."""
