@@ -18,7 +18,8 @@ from typing import TYPE_CHECKING, Any
 
 from hypersack.core.errors import InvalidInput
 from hypersack.core.types import TrialRecord, TrialState
-from hypersack.grid.space import Choice, IntRange, LogUniform, SearchSpace, Uniform
+from hypersack.grid.params import Choice, IntRange, LogUniform, Uniform
+from hypersack.grid.space import SearchSpace
 
 if TYPE_CHECKING:  # imported when a study needs it: the server starts without it
     import optuna

@@ -11,14 +11,8 @@ from typing import Any
 
 from hypersack.core.trial_env import as_text
 from hypersack.core.types import KEY_VALUE_CHARS, STATED_KEY, TrialRecord, WorkloadKey
-from hypersack.grid.space import (
-    KEY_PARAMS,
-    Choice,
-    IntRange,
-    LogUniform,
-    SearchSpace,
-    Uniform,
-)
+from hypersack.grid.params import Choice, IntRange, LogUniform, Uniform
+from hypersack.grid.space import KEY_PARAMS, SearchSpace
 
 _UNSAFE = re.compile(f"[^{KEY_VALUE_CHARS}]")
 

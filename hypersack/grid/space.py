@@ -9,12 +9,10 @@ import re
 import shlex
 from collections.abc import Collection
 from pathlib import Path
-from typing import Annotated, Any, Literal, Union
+from typing import Annotated, Any, Literal
 
 from pydantic import (
     AfterValidator,
-    BaseModel,
-    ConfigDict,
     Field,
     StringConstraints,
     ValidationError,
@@ -36,7 +34,6 @@ from hypersack.core.bounds import (
     MAX_RATIO,
     MAX_SECONDS,
     MAX_WEIGHT,
-    MIN_EPOCHS,
     Epochs,
     is_name,
 )
@@ -45,172 +42,25 @@ from hypersack.core.errors import InvalidInput
 from hypersack.core.files import load_yaml, load_yaml_file, read_text_file
 from hypersack.core.types import STATED_KEY, Demand
 from hypersack.core.validation import format_validation_error
+from hypersack.grid.params import (
+    MAX_TRIALS_CAP,
+    Choice,
+    Hyperparameter,
+    LogUniform,
+    Uniform,
+    _check_epochs,
+    _in_distribution,
+    _plain_value,
+    _Spec,
+)
 
-MAX_TRIALS_CAP = 1_000_000
 KEY_PARAMS = ("batch_size", "optimizer", "precision")
 RESERVED = ("model",)
 
 
 MAX_HYPERPARAMETERS = 64
-MAX_VALUE_CHARS = 1024
 MAX_RETRIES = 100
 HP_NAME = r"^[A-Za-z_][A-Za-z0-9_]{0,63}$"  # usable as a {placeholder}
-_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
-
-
-class _Spec(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False, strict=True)
-
-
-def _plain_value(value: Any) -> Any:
-    """A hyperparameter value: a bool, a 64-bit integer, a finite float or a short
-    printable string (a value reaches command lines, file names and tables)."""
-    if isinstance(value, bool) or value is None:
-        return value
-    if isinstance(value, int):
-        if abs(value) > INT64_MAX:
-            raise ValueError(f"integer {value} does not fit in 64 bits")
-        return value
-    if isinstance(value, float):
-        if not math.isfinite(value):
-            raise ValueError(f"{value} is not a finite number")
-        return value
-    if isinstance(value, str):
-        if len(value) > MAX_VALUE_CHARS:
-            raise ValueError(f"a string value is longer than {MAX_VALUE_CHARS} characters")
-        if _CONTROL.search(value):
-            raise ValueError(f"{value[:40]!r} contains control characters")
-        return value
-    raise ValueError(f"{str(value)[:40]!r} is a {type(value).__name__}; values are numbers, "
-                     "strings or booleans")
-
-
-def _range_count(low: float, high: float, step: float) -> int:
-    """How many points `low, low + step, ... <= high` has, without making them; more than
-    MAX_TRIALS_CAP is an error."""
-    span = (high - low) / step
-    if not math.isfinite(span) or span + 1 > MAX_TRIALS_CAP:
-        raise ValueError(f"the range has more than {MAX_TRIALS_CAP} points")
-    return math.floor(span + 1e-9) + 1
-
-
-def _round(value: float) -> float:
-    """Grid points rounded to 6 significant digits, so 1e-3 prints as 0.001."""
-    return float(f"{value:.6g}")
-
-
-class Choice(_Spec):
-    distribution: Literal["choice"]
-    values: list[Any] = Field(min_length=1, max_length=MAX_TRIALS_CAP)
-
-    @field_validator("values")
-    @classmethod
-    def _unique(cls, values: list[Any]) -> list[Any]:
-        for v in values:
-            _plain_value(v)
-        seen = [json.dumps(v, sort_keys=True, default=str) for v in values]
-        if len(set(seen)) != len(seen):
-            raise ValueError(f"duplicated values in {values}")
-        return values
-
-    def grid(self) -> list[Any]:
-        return list(self.values)
-
-    def count(self) -> int | None:
-        return len(self.values)
-
-
-class Uniform(_Spec):
-    distribution: Literal["uniform"]
-    low: float
-    high: float
-    num: int | None = Field(default=None, ge=1, le=MAX_TRIALS_CAP)
-    step: float | None = Field(default=None, gt=0)
-
-    @model_validator(mode="after")
-    def _check(self) -> Uniform:
-        if not (math.isfinite(self.low) and math.isfinite(self.high)):
-            raise ValueError("low and high must be finite numbers")
-        if self.low > self.high:
-            raise ValueError(f"empty range: low {self.low} > high {self.high}")
-        if self.num is not None and self.step is not None:
-            raise ValueError("give num or step, not both")
-        if self.step is not None:
-            _range_count(self.low, self.high, self.step)
-        return self
-
-    def count(self) -> int | None:
-        if self.num is not None:
-            return self.num
-        if self.step is not None:
-            return _range_count(self.low, self.high, self.step)
-        return None
-
-    def grid(self) -> list[Any] | None:
-        if self.num is not None:
-            if self.num == 1:
-                return [_round(self.low)]
-            return [_round(self.low + (self.high - self.low) * i / (self.num - 1))
-                    for i in range(self.num)]
-        if self.step is not None:
-            count = _range_count(self.low, self.high, self.step)
-            return [_round(self.low + i * self.step) for i in range(count)]
-        return None
-
-
-class LogUniform(_Spec):
-    distribution: Literal["loguniform"]
-    low: float
-    high: float
-    num: int | None = Field(default=None, ge=1, le=MAX_TRIALS_CAP)
-
-    def count(self) -> int | None:
-        return self.num
-
-    @model_validator(mode="after")
-    def _check(self) -> LogUniform:
-        if self.low <= 0 or self.high <= 0:
-            raise ValueError(f"loguniform needs low > 0 and high > 0 (got low={self.low}, "
-                             f"high={self.high})")
-        if not (math.isfinite(self.low) and math.isfinite(self.high)):
-            raise ValueError("low and high must be finite numbers")
-        if self.low > self.high:
-            raise ValueError(f"empty range: low {self.low} > high {self.high}")
-        return self
-
-    def grid(self) -> list[Any] | None:
-        if self.num is None:
-            return None
-        if self.num == 1:
-            return [_round(self.low)]
-        lo, hi = math.log(self.low), math.log(self.high)
-        return [_round(math.exp(lo + (hi - lo) * i / (self.num - 1))) for i in range(self.num)]
-
-
-class IntRange(_Spec):
-    distribution: Literal["int"]
-    low: int = Field(ge=-INT64_MAX, le=INT64_MAX)
-    high: int = Field(ge=-INT64_MAX, le=INT64_MAX)
-    step: int = Field(default=1, gt=0, le=INT64_MAX)
-
-    @model_validator(mode="after")
-    def _check(self) -> IntRange:
-        if self.low > self.high:
-            raise ValueError(f"empty range: low {self.low} > high {self.high}")
-        if (self.high - self.low) // self.step + 1 > MAX_TRIALS_CAP:
-            raise ValueError(f"the range has more than {MAX_TRIALS_CAP} points")
-        return self
-
-    def count(self) -> int | None:
-        return (self.high - self.low) // self.step + 1
-
-    def grid(self) -> list[Any]:
-        return list(range(self.low, self.high + 1, self.step))
-
-
-Hyperparameter = Annotated[
-    Union[Choice, Uniform, LogUniform, IntRange], Field(discriminator="distribution")
-]
 
 
 SAMPLERS = ("tpe", "gp", "cmaes", "random", "qmc")
@@ -632,40 +482,6 @@ class SearchSpace(_Spec):
             if size > MAX_TRIALS_CAP:  # stop multiplying: already too many
                 return size
         return size
-
-
-def _in_distribution(hp: Choice | Uniform | LogUniform | IntRange, value: Any) -> Any:
-    """The value, if the distribution can give it; raises ValueError otherwise."""
-    if isinstance(hp, Choice):
-        key = json.dumps(value, sort_keys=True)
-        for v in hp.values:
-            if json.dumps(v, sort_keys=True) == key:
-                return v
-        raise ValueError(f"{str(value)[:64]!r} is not one of {hp.values[:10]}")
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise ValueError(f"{str(value)[:64]!r} is not a number")
-    if isinstance(hp, IntRange):
-        if not isinstance(value, int) and not (isinstance(value, float) and value.is_integer()):
-            raise ValueError(f"{value!r} is not an integer")
-        value = int(value)
-        if not (hp.low <= value <= hp.high and (value - hp.low) % hp.step == 0):
-            raise ValueError(f"{value} is not in {hp.low}..{hp.high} step {hp.step}")
-        return value
-    if not hp.low <= value <= hp.high:
-        raise ValueError(f"{value!r} is outside [{hp.low:g}, {hp.high:g}]")
-    return value
-
-
-def _check_epochs(hp: Choice | Uniform | LogUniform | IntRange) -> None:
-    """An `epochs` hyperparameter sets each trial's epochs: positive finite numbers."""
-    bad = ValueError(f"hyperparameters.epochs: must be numbers from {MIN_EPOCHS:g} to "
-                     f"{MAX_EPOCHS:g}")
-    if isinstance(hp, Choice):
-        if not all(type(v) in (int, float) and MIN_EPOCHS <= v <= MAX_EPOCHS
-                   for v in hp.values):
-            raise bad
-    elif not (hp.low >= MIN_EPOCHS and hp.high <= MAX_EPOCHS):
-        raise bad
 
 
 def parse_space(data: Any, *, source: str = "search space",

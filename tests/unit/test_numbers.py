@@ -13,7 +13,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from hypersack.core.files import load_yaml
-from hypersack.grid.space import LogUniform, load_space, parse_space, read_space_file
+from hypersack.grid.params import LogUniform
+from hypersack.grid.space import load_space, parse_space, read_space_file
 from hypersack.server.app import HyperSackServer
 
 FORMATS = ["{!r}", "{:e}", "{:E}", "{:.3e}", "{:.12g}", "{:+e}"]
