@@ -146,14 +146,23 @@ def _validate(args: argparse.Namespace) -> int:
 
     space = load_space(args.space, policy_names())
     axes = {name: values for name, values in space.axes()}
+    conditions = space.conditions()
     if args.json:
         emit({"name": space.name, "trials": space.size(), "search": space.search.type,
-              "axes": axes if space.search.type == "grid" else None})
+              "axes": axes if space.search.type == "grid" else None,
+              "conditions": conditions})
     else:
         print(f"{space.name}: {space.size()} trials ({space.search.type} search)")
-        if space.search.type == "grid":
-            for name, values in axes.items():
-                print(f"  {name}: {len(values)} values: {', '.join(map(str, values))}")
+        for name, hp in space.hyperparameters.items():
+            values = axes.get(name) if space.search.type == "grid" else None
+            shown = (f"{len(values)} values: {', '.join(map(str, values))}" if values
+                     else hp.model_dump(exclude={"when"}, exclude_none=True))
+            when = conditions.get(name)
+            print(f"  {name}: {shown}" + (
+                "  (only when " + " and ".join(
+                    f"{k} in {v}" for k, v in when.items()) + ")" if when else ""))
+        if space.models and space.search.type == "grid":
+            print(f"  model: {len(space.models)} values: {', '.join(space.models)}")
     return 0
 
 

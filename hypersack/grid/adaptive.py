@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 from hypersack.core.errors import InvalidInput
 from hypersack.core.types import TrialRecord, TrialState
-from hypersack.grid.params import Choice, IntRange, LogUniform, Uniform
+from hypersack.grid.params import Choice, IntRange, LogUniform, Uniform, active
 from hypersack.grid.space import SearchSpace
 
 if TYPE_CHECKING:  # imported when a study needs it: the server starts without it
@@ -59,6 +59,18 @@ def distributions(space: SearchSpace) -> dict[str, Any]:
             step = hp.step if hp.step is not None and hp.low < hp.high else None
             out[name] = dist.FloatDistribution(hp.low, hp.high, step=step)
     return out
+
+
+def suggest(trial: Any, name: str, distribution: Any) -> Any:
+    """Ask a trial for one parameter of this distribution (define-by-run)."""
+    dist = _optuna().distributions
+    if isinstance(distribution, dist.CategoricalDistribution):
+        return trial.suggest_categorical(name, distribution.choices)
+    if isinstance(distribution, dist.IntDistribution):
+        return trial.suggest_int(name, distribution.low, distribution.high,
+                                 step=distribution.step, log=distribution.log)
+    return trial.suggest_float(name, distribution.low, distribution.high,
+                               step=distribution.step, log=distribution.log)
 
 
 def make_sampler(space: SearchSpace) -> Any:
@@ -148,16 +160,24 @@ class OptunaSearch:
         """A new trial's number and hyperparameters (the single model where the space
         has one)."""
         assert self._study is not None and not self.stale
+        conditional = bool(self.space.conditions())
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            trial = self._study.ask(fixed_distributions=self._dists)
+            # Conditional hyperparameters are asked define-by-run, each only where its
+            # `when` holds (the sampler sees which trials have it).
+            trial = self._study.ask() if conditional else \
+                self._study.ask(fixed_distributions=self._dists)
+            params: dict[str, Any] = {}
+            if len(self.space.models) == 1:
+                params["model"] = self.space.models[0]
+            for name in ([] if len(self.space.models) <= 1 else ["model"]) + list(
+                    self.space.hyperparameters):
+                hp = self.space.hyperparameters.get(name)
+                if not conditional:
+                    params[name] = trial.params[name]
+                elif hp is None or active(hp, params):
+                    params[name] = suggest(trial, name, self._dists[name])
         self._asked[trial.number] = trial
-        params: dict[str, Any] = {}
-        if len(self.space.models) == 1:
-            params["model"] = self.space.models[0]
-        for name in ([] if len(self.space.models) <= 1 else ["model"]) + list(
-                self.space.hyperparameters):
-            params[name] = trial.params[name]
         return trial.number, params
 
     def tell(self, t: TrialRecord) -> None:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import hashlib
-import itertools
 import math
 import random
 import re
@@ -11,7 +10,7 @@ from typing import Any
 
 from hypersack.core.trial_env import as_text
 from hypersack.core.types import KEY_VALUE_CHARS, STATED_KEY, TrialRecord, WorkloadKey
-from hypersack.grid.params import Choice, IntRange, LogUniform, Uniform
+from hypersack.grid.params import Choice, IntRange, LogUniform, Uniform, active, grid_points
 from hypersack.grid.space import KEY_PARAMS, SearchSpace
 
 _UNSAFE = re.compile(f"[^{KEY_VALUE_CHARS}]")
@@ -84,12 +83,9 @@ def expand(space: SearchSpace, study_id: str) -> list[TrialRecord]:
     if space.search.adaptive:
         return trials  # asked of the sampler as capacity frees (see `grid.adaptive`)
     if space.search.type == "grid":
-        axes = space.axes()
-        names = [name for name, _ in axes]
-        ranges = [range(len(values)) for _, values in axes]
-        for ordinal, coords in enumerate(itertools.product(*ranges)):
-            params = {names[a]: axes[a][1][i] for a, i in enumerate(coords)}
-            trials.append(_trial(space, study_id, ordinal, tuple(coords), params, epochs))
+        points = grid_points(space.axes(), space.hyperparameters)
+        for ordinal, (coords, params) in enumerate(points):
+            trials.append(_trial(space, study_id, ordinal, coords, params, epochs))
     else:
         rng = random.Random(space.search.seed)
         assert space.search.samples is not None
@@ -98,7 +94,8 @@ def expand(space: SearchSpace, study_id: str) -> list[TrialRecord]:
                 {"model": space.models[rng.randrange(len(space.models))]} if space.models
                 else {})
             for name, hp in space.hyperparameters.items():
-                drawn[name] = _sample(hp, rng)
+                if active(hp, drawn):  # a conditional one only where its `when` holds
+                    drawn[name] = _sample(hp, rng)
             trials.append(_trial(space, study_id, ordinal, (ordinal,), drawn, epochs))
     return trials
 

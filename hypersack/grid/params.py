@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import math
 import re
+from collections.abc import Iterator, Mapping
 from typing import Annotated, Any, Literal, Union
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
@@ -64,7 +65,96 @@ def _round(value: float) -> float:
     return float(f"{value:.6g}")
 
 
-class Choice(_Spec):
+MAX_CONDITIONS = 8  # names one `when` may test
+
+
+class _Param(_Spec):
+    """What every distribution has: `when`, the values earlier hyperparameters (or the
+    model) must take for this one to be defined. Absent: always defined."""
+
+    when: dict[str, list[Any]] | None = Field(default=None, max_length=MAX_CONDITIONS)
+
+    @field_validator("when", mode="before")
+    @classmethod
+    def _listed(cls, raw: Any) -> Any:
+        if not isinstance(raw, dict):
+            return raw
+        out = {}
+        for name, values in raw.items():
+            values = values if isinstance(values, list) else [values]
+            if not values:
+                raise ValueError(f"when.{name}: no values (it would never be defined)")
+            out[name] = [_plain_value(v) for v in values]
+        return out
+
+
+def active(hp: _Param, params: Mapping[str, Any]) -> bool:
+    """Whether the hyperparameter is defined for a trial with these (earlier) values."""
+    if hp.when is None:
+        return True
+    return all(name in params and _key(params[name]) in {_key(v) for v in values}
+               for name, values in hp.when.items())
+
+
+def _key(value: Any) -> str:
+    """Equal values of a hyperparameter (1 and 1.0 are one value, as in a command)."""
+    if isinstance(value, float) and value.is_integer():
+        value = int(value)
+    return json.dumps(value, sort_keys=True)
+
+
+def grid_points(axes: list[tuple[str, list[Any]]], hps: Mapping[str, _Param]
+                ) -> Iterator[tuple[tuple[int, ...], dict[str, Any]]]:
+    """The grid's points in order (coordinates and values): the Cartesian product of the
+    axes, where an axis whose hyperparameter is not defined for the values before it
+    takes no value (coordinate -1)."""
+    def points(i: int, coords: tuple[int, ...], params: dict[str, Any]
+               ) -> Iterator[tuple[tuple[int, ...], dict[str, Any]]]:
+        if i == len(axes):
+            yield coords, params
+            return
+        name, values = axes[i]
+        hp = hps.get(name)
+        if hp is not None and not active(hp, params):
+            yield from points(i + 1, (*coords, -1), params)
+            return
+        for j, v in enumerate(values):
+            yield from points(i + 1, (*coords, j), {**params, name: v})
+
+    yield from points(0, (), {})
+
+
+def grid_size(axes: list[tuple[str, list[Any]]], hps: Mapping[str, _Param],
+              cap: int = MAX_TRIALS_CAP) -> int:
+    """How many points `grid_points` gives, without making them: only the axes a `when`
+    tests are walked value by value; past `cap` the count stops (any larger number)."""
+    tested = {n for hp in hps.values() if hp.when for n in hp.when}
+    steps = [0]
+
+    def count(i: int, params: dict[str, Any]) -> int:
+        steps[0] += 1
+        if steps[0] > cap:
+            raise ValueError(f"the conditions make more than {cap} combinations to count")
+        if i == len(axes):
+            return 1
+        name, values = axes[i]
+        hp = hps.get(name)
+        if hp is not None and not active(hp, params):
+            return count(i + 1, params)
+        if name in tested:
+            total = 0
+            for v in values:
+                total += count(i + 1, {**params, name: v})
+                if total > cap:
+                    return total
+            return total
+        rest = count(i + 1, params)
+        return len(values) * rest
+
+    return count(0, {})
+
+
+class Choice(_Param):
     distribution: Literal["choice"]
     values: list[Any] = Field(min_length=1, max_length=MAX_TRIALS_CAP)
 
@@ -85,7 +175,7 @@ class Choice(_Spec):
         return len(self.values)
 
 
-class Uniform(_Spec):
+class Uniform(_Param):
     distribution: Literal["uniform"]
     low: float
     high: float
@@ -123,7 +213,7 @@ class Uniform(_Spec):
         return None
 
 
-class LogUniform(_Spec):
+class LogUniform(_Param):
     distribution: Literal["loguniform"]
     low: float
     high: float
@@ -152,7 +242,7 @@ class LogUniform(_Spec):
         return [_round(math.exp(lo + (hi - lo) * i / (self.num - 1))) for i in range(self.num)]
 
 
-class IntRange(_Spec):
+class IntRange(_Param):
     distribution: Literal["int"]
     low: int = Field(ge=-INT64_MAX, le=INT64_MAX)
     high: int = Field(ge=-INT64_MAX, le=INT64_MAX)

@@ -52,6 +52,8 @@ from hypersack.grid.params import (
     _in_distribution,
     _plain_value,
     _Spec,
+    active,
+    grid_size,
 )
 
 KEY_PARAMS = ("batch_size", "optimizer", "precision")
@@ -348,6 +350,7 @@ class SearchSpace(_Spec):
                              f"{', '.join(sorted(RESERVED_NAMES))}")
         if self.pruner is not None:
             self._check_pruner(self.pruner)
+        self._check_conditions()
         if self.search.type == "grid":
             for name, hp in self.hyperparameters.items():
                 if hp.count() is None:
@@ -412,6 +415,42 @@ class SearchSpace(_Spec):
                              f"valid: {', '.join(valid)}")
         return self
 
+    def _check_conditions(self) -> None:
+        """A `when` tests the model or hyperparameters declared before its own, with
+        values they can take; the demand keys and epochs are always defined; a command
+        reads a conditional hyperparameter from HYPERSACK_PARAMS, not a placeholder."""
+        earlier: dict[str, Any] = {"model": None} if self.models else {}
+        for name, hp in self.hyperparameters.items():
+            for tested, values in (hp.when or {}).items():
+                if tested not in earlier:
+                    raise ValueError(
+                        f"hyperparameters.{name}.when: {tested[:64]!r} is not "
+                        + ("declared before it" if tested in self.hyperparameters else
+                           "a hyperparameter (or model)") + "; a condition tests the model "
+                        "or hyperparameters declared before the one it conditions")
+                for v in values:
+                    try:
+                        if tested == "model":
+                            if v not in self.models:
+                                raise ValueError(f"{str(v)[:64]!r} is not one of the models")
+                        else:
+                            _in_distribution(earlier[tested], v)
+                    except ValueError as exc:
+                        raise ValueError(f"hyperparameters.{name}.when.{tested}: {exc}"
+                                         ) from None
+            if hp.when is not None and name in (*KEY_PARAMS, "epochs"):
+                raise ValueError(f"hyperparameters.{name}: a demand key (or epochs) is "
+                                 "defined for every trial; it takes no 'when'")
+            if hp.when is not None and name in self.program.placeholders():
+                raise ValueError(f"program.command: {{{name}}} is conditional (absent where "
+                                 "its 'when' does not hold); read it from HYPERSACK_PARAMS "
+                                 "(JSON) instead")
+            earlier[name] = hp
+
+    def conditions(self) -> dict[str, dict[str, list[Any]]]:
+        """Each conditional hyperparameter's `when`, in declaration order."""
+        return {n: dict(hp.when) for n, hp in self.hyperparameters.items() if hp.when}
+
     def _check_pruner(self, pruner: Pruner) -> None:
         if "epochs" in self.hyperparameters:
             raise ValueError("pruner: trials of one study need one length to be ranked at "
@@ -443,15 +482,20 @@ class SearchSpace(_Spec):
                 raise InvalidInput(f"model: {str(model)[:64]!r} is not one of the study's "
                                    f"({', '.join(self.models)})")
             out["model"] = model
-        unknown = sorted(set(given) - set(self.hyperparameters))
-        missing = sorted(set(self.hyperparameters) - set(given))
+        defined: list[str] = []  # in order: a condition reads the values before it
+        for name, hp in self.hyperparameters.items():
+            if active(hp, {**out, **{n: given[n] for n in defined if n in given}}):
+                defined.append(name)
+        unknown = sorted(set(given) - set(defined))
+        missing = sorted(set(defined) - set(given))
         if unknown or missing:
             raise InvalidInput(
                 "parameters: " + "; ".join(
                     ([f"unknown {', '.join(n[:64] for n in unknown[:5])}"] if unknown else [])
                     + ([f"missing {', '.join(missing[:5])}"] if missing else []))
-                + f" (the space has: {', '.join(self.hyperparameters)})")
-        for name, hp in self.hyperparameters.items():
+                + f" (defined for these values: {', '.join(defined)})")
+        for name in defined:
+            hp = self.hyperparameters[name]
             try:
                 out[name] = _in_distribution(hp, _plain_value(given[name]))
             except ValueError as exc:
@@ -476,6 +520,8 @@ class SearchSpace(_Spec):
         if self.search.adaptive:
             assert self.search.trials is not None
             return self.search.trials
+        if self.conditions():
+            return grid_size(self.axes(), self.hyperparameters)
         size = max(1, len(self.models))
         for hp in self.hyperparameters.values():
             size *= hp.count() or 0

@@ -34,6 +34,11 @@ from hypersack.runner.sdk import checkpoint_path, save_checkpoint
 
 def train_mlp(params: dict[str, Any], epochs: float, opts: TrainOptions) -> float:
     """A 64-64-10 perceptron with ReLU, trained by mini-batch SGD with momentum."""
+    for name, only in (("optimizer", "sgd"), ("precision", "fp32")):
+        if str(params.get(name, only)) != only:
+            # Refused rather than ignored: an 'adam' trial must not quietly be SGD.
+            raise HyperSackError(f"digits_mlp trains with NumPy {only} only, not {name} "
+                                 f"{str(params[name])[:40]!r} (the PyTorch models take it)")
     data = datasets.load("digits_mlp", opts)
     lr = float(params.get("lr", 0.1))
     batch = int(params.get("batch_size", 32))
