@@ -222,6 +222,12 @@ class Client:
     def cancel(self, study_id: str) -> Study:
         return _study(self._rpc.cancel(study_id))
 
+    def extend(self, study_id: str, trials: int) -> Study:
+        """`trials` more trials for a study of adaptive (optuna, manual) or random search,
+        active or ended: the sampler goes on with every trial it was told (as Optuna's
+        study.optimize again); the study is active again until they end."""
+        return _study(self._rpc.extend(study_id, trials))
+
     def ask(self, study_id: str, params: Mapping[str, Any] | Sequence[Mapping[str, Any]]
             ) -> list[Trial]:
         """Run trials with these parameters (one mapping, or several) on the cluster, in

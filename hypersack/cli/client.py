@@ -140,6 +140,10 @@ class Client:
     def cancel(self, study_id: str) -> pb.Study:
         return self._call("CancelStudy", pb.CancelStudyRequest(study_id=study_id))  # type: ignore[no-any-return]
 
+    def extend(self, study_id: str, trials: int) -> pb.Study:
+        return self._call("ExtendStudy", pb.ExtendStudyRequest(  # type: ignore[no-any-return]
+            study_id=study_id, trials=trials))
+
     def nodes(self) -> list[pb.Node]:
         return list(self._call("ListNodes", pb.ListNodesRequest()).nodes)
 

@@ -63,6 +63,18 @@ def add_parsers(sub: Any) -> None:
     p.add_argument("study")
     add_server_flag(p)
 
+    p = sub.add_parser(
+        "extend", help="add trials to a study of adaptive or random search, active or ended",
+        description="Add trials to a study whose search is optuna, manual or random, "
+                    "whether it still runs or has ended: its sampler goes on with every "
+                    "trial it was told (as study.optimize again in Optuna), and the study is "
+                    "active until the new trials end. A grid has all its points already.",
+        epilog="With --watch, " + EXIT_CODES)
+    p.add_argument("study")
+    p.add_argument("--trials", type=int, required=True, help="how many trials to add")
+    p.add_argument("--watch", action="store_true", help="then follow it until it ends")
+    add_server_flag(p)
+
     p = sub.add_parser("cancel", help="cancel a study: kill its running trials, drop the rest")
     p.add_argument("study")
     add_server_flag(p)
@@ -166,6 +178,11 @@ def run_control(args: argparse.Namespace) -> int:
             return _status(client, args, console)
         if cmd == "watch":
             return exit_code(watch(client, args.study, console))
+        if cmd == "extend":
+            study = client.extend(args.study, args.trials)
+            planned = max(study.planned, sum(study.counts.values()))
+            console.print(f"{safe(study.id)}: {safe(study.state)}, {planned} trials in all")
+            return exit_code(watch(client, study.id, console)) if args.watch else 0
         if cmd == "cancel":
             study = client.cancel(args.study)
             console.print(f"{safe(study.id)}: {safe(study.state)}")

@@ -34,6 +34,15 @@ class TrialsAsked:
 
 
 @dataclass(frozen=True)
+class StudyExtended:
+    """More trials for a study of adaptive or random search, active or ended: its
+    sampler goes on where it was (`hypersack extend`)."""
+
+    study_id: str
+    trials: int
+
+
+@dataclass(frozen=True)
 class StudyCancelled:
     study_id: str
 
@@ -168,7 +177,8 @@ class Wake:
 
 
 Event = Union[
-    StudySubmitted, StudyCancelled, TrialsAsked, NodeJoined, Heartbeat, NodeLost, NodeDrained,
+    StudySubmitted, StudyCancelled, StudyExtended, TrialsAsked, NodeJoined, Heartbeat,
+    NodeLost, NodeDrained,
     TrialStarted, TrialProgress, TrialFinished, TrialFailed, TrialOutOfMemory, TrialLogged,
     ProfileMeasured, ProfileFailed, ProfilesImported, ProfilesForgotten, Tick, Wake,
 ]

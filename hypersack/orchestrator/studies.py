@@ -15,6 +15,7 @@ from hypersack.core.types import (
 )
 from hypersack.grid.adaptive import check_search
 from hypersack.grid.expand import asked_trial, expand
+from hypersack.grid.params import MAX_TRIALS_CAP
 from hypersack.grid.space import SearchSpace
 from hypersack.orchestrator.book import Book
 from hypersack.orchestrator.commands import (
@@ -22,6 +23,7 @@ from hypersack.orchestrator.commands import (
 )
 from hypersack.orchestrator.events import (
     StudyCancelled,
+    StudyExtended,
     StudySubmitted,
     TrialsAsked,
 )
@@ -29,6 +31,8 @@ from hypersack.orchestrator.pruning import Pruning
 from hypersack.orchestrator.state import CoreState, short
 
 log = logging.getLogger(__name__)
+
+MAX_EXTEND = 100_000  # trials one extension adds
 
 
 class StudyEvents:
@@ -94,6 +98,41 @@ class StudyEvents:
         self.book.add_trials(study.id, [
             asked_trial(space, study.id, start + i, space.point(p))
             for i, p in enumerate(event.params)])
+        return self.s.decide()
+
+    def on_extended(self, event: StudyExtended) -> list[Command]:
+        """More trials: an adaptive search's count grows (its sampler, with every trial
+        it was told, asks them as capacity frees), a random search draws the next points
+        of its seeded stream; an ended study is active again. A grid has every point
+        already; a cancelled study stays cancelled."""
+        study = self.book.study(event.study_id)
+        space = self.s.spaces[study.id]
+        search = space.search
+        if search.type == "grid":
+            raise InvalidInput(f"study {study.id} is a grid: it has all its points; submit a "
+                               "space with more values (or search type random or optuna)")
+        if study.state == StudyState.CANCELLED:
+            raise InvalidInput(f"study {study.id} was cancelled; submit it again")
+        if not 1 <= event.trials <= MAX_EXTEND:
+            raise InvalidInput(f"extend by 1 to {MAX_EXTEND} trials ({event.trials} asked)")
+        field = "samples" if search.type == "random" else "trials"
+        total = space.size() + event.trials
+        if total > min(space.settings.max_trials, MAX_TRIALS_CAP):
+            raise InvalidInput(f"study {study.id} would have {total} trials, more than "
+                               f"settings.max_trials={space.settings.max_trials}")
+        grown = space.model_copy(update={"search": search.model_copy(update={field: total})})
+        self.s.spaces[study.id] = grown
+        study = study.model_copy(update={"space": {
+            **study.space, "search": {**study.space.get("search", {}), field: total}}})
+        self.s.studies[study.id] = study
+        if search.type == "random":
+            old = len(self.s.by_study[study.id])
+            self.book.add_trials(study.id, expand(grown, study.id)[old:])
+        if study.state != StudyState.ACTIVE:
+            self.book.set_study(study, StudyState.ACTIVE)
+        else:
+            self.s.dirty_studies.add(study.id)
+        log.info("study %s extended by %d trial(s) to %d", study.id, event.trials, total)
         return self.s.decide()
 
     def on_cancelled(self, event: StudyCancelled) -> list[Command]:

@@ -64,6 +64,7 @@ from hypersack.orchestrator.events import (
     ProfilesImported,
     RunningTrial,
     StudyCancelled,
+    StudyExtended,
     StudySubmitted,
     Tick,
     TrialsAsked,
@@ -439,11 +440,14 @@ class SchedulerService:
         with self._lock:
             return self.orch.explain(trial_id, others)
 
-    def cancel(self, study_id: str) -> StudyRecord:
+    def change_study(self, event: StudyCancelled | StudyExtended) -> StudyRecord:
+        """Cancel or extend a study; a refusal comes back as its reason."""
         with self._lock:
-            self.orch.study(study_id)
-            self._apply(StudyCancelled(study_id))
-            return self.orch.study(study_id)
+            self.orch.study(event.study_id)
+            result = self._apply(event)
+            if result.refused:
+                raise _reason(result, f"study {event.study_id}")
+            return self.orch.study(event.study_id)
 
     def drain(self, node: str, draining: bool = True) -> NodeRecord:
         with self._lock:

@@ -26,6 +26,7 @@ from hypersack.core.errors import (
     Unauthenticated,
 )
 from hypersack.core.types import StudyRecord, TokenRecord, UserRecord
+from hypersack.orchestrator.events import StudyCancelled, StudyExtended
 from hypersack.sampler.profiles import reject_repeats
 from hypersack.server.auth import Authenticator, Principal, bearer
 from hypersack.server.bridge import Aborted, Waker
@@ -252,7 +253,15 @@ class SchedulerServicer(pb_grpc.SchedulerServicer):
                     ) -> pb.Study:
         self._auth.require_owner(self._who(context), self._readable_any(request.study_id),
                                  "cancelling")
-        study = self._s.cancel(request.study_id)
+        study = self._s.change_study(StudyCancelled(request.study_id))
+        return self._study_pb(study.id)
+
+    @translated
+    def ExtendStudy(self, request: pb.ExtendStudyRequest, context: grpc.ServicerContext
+                    ) -> pb.Study:
+        self._auth.require_owner(self._who(context), self._readable_any(request.study_id),
+                                 "extending")
+        study = self._s.change_study(StudyExtended(request.study_id, int(request.trials)))
         return self._study_pb(study.id)
 
     @translated

@@ -320,6 +320,14 @@ class Trial(_message.Message):
     last_value: float
     def __init__(self, id: _Optional[str] = ..., study_id: _Optional[str] = ..., state: _Optional[str] = ..., params_json: _Optional[str] = ..., workload: _Optional[str] = ..., node: _Optional[str] = ..., gpu_index: _Optional[int] = ..., failures: _Optional[int] = ..., launches: _Optional[int] = ..., metrics: _Optional[_Mapping[str, float]] = ..., has_objective: bool = ..., objective: _Optional[float] = ..., reason: _Optional[str] = ..., log_tail: _Optional[str] = ..., started_at: _Optional[float] = ..., finished_at: _Optional[float] = ..., fused_group: _Optional[str] = ..., fusion_width: _Optional[int] = ..., epoch: _Optional[int] = ..., has_last_value: bool = ..., last_value: _Optional[float] = ...) -> None: ...
 
+class ExtendStudyRequest(_message.Message):
+    __slots__ = ("study_id", "trials")
+    STUDY_ID_FIELD_NUMBER: _ClassVar[int]
+    TRIALS_FIELD_NUMBER: _ClassVar[int]
+    study_id: str
+    trials: int
+    def __init__(self, study_id: _Optional[str] = ..., trials: _Optional[int] = ...) -> None: ...
+
 class GetHistoryRequest(_message.Message):
     __slots__ = ("study_id", "trial_id", "after_trial", "after_step")
     STUDY_ID_FIELD_NUMBER: _ClassVar[int]

@@ -81,6 +81,11 @@ class SchedulerStub(object):
                 request_serializer=hypersack_dot___proto_dot_v1_dot_hypersack__pb2.CancelStudyRequest.SerializeToString,
                 response_deserializer=hypersack_dot___proto_dot_v1_dot_hypersack__pb2.Study.FromString,
                 _registered_method=True)
+        self.ExtendStudy = channel.unary_unary(
+                '/hypersack.v1.Scheduler/ExtendStudy',
+                request_serializer=hypersack_dot___proto_dot_v1_dot_hypersack__pb2.ExtendStudyRequest.SerializeToString,
+                response_deserializer=hypersack_dot___proto_dot_v1_dot_hypersack__pb2.Study.FromString,
+                _registered_method=True)
         self.AskTrials = channel.unary_unary(
                 '/hypersack.v1.Scheduler/AskTrials',
                 request_serializer=hypersack_dot___proto_dot_v1_dot_hypersack__pb2.AskTrialsRequest.SerializeToString,
@@ -214,6 +219,14 @@ class SchedulerServicer(object):
 
     def CancelStudy(self, request, context):
         """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ExtendStudy(self, request, context):
+        """More trials for a study of adaptive or random search (its owner), active or ended:
+        its sampler goes on with every trial it was told.
+        """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
@@ -355,6 +368,11 @@ def add_SchedulerServicer_to_server(servicer, server):
             'CancelStudy': grpc.unary_unary_rpc_method_handler(
                     servicer.CancelStudy,
                     request_deserializer=hypersack_dot___proto_dot_v1_dot_hypersack__pb2.CancelStudyRequest.FromString,
+                    response_serializer=hypersack_dot___proto_dot_v1_dot_hypersack__pb2.Study.SerializeToString,
+            ),
+            'ExtendStudy': grpc.unary_unary_rpc_method_handler(
+                    servicer.ExtendStudy,
+                    request_deserializer=hypersack_dot___proto_dot_v1_dot_hypersack__pb2.ExtendStudyRequest.FromString,
                     response_serializer=hypersack_dot___proto_dot_v1_dot_hypersack__pb2.Study.SerializeToString,
             ),
             'AskTrials': grpc.unary_unary_rpc_method_handler(
@@ -672,6 +690,33 @@ class Scheduler(object):
             target,
             '/hypersack.v1.Scheduler/CancelStudy',
             hypersack_dot___proto_dot_v1_dot_hypersack__pb2.CancelStudyRequest.SerializeToString,
+            hypersack_dot___proto_dot_v1_dot_hypersack__pb2.Study.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ExtendStudy(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/hypersack.v1.Scheduler/ExtendStudy',
+            hypersack_dot___proto_dot_v1_dot_hypersack__pb2.ExtendStudyRequest.SerializeToString,
             hypersack_dot___proto_dot_v1_dot_hypersack__pb2.Study.FromString,
             options,
             channel_credentials,
