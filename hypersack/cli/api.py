@@ -27,7 +27,7 @@ from hypersack._proto.v1 import hypersack_pb2 as pb
 from hypersack.cli.client import Client as _Rpc
 from hypersack.cli.client import params_of
 from hypersack.cli.connect import DEFAULT_SERVER, env_token
-from hypersack.cli.results import ranked
+from hypersack.cli.results import goals, pareto, ranked, values_of
 from hypersack.core.errors import HyperSackError, InvalidInput
 from hypersack.core.types import TrialState
 from hypersack.grid.space import read_space_file
@@ -48,6 +48,8 @@ class Study:
     objective_mode: str  # min or max
     submitted_at: float
     warnings: tuple[str, ...] = ()
+    # (metric, mode) of every objective: one, or several in a multi-objective study.
+    objectives: tuple[tuple[str, str], ...] = ()
 
     @property
     def done(self) -> bool:
@@ -71,6 +73,10 @@ class Trial:
     log_tail: str = field(default="", repr=False)
     epoch: int = 0  # the last step (epoch) it reported (0: none yet)
     last_value: float | None = None  # its objective metric at that epoch
+    # A multi-objective study's: its value of every objective (None: it has not all),
+    # and whether it is on the study's Pareto front.
+    values: tuple[float, ...] | None = None
+    pareto: bool = False
 
 
 class Results(list[Trial]):
@@ -92,15 +98,29 @@ class Results(list[Trial]):
 
     @property
     def best(self) -> Trial | None:
+        """The trial with the best objective; None in a multi-objective study, where no
+        one trial is best (see `pareto_front`)."""
+        if len(self.study.objectives) > 1:
+            return None
         return self[0] if self and self[0].objective is not None else None
+
+    def pareto_front(self) -> list[Trial]:
+        """A multi-objective study's trials that no other beats on every objective (as
+        Optuna's `study.best_trials`), by the first objective; a study of one objective:
+        its best trial."""
+        if len(self.study.objectives) <= 1:
+            return [self[0]] if self and self[0].objective is not None else []
+        return [t for t in self if t.pareto]
 
     def records(self) -> list[dict[str, Any]]:
         """One flat dict per trial: id, state, objective, each parameter and each metric
         (`metric.NAME`), tries, reason."""
         out = []
         for t in self:
+            several = len(self.study.objectives) > 1
             out.append({"trial": t.id, "state": t.state, "objective": t.objective,
                         "epoch": t.epoch, "last_value": t.last_value,
+                        **({"values": t.values, "pareto": t.pareto} if several else {}),
                         **t.params, **{f"metric.{k}": v for k, v in sorted(t.metrics.items())},
                         "tries": t.launches, "reason": t.reason})
         return out
@@ -136,17 +156,23 @@ def curves_frame(history: pb.History, states: Mapping[str, str] | None = None) -
 def _study(s: pb.Study) -> Study:
     return Study(id=s.id, name=s.name, state=s.state, owner=s.owner, counts=dict(s.counts),
                  objective_metric=s.objective_metric, objective_mode=s.objective_mode,
-                 submitted_at=s.submitted_at, warnings=tuple(s.warnings))
+                 submitted_at=s.submitted_at, warnings=tuple(s.warnings),
+                 objectives=tuple(goals(s)))
 
 
-def _trial(t: pb.Trial) -> Trial:
+def _trial(t: pb.Trial, study: pb.Study | None = None, on_front: frozenset[str] = frozenset()
+           ) -> Trial:
+    g = goals(study) if study is not None else []
+    values = values_of(t, [m for m, _ in g]) if len(g) > 1 else None
     objective = t.objective if t.has_objective and math.isfinite(t.objective) else None
     return Trial(id=t.id, study_id=t.study_id, state=t.state, params=params_of(t),
                  metrics=dict(t.metrics), objective=objective, reason=t.reason, node=t.node,
                  gpu_index=t.gpu_index if t.gpu_index >= 0 else None, launches=t.launches,
                  started_at=t.started_at or None, finished_at=t.finished_at or None,
                  log_tail=t.log_tail, epoch=int(t.epoch),
-                 last_value=t.last_value if t.has_last_value else None)
+                 last_value=t.last_value if t.has_last_value else None,
+                 values=tuple(values) if values is not None else None,
+                 pareto=t.id in on_front)
 
 
 class Client:
@@ -284,7 +310,9 @@ class Client:
 
     def results(self, study_id: str) -> Results:
         study = self._rpc.study(study_id)
+        trials = self._rpc.trials(study_id)
+        on_front = frozenset(pareto(study, trials))
         # The order `hypersack results` prints.
-        return Results(_study(study), [_trial(t) for t in
-                                       ranked(study, self._rpc.trials(study_id))],
+        return Results(_study(study), [_trial(t, study, on_front)
+                                       for t in ranked(study, trials)],
                        lambda: self._rpc.history(study_id=study_id))

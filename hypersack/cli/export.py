@@ -2,7 +2,8 @@
 Optuna storage, so that optuna-dashboard and `optuna.visualization` work on it unchanged.
 
 Each trial becomes an Optuna trial in HyperSack's order: its parameters with the
-space's distributions, its state (COMPLETED: COMPLETE with its objective; PRUNED:
+space's distributions, its state (COMPLETED: COMPLETE with its objective, or with every
+objective of a multi-objective study, whose metric names Optuna keeps; PRUNED:
 PRUNED; FAILED, DIVERGED, CANCELLED: FAIL; waiting: WAITING; running: RUNNING), its
 learning curve as intermediate values (the objective at each step), its start and end,
 and user attributes: the HyperSack trial id and state, the node and GPU of its last
@@ -13,12 +14,13 @@ from __future__ import annotations
 import datetime
 import json
 import math
+import warnings
 from collections import defaultdict
 from typing import Any
 
 from hypersack._proto.v1 import hypersack_pb2 as pb
 from hypersack.cli.client import params_of
-from hypersack.cli.results import Reader
+from hypersack.cli.results import Reader, goals, values_of
 from hypersack.core.errors import AlreadyExists, HyperSackError, InvalidInput
 from hypersack.grid.space import parse_space
 
@@ -38,10 +40,12 @@ def _when(seconds: float) -> datetime.datetime | None:
     return datetime.datetime.fromtimestamp(seconds) if seconds > 0 else None
 
 
-def _state(optuna: Any, t: pb.Trial) -> tuple[Any, float | None]:
+def _state(optuna: Any, t: pb.Trial, metrics: list[str]) -> tuple[Any, list[float] | None]:
+    """The Optuna state of a trial, and its value of each objective where COMPLETE."""
     states = optuna.trial.TrialState
-    if t.state == "COMPLETED" and t.has_objective and math.isfinite(t.objective):
-        return states.COMPLETE, t.objective
+    values = values_of(t, metrics)
+    if values is not None:
+        return states.COMPLETE, values
     if t.state == "PRUNED":
         return states.PRUNED, None
     if t.state in ("FAILED", "DIVERGED", "CANCELLED", "COMPLETED"):
@@ -92,16 +96,21 @@ def export_optuna(client: Reader, study_id: str, storage: str, *, name: str = ""
                 + (" (--replace rewrites it)" if existing[name].user_attrs.get(STUDY_ATTR)
                    == study.id else "; --name picks another name"))
         optuna.delete_study(study_name=name, storage=storage_obj)
+    g = goals(study)
     target = optuna.create_study(storage=storage_obj, study_name=name,
-                                 direction="maximize" if study.objective_mode == "max"
-                                 else "minimize")
+                                 directions=["maximize" if mode == "max" else "minimize"
+                                             for _, mode in g])
+    if len(g) > 1:  # optuna-dashboard names the axes of the Pareto front with these
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+            target.set_metric_names([m for m, _ in g])
     target.set_user_attr(STUDY_ATTR, study.id)
     target.set_user_attr("objective", study.objective_metric)
     target.set_user_attr("owner", study.owner)
     counts: dict[str, int] = defaultdict(int)
     last_span = {(s.trial_id): s for s in sorted(history.spans, key=lambda s: s.start)}
     for t in trials:
-        state, value = _state(optuna, t)
+        state, values = _state(optuna, t, [m for m, _ in g])
         params = params_of(t)
         kept = {k: v for k, v in params.items() if k in dists and _within(dists[k], v)}
         span = last_span.get(t.id)
@@ -116,7 +125,7 @@ def export_optuna(client: Reader, study_id: str, storage: str, *, name: str = ""
                  or datetime.datetime.now())
         end = (_when(t.finished_at) or start) if state.is_finished() else None
         frozen = optuna.trial.FrozenTrial(
-            number=0, trial_id=0, state=state, value=value,
+            number=0, trial_id=0, state=state, value=None, values=values,
             datetime_start=start if state != optuna.trial.TrialState.WAITING else None,
             datetime_complete=end, params=kept,
             distributions={k: dists[k] for k in kept}, user_attrs=attrs, system_attrs={},

@@ -150,9 +150,14 @@ def _validate(args: argparse.Namespace) -> int:
     if args.json:
         emit({"name": space.name, "trials": space.size(), "search": space.search.type,
               "axes": axes if space.search.type == "grid" else None,
-              "conditions": conditions})
+              "conditions": conditions,
+              "objectives": [o.model_dump() for o in space.settings.goals]})
     else:
         print(f"{space.name}: {space.size()} trials ({space.search.type} search)")
+        goals = space.settings.goals
+        print(("objectives: " if len(goals) > 1 else "objective: ") + ", ".join(
+            f"{o.metric} ({o.mode})" for o in goals) + (
+            " (results show the Pareto front)" if len(goals) > 1 else ""))
         for name, hp in space.hyperparameters.items():
             values = axes.get(name) if space.search.type == "grid" else None
             shown = (f"{len(values)} values: {', '.join(map(str, values))}" if values

@@ -38,12 +38,13 @@ class StoreReader:
         for t in self._store.list_trials(record.id):
             counts[t.state.value] += 1
         settings = record.space.get("settings", {}) if isinstance(record.space, dict) else {}
-        raw = settings.get("objective", {}) if isinstance(settings, dict) else {}
+        raw = (settings.get("objectives") or [settings.get("objective", {})]) \
+            if isinstance(settings, dict) else [{}]
         try:
-            objective = Objective.model_validate(raw)
-        except ValueError:
-            objective = Objective()
-        return study_to_pb(record, counts, objective)
+            goals = [Objective.model_validate(g) for g in raw]
+        except (ValueError, TypeError):
+            goals = [Objective()]
+        return study_to_pb(record, counts, goals or [Objective()])
 
     def studies(self) -> list[pb.Study]:
         return [self._study(s) for s in self._store.list_studies()]

@@ -18,6 +18,7 @@ from rich.table import Table
 from hypersack._proto.v1 import hypersack_pb2 as pb
 from hypersack.cli.client import params_of
 from hypersack.cli.text import escaped, json_text, safe, safe_log
+from hypersack.core.pareto import front
 
 STATE_STYLE = {"PENDING": "dim", "PROFILING": "cyan", "RUNNING": "yellow",
                "COMPLETED": "green", "FAILED": "bold red", "DIVERGED": "red",
@@ -76,14 +77,46 @@ def value_reached(t: pb.Trial) -> float | None:
     return t.last_value if t.has_last_value else None
 
 
-def ranked(study: pb.Study, trials: list[pb.Trial]) -> list[pb.Trial]:
-    """Best objective first (the study's mode); trials without one after, by id."""
-    sign = -1.0 if study.objective_mode == "max" else 1.0
+def goals(study: pb.Study) -> list[tuple[str, str]]:
+    """(metric, mode) of each objective: the one, or the several of a multi-objective
+    study."""
+    if len(study.objective_metrics) > 1 and \
+            len(study.objective_metrics) == len(study.objective_modes):
+        return list(zip(study.objective_metrics, study.objective_modes, strict=True))
+    return [(study.objective_metric, study.objective_mode)]
 
-    def key(t: pb.Trial) -> tuple[int, float, str]:
+
+def values_of(t: pb.Trial, metrics: list[str]) -> list[float] | None:
+    """A completed trial's value of each objective (the first is its objective, the
+    others the metrics it ended with), or None where one is missing or not finite."""
+    if t.state != "COMPLETED" or not t.has_objective:
+        return None
+    values = [t.objective, *(t.metrics.get(m) for m in metrics[1:])]
+    if any(v is None or not math.isfinite(v) for v in values):
+        return None
+    return [float(v) for v in values if v is not None]
+
+
+def pareto(study: pb.Study, trials: list[pb.Trial]) -> set[str]:
+    """The ids of the trials on the Pareto front of a multi-objective study (none for a
+    study of one objective)."""
+    g = goals(study)
+    if len(g) < 2:
+        return set()
+    points = [values_of(t, [m for m, _ in g]) for t in trials]
+    return {trials[i].id for i in front(points, [mode == "max" for _, mode in g])}
+
+
+def ranked(study: pb.Study, trials: list[pb.Trial]) -> list[pb.Trial]:
+    """Best objective first (the study's mode); trials without one after, by id. A
+    multi-objective study: its Pareto front first, each part by the first objective."""
+    sign = -1.0 if study.objective_mode == "max" else 1.0
+    on_front = pareto(study, trials)
+
+    def key(t: pb.Trial) -> tuple[int, int, float, str]:
         if t.has_objective and not math.isnan(t.objective):
-            return (0, sign * t.objective, t.id)
-        return (1, 0.0, t.id)
+            return (0, t.id not in on_front, sign * t.objective, t.id)
+        return (1, 0, 0.0, t.id)
 
     return sorted(trials, key=key)
 
@@ -98,8 +131,12 @@ def counts_line(counts: object) -> str:
 def print_results(client: Reader, study_id: str, fmt: str, top: int | None,
                   console: Console, wide: bool = False) -> None:
     study = client.study(study_id)
-    trials = ranked(study, client.trials(study_id))
+    everything = client.trials(study_id)
+    on_front = pareto(study, everything)
+    trials = ranked(study, everything)
     total = len(trials)
+    g = goals(study)
+    several = len(g) > 1
     if top is None and fmt == "table":
         top = TABLE_ROWS  # csv and json give every trial unless told
     if top is not None:
@@ -114,6 +151,8 @@ def print_results(client: Reader, study_id: str, fmt: str, top: int | None,
                          "objective": t.objective if t.has_objective else None,
                          "epoch": t.epoch or None,
                          "last_value": t.last_value if t.has_last_value else None,
+                         **({"values": values_of(t, [m for m, _ in g]),
+                             "pareto": t.id in on_front} if several else {}),
                          **{k: p.get(k) for k in names},
                          **{f"metric.{k}": t.metrics.get(k) for k in metrics},
                          "tries": t.launches, "reason": t.reason})
@@ -122,6 +161,8 @@ def print_results(client: Reader, study_id: str, fmt: str, top: int | None,
                 "study": study.id, "state": study.state,
                 "objective": {"metric": study.objective_metric,
                               "mode": study.objective_mode},
+                **({"objectives": [{"metric": m, "mode": mode} for m, mode in g]}
+                   if several else {}),
                 "trials": rows}) + "\n")
             return
         buf = io.StringIO()
@@ -132,9 +173,15 @@ def print_results(client: Reader, study_id: str, fmt: str, top: int | None,
         writer.writerows(rows)
         sys.stdout.write(buf.getvalue())
         return
-    console.print(f"{safe(study.id)} \\[{safe(study.state)}]: {counts_line(study.counts)}; "
-                  f"objective {safe(study.objective_metric)} ({safe(study.objective_mode)}), "
-                  "best first")
+    if several:
+        said = ", ".join(f"{safe(m)} ({safe(mode)})" for m, mode in g)
+        console.print(f"{safe(study.id)} \\[{safe(study.state)}]: {counts_line(study.counts)}; "
+                      f"objectives {said}; the Pareto front (*) first, "
+                      f"{len(on_front)} trial(s)")
+    else:
+        console.print(f"{safe(study.id)} \\[{safe(study.state)}]: {counts_line(study.counts)}; "
+                      f"objective {safe(study.objective_metric)} "
+                      f"({safe(study.objective_mode)}), best first")
     notes = [brief(t) for t in trials]
     # The id, state and value are never cut (an id is copied into `logs`); the
     # parameters share one column that wraps, unless --wide gives each its own.
@@ -143,7 +190,11 @@ def print_results(client: Reader, study_id: str, fmt: str, top: int | None,
         table.add_column("#", no_wrap=True, justify="right")
     table.add_column("trial", no_wrap=True)
     table.add_column("state", no_wrap=True)
+    if several:
+        table.add_column("*", no_wrap=True)
     table.add_column(safe(study.objective_metric), no_wrap=True)
+    for m, _ in g[1:]:
+        table.add_column(safe(m), no_wrap=True)
     table.add_column("epoch", no_wrap=True, justify="right")
     for k in names if wide else ["parameters"]:
         table.add_column(safe(k), overflow="fold")
@@ -156,7 +207,10 @@ def print_results(client: Reader, study_id: str, fmt: str, top: int | None,
         values = ([safe(as_shown(p.get(k, ""))) for k in names] if wide
                   else [safe(" ".join(f"{k}={as_shown(p[k])}" for k in names if k in p))])
         value = value_reached(t)
-        row = [safe(t.id), state_text(t.state), "" if value is None else f"{value:.6g}",
+        others = [f"{t.metrics[m]:.6g}" if m in t.metrics else "" for m, _ in g[1:]]
+        mark = ["*" if t.id in on_front else ""] if several else []
+        row = [safe(t.id), state_text(t.state), *mark,
+               "" if value is None else f"{value:.6g}", *others,
                str(t.epoch) if t.epoch else "", *values]
         if wide:
             row = [str(i), *row, str(t.launches)]

@@ -12,6 +12,7 @@ the objective at each rung, and nothing of Optuna's is kept elsewhere.
 from __future__ import annotations
 
 import logging
+import math
 import warnings
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
@@ -92,6 +93,8 @@ def make_sampler(space: SearchSpace) -> Any:
             if name == "cmaes":
                 import cmaes  # noqa: F401
                 return optuna.samplers.CmaEsSampler(seed=seed, warn_independent_sampling=False)
+            if name == "nsga2":
+                return optuna.samplers.NSGAIISampler(seed=seed)
             if name == "qmc":
                 import scipy  # noqa: F401
                 return optuna.samplers.QMCSampler(seed=seed, warn_independent_sampling=False)
@@ -122,8 +125,11 @@ class OptunaSearch:
         self._asked: dict[int, Any] = {}  # trial number -> optuna Trial, until told
 
     @property
-    def minimize(self) -> bool:
-        return self.space.settings.objective.mode == "min"
+    def directions(self) -> list[str]:
+        """Optuna's direction of each objective (one, or several in a multi-objective
+        study)."""
+        return ["minimize" if o.mode == "min" else "maximize"
+                for o in self.space.settings.goals]
 
     def save(self) -> None:
         return None
@@ -135,18 +141,18 @@ class OptunaSearch:
         """A fresh Optuna study holding every trial of the study, in their order: the
         ended ones with their outcome, the others running (constant liar sees them)."""
         optuna = _optuna()
-        study = optuna.create_study(direction="minimize" if self.minimize else "maximize",
+        study = optuna.create_study(directions=self.directions,
                                     sampler=make_sampler(self.space))
         self._asked.clear()
         for i, t in enumerate(sorted(trials, key=lambda t: t.coords)):
             if t.coords != (i,):
                 raise InvalidInput(f"trial {t.id}: ordinal {t.coords} where {i} was "
                                    "expected; an Optuna study numbers its trials in turn")
-            state, value = _outcome(t)
+            state, values = outcome(t, self.space)
             params = {k: v for k, v in t.params.items() if k in self._dists}
             frozen = optuna.trial.create_trial(
                 params=params, distributions={k: self._dists[k] for k in params},
-                value=value, state=state,
+                values=values, state=state,
                 intermediate_values={int(k): v for k, v in t.rungs.items()})
             study.add_trial(frozen)
         self._study = study
@@ -183,7 +189,7 @@ class OptunaSearch:
     def tell(self, t: TrialRecord) -> None:
         """Tell Optuna how an ended trial ended (with its rung values, for a pruned one)."""
         assert self._study is not None and not self.stale
-        state, value = _outcome(t)
+        state, values = outcome(t, self.space)
         number = t.coords[0]
         trial = self._asked.pop(number, None)
         if state == _optuna().trial.TrialState.PRUNED and t.rungs:
@@ -195,18 +201,37 @@ class OptunaSearch:
                 trial.report(v, int(step))
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            self._study.tell(number, value, state=state, skip_if_finished=True)
+            self._study.tell(number, values, state=state, skip_if_finished=True)
 
-    def history(self) -> list[tuple[int, str, float | None]]:
-        """(number, state, value) of every trial Optuna knows, for tests and `show`."""
+    def history(self) -> list[tuple[int, str, Any]]:
+        """(number, state, value) of every trial Optuna knows, for tests and `show`: the
+        value of one objective, the list of several."""
         assert self._study is not None
-        return [(ft.number, ft.state.name, ft.value) for ft in self._study.trials]
+        multi = len(self.directions) > 1
+        return [(ft.number, ft.state.name, ft.values if multi else ft.value)
+                for ft in self._study.trials]
 
 
-def _outcome(t: TrialRecord) -> tuple[Any, float | None]:
+def objective_values(t: TrialRecord, space: SearchSpace) -> list[float] | None:
+    """A completed trial's value of every objective (its objective, and for a
+    multi-objective study each metric of its last report), or None where one is missing
+    or not finite."""
+    if t.state != TrialState.COMPLETED or t.objective is None:
+        return None
+    goals = space.settings.goals
+    values = [t.objective, *(t.metrics.get(o.metric) for o in goals[1:])]
+    if any(v is None or not math.isfinite(v) for v in values):
+        return None
+    return [float(v) for v in values if v is not None]
+
+
+def outcome(t: TrialRecord, space: SearchSpace) -> tuple[Any, list[float] | None]:
+    """How Optuna records a trial: its state, and its values where it COMPLETED with
+    every objective."""
     states = _optuna().trial.TrialState
-    if t.state == TrialState.COMPLETED and t.objective is not None:
-        return states.COMPLETE, t.objective
+    values = objective_values(t, space)
+    if values is not None:
+        return states.COMPLETE, values
     if t.state == TrialState.PRUNED:
         return states.PRUNED, None
     if t.state.terminal:

@@ -65,7 +65,9 @@ MAX_RETRIES = 100
 HP_NAME = r"^[A-Za-z_][A-Za-z0-9_]{0,63}$"  # usable as a {placeholder}
 
 
-SAMPLERS = ("tpe", "gp", "cmaes", "random", "qmc")
+SAMPLERS = ("tpe", "gp", "cmaes", "random", "qmc", "nsga2")
+# Samplers that take several objectives (a multi-objective study).
+MULTI_OBJECTIVE_SAMPLERS = ("tpe", "gp", "random", "qmc", "nsga2")
 
 
 class Search(_Spec):
@@ -77,7 +79,7 @@ class Search(_Spec):
     type: Literal["grid", "random", "optuna", "manual"] = "grid"
     samples: int | None = Field(default=None, ge=1, le=MAX_TRIALS_CAP)
     trials: int | None = Field(default=None, ge=1, le=MAX_TRIALS_CAP)
-    sampler: Literal["tpe", "gp", "cmaes", "random", "qmc"] = "tpe"
+    sampler: Literal["tpe", "gp", "cmaes", "random", "qmc", "nsga2"] = "tpe"
     seed: int = Field(default=0, ge=0, le=INT64_MAX)
 
     @model_validator(mode="after")
@@ -194,6 +196,10 @@ class Settings(_Spec):
     oversubscription: dict[str, float] = Field(default_factory=dict)
     max_trials: int = Field(default=100_000, ge=1, le=MAX_TRIALS_CAP)
     objective: Objective = Field(default_factory=Objective)
+    # Several objectives (a multi-objective study, e.g. accuracy up and latency down):
+    # trials are told to the sampler with every value, and the results mark the Pareto
+    # front. The first is `objective` too: tables sort by it and curves draw it.
+    objectives: list[Objective] | None = Field(default=None, min_length=2, max_length=8)
     # A trial that reports metrics without the objective stops the study at once (a
     # misspelt metric would otherwise run every trial to its end, and teach the search
     # nothing); true: such trials run on, and complete without an objective.
@@ -221,6 +227,37 @@ class Settings(_Spec):
     priority: int = Field(default=0, ge=-MAX_PRIORITY, le=MAX_PRIORITY)
     weight: float = Field(default=1.0, gt=0, le=MAX_WEIGHT)
     preempt: bool = False
+
+    @model_validator(mode="before")
+    @classmethod
+    def _first_objective(cls, raw: Any) -> Any:
+        """With `objectives`, `objective` is the first of them (given or not)."""
+        if not isinstance(raw, dict) or not isinstance(raw.get("objectives"), list) \
+                or not raw["objectives"]:
+            return raw
+        first = raw["objectives"][0]
+        if "objective" in raw and raw["objective"] != first:
+            raise ValueError("give objective (one metric) or objectives (several), not "
+                             "both; the first of objectives is the one tables rank by")
+        return {**raw, "objective": first}
+
+    @field_validator("objectives")
+    @classmethod
+    def _distinct(cls, objectives: list[Objective] | None) -> list[Objective] | None:
+        names = [o.metric for o in objectives or []]
+        dup = sorted({n for n in names if names.count(n) > 1})
+        if dup:
+            raise ValueError(f"metric {dup[0]!r} is given twice")
+        return objectives
+
+    @property
+    def goals(self) -> list[Objective]:
+        """Every objective: the one, or the several of a multi-objective study."""
+        return list(self.objectives) if self.objectives else [self.objective]
+
+    @property
+    def multi_objective(self) -> bool:
+        return self.objectives is not None
 
     def stated_on(self, arch: str) -> StatedDemand | None:
         """The demand the study states for an architecture (None: it states none)."""
@@ -350,6 +387,8 @@ class SearchSpace(_Spec):
                              f"{', '.join(sorted(RESERVED_NAMES))}")
         if self.pruner is not None:
             self._check_pruner(self.pruner)
+        if self.settings.multi_objective:
+            self._check_objectives()
         self._check_conditions()
         if self.search.type == "grid":
             for name, hp in self.hyperparameters.items():
@@ -450,6 +489,18 @@ class SearchSpace(_Spec):
     def conditions(self) -> dict[str, dict[str, list[Any]]]:
         """Each conditional hyperparameter's `when`, in declaration order."""
         return {n: dict(hp.when) for n, hp in self.hyperparameters.items() if hp.when}
+
+    def _check_objectives(self) -> None:
+        if self.pruner is not None:
+            raise ValueError("pruner: a pruner ranks trials on one objective, and this "
+                             "study has several (settings.objectives); as in Optuna, a "
+                             "multi-objective study cannot prune: drop the pruner or keep one "
+                             "objective")
+        if self.search.type == "optuna" and self.search.sampler not in \
+                MULTI_OBJECTIVE_SAMPLERS:
+            raise ValueError(f"search.sampler {self.search.sampler} takes one objective; "
+                             "for several (settings.objectives) use one of "
+                             f"{', '.join(MULTI_OBJECTIVE_SAMPLERS)}")
 
     def _check_pruner(self, pruner: Pruner) -> None:
         if "epochs" in self.hyperparameters:

@@ -12,7 +12,7 @@ def divergence(settings: Settings, metrics: Mapping[str, float],
                nonfinite: Collection[str]) -> str | None:
     """Why a trial diverged, or None: its objective (or a stop_if metric) was reported
     NaN or infinite, or a stop_if metric went past its bound."""
-    watched = [settings.objective.metric, *settings.stop_if]
+    watched = [*(o.metric for o in settings.goals), *settings.stop_if]
     for name in watched:
         if name in nonfinite:
             return f"diverged: {name} is NaN or infinite"
@@ -28,21 +28,27 @@ def divergence(settings: Settings, metrics: Mapping[str, float],
 
 
 def missing_objective(settings: Settings, metrics: Mapping[str, float],
-                      nonfinite: Iterable[str] = ()) -> str | None:
-    """What to say of a trial that reported (or completed with) metrics but not its
-    objective metric, or None."""
-    metric = settings.objective.metric
-    if metric in metrics or metric in nonfinite:
+                      nonfinite: Iterable[str] = (), *, final: bool = True) -> str | None:
+    """What to say of a trial that reported metrics without its objective, or None. A
+    trial's end (`final`) must have every objective (the agent keeps each metric's last
+    value); a report on the way, one of them at least (a program may report its latency
+    only once it is measured)."""
+    seen = set(metrics) | set(nonfinite)
+    names = [o.metric for o in settings.goals]
+    absent = [n for n in names if n not in seen]
+    if not absent or (not final and len(absent) < len(names)):
         return None
     reported = ", ".join(sorted(metrics)[:12]) or "none"
-    return (f"reported no objective metric {metric!r} (it reported: {reported}); check "
-            "settings.objective.metric, or set settings.allow_missing_objective")
+    field = "objectives" if settings.multi_objective else "objective.metric"
+    what = "objective metric" + ("s" if len(absent) > 1 else "")
+    return (f"reported no {what} {', '.join(repr(n) for n in absent)} (it reported: "
+            f"{reported}); check settings.{field}, or set settings.allow_missing_objective")
 
 
 def stops_study(settings: Settings, metrics: Mapping[str, float],
-                nonfinite: Iterable[str] = ()) -> str | None:
-    """Why a trial's report stops its study: it reports metrics, none of them the
-    objective, and the study does not allow that. None: it does not."""
+                nonfinite: Iterable[str] = (), *, final: bool = False) -> str | None:
+    """Why a trial's report stops its study: it reports metrics without its objective
+    (see `missing_objective`), and the study does not allow that. None: it does not."""
     if settings.allow_missing_objective or not (metrics or tuple(nonfinite)):
         return None
-    return missing_objective(settings, metrics, nonfinite)
+    return missing_objective(settings, metrics, nonfinite, final=final)

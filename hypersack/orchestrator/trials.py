@@ -102,13 +102,14 @@ class TrialEvents:
         if objective is None:
             objective = event.metrics.get(settings.objective.metric)
         why = divergence(settings, event.metrics, event.nonfinite)
-        if not why and objective is None:
-            stop = stops_study(settings, event.metrics, event.nonfinite)
+        absent = objective is None or (settings.multi_objective and any(
+            o.metric not in event.metrics for o in settings.goals))
+        if not why and absent:
+            stop = stops_study(settings, event.metrics, event.nonfinite, final=True)
             if stop:
                 return self.stop_for_objective(t, stop, dict(event.metrics),
                                                event.log_tail[-4000:])
-        missing = None if why or objective is not None else \
-            missing_objective(settings, event.metrics)
+        missing = None if why or not absent else missing_objective(settings, event.metrics)
         self.book.set(t, state=TrialState.DIVERGED if why else TrialState.COMPLETED,
                   metrics=dict(event.metrics), objective=None if why else objective,
                   finished_at=self.s.clock.now(), reason=why or missing or "",

@@ -94,7 +94,7 @@ HISTORY_PAGE = 5000
 def _study(service: SchedulerService, study: StudyRecord, counts: dict[str, int]) -> pb.Study:
     """The study's message; its objective comes from the orchestrator's parsed space."""
     space = service.orch.space(study.id)
-    return study_to_pb(study, counts, space.settings.objective, space.size())
+    return study_to_pb(study, counts, space.settings.goals, space.size())
 
 
 def _update(service: SchedulerService, snap: Snapshot) -> pb.StudyUpdate:

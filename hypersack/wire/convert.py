@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Sequence
 from typing import Any
 
 from hypersack._proto.v1 import hypersack_pb2 as pb
@@ -124,12 +125,16 @@ def nonfinite_names(values: Any) -> tuple[str, ...]:
                  if len(name) <= MAX_METRIC_NAME and not math.isfinite(value))
 
 
-def study_to_pb(study: StudyRecord, counts: dict[str, int], objective: Objective,
+def study_to_pb(study: StudyRecord, counts: dict[str, int], goals: Sequence[Objective],
                 planned: int = 0) -> pb.Study:
+    """`goals`: the study's objective, or its several (a multi-objective study)."""
+    several = len(goals) > 1
     return pb.Study(id=study.id, name=study.name, state=study.state.value,
                     submitted_at=study.submitted_at, counts=counts,
                     space_json=json.dumps(study.space, sort_keys=True),
-                    objective_metric=objective.metric, objective_mode=objective.mode,
+                    objective_metric=goals[0].metric, objective_mode=goals[0].mode,
+                    objective_metrics=[o.metric for o in goals] if several else [],
+                    objective_modes=[o.mode for o in goals] if several else [],
                     owner=study.owner, warnings=list(study.warnings),
                     planned=min(planned, 2**31 - 1))
 

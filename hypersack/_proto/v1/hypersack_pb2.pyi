@@ -235,7 +235,7 @@ class ImportProfilesResponse(_message.Message):
     def __init__(self, imported: _Optional[int] = ..., kept: _Optional[int] = ...) -> None: ...
 
 class Study(_message.Message):
-    __slots__ = ("id", "name", "state", "submitted_at", "counts", "space_json", "objective_metric", "objective_mode", "owner", "warnings", "planned")
+    __slots__ = ("id", "name", "state", "submitted_at", "counts", "space_json", "objective_metric", "objective_mode", "owner", "warnings", "planned", "objective_metrics", "objective_modes")
     class CountsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -254,6 +254,8 @@ class Study(_message.Message):
     OWNER_FIELD_NUMBER: _ClassVar[int]
     WARNINGS_FIELD_NUMBER: _ClassVar[int]
     PLANNED_FIELD_NUMBER: _ClassVar[int]
+    OBJECTIVE_METRICS_FIELD_NUMBER: _ClassVar[int]
+    OBJECTIVE_MODES_FIELD_NUMBER: _ClassVar[int]
     id: str
     name: str
     state: str
@@ -265,7 +267,9 @@ class Study(_message.Message):
     owner: str
     warnings: _containers.RepeatedScalarFieldContainer[str]
     planned: int
-    def __init__(self, id: _Optional[str] = ..., name: _Optional[str] = ..., state: _Optional[str] = ..., submitted_at: _Optional[float] = ..., counts: _Optional[_Mapping[str, int]] = ..., space_json: _Optional[str] = ..., objective_metric: _Optional[str] = ..., objective_mode: _Optional[str] = ..., owner: _Optional[str] = ..., warnings: _Optional[_Iterable[str]] = ..., planned: _Optional[int] = ...) -> None: ...
+    objective_metrics: _containers.RepeatedScalarFieldContainer[str]
+    objective_modes: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, id: _Optional[str] = ..., name: _Optional[str] = ..., state: _Optional[str] = ..., submitted_at: _Optional[float] = ..., counts: _Optional[_Mapping[str, int]] = ..., space_json: _Optional[str] = ..., objective_metric: _Optional[str] = ..., objective_mode: _Optional[str] = ..., owner: _Optional[str] = ..., warnings: _Optional[_Iterable[str]] = ..., planned: _Optional[int] = ..., objective_metrics: _Optional[_Iterable[str]] = ..., objective_modes: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class Trial(_message.Message):
     __slots__ = ("id", "study_id", "state", "params_json", "workload", "node", "gpu_index", "failures", "launches", "metrics", "has_objective", "objective", "reason", "log_tail", "started_at", "finished_at", "fused_group", "fusion_width", "epoch", "has_last_value", "last_value")
