@@ -12,7 +12,7 @@ environment, dies with the agent, and is found and killed after the trial ends.
   marker, and the processes its job records name (pid and start time).
 
 What this cannot see: a descendant that clears its environment and escapes the agent's
-subreaping; cgroups would catch those (see the README's known limits).
+subreaping; cgroups would catch those (see docs/security.md, what only a cgroup catches).
 """
 
 from __future__ import annotations

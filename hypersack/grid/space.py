@@ -221,7 +221,7 @@ class Settings(_Spec):
     # `on`: also with a pruner; `off`: never. `max_fusion_width`: the most in a group.
     fusion: Literal["auto", "on", "off"] = "auto"
     max_fusion_width: int = Field(default=8, ge=1, le=MAX_FUSED_MEMBERS)
-    # Sharing the cluster with other studies (see the README's "Several studies"): a
+    # Sharing the cluster with other studies (see docs/sharing.md): a
     # higher priority decides first; `weight` is this study's part of its user's fair
     # share; `preempt: true` stops trials of lower-priority studies to make room.
     priority: int = Field(default=0, ge=-MAX_PRIORITY, le=MAX_PRIORITY)

@@ -1,4 +1,4 @@
-"""How active studies share the cluster: the rule the README states.
+"""How active studies share the cluster: the rule docs/sharing.md states.
 
 1. **Priority first.** Studies decide in order of `priority`, highest first; a study of a
    higher priority may take all it can use before a lower one places anything.

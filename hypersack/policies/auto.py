@@ -11,7 +11,7 @@ takes its plan if it places more work than `wfd` by more than `margin` (5 %) of 
 cluster's scaled compute. Relative to the cluster, not to `wfd`'s plan: a decision that
 fills one freed slot may differ by a trial, which is much of that decision but little
 of the cluster, and there the spreading rule finished the simulator's studies sooner.
-`hetero` makes `wfd` heterogeneity-aware (`pack` runs blind here; see README). Where
+`hetero` makes `wfd` heterogeneity-aware (`pack` runs blind here; see docs/policies.md). Where
 `pack` would win, the blind `wfd` is tried too: the aware weighting can leave work
 pending that the blind rule places, and then the blind spread is taken if it comes
 within the margin of `pack`'s plan (in the simulator, aware `auto` was 11-12 % later than

@@ -1,5 +1,5 @@
 """Several studies at once: priorities, weighted fair share between users and studies,
-quotas, and preemption (the rule in `orchestrator.shares` and the README)."""
+quotas, and preemption (the rule in `orchestrator.shares` and docs/sharing.md)."""
 
 from __future__ import annotations
 
