@@ -42,10 +42,12 @@ from hypersack.agent.launcher import (
     job_dir,
     job_key,
     node_dir,
+    preload_of,
     safe_part,
 )
 from hypersack.agent.mps import TIME_SLICING, MpsControl
 from hypersack.agent.procs import Records, kill_strays
+from hypersack.agent.warm import WARM_MARK, WarmPool, WarmProcess
 from hypersack.core import trial_env as sdk
 from hypersack.core.bounds import MAX_FUSED_MEMBERS, clamp
 from hypersack.core.errors import HyperSackError, InvalidInput
@@ -79,6 +81,10 @@ class _Ended:
         self.error = error
 
 
+class _Exited:
+    """A warm trial ended: poll now rather than at the next interval."""
+
+
 class Agent:
     def __init__(self, server: str, node: str, backend: DeviceBackend, workdir: Path, *,
                  poll_interval_s: float = 0.2, reconnect_max_s: float = 10.0,
@@ -88,7 +94,7 @@ class Agent:
                  credentials: grpc.ChannelCredentials | None = None,
                  server_name: str | None = None, users: TrialUsers | None = None,
                  mps: MpsControl | None = None, checkpoints: Path | None = None,
-                 owner: str = "") -> None:
+                 owner: str = "", warm_start: bool = True) -> None:
         self.server = server
         # TLS to the server, with this node's certificate (None: plain, loopback only).
         self.credentials = credentials
@@ -119,6 +125,10 @@ class Agent:
         self.node_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
         self.agent_dir = str(self.node_dir.resolve())
         self.records = Records(self.node_dir / "jobs")
+        # Trials forked from warm processes that imported their libraries once (see
+        # hypersack.agent.warm); `warm_start` false: every trial starts cold.
+        self.warm = WarmPool(self.node_dir / "warm", self.agent_dir, self.base_env,
+                             enabled=warm_start)
         # Trials' checkpoint folders: under this node's directory, or under a folder
         # every node sees (a shared file system), where a trial resumes on any node.
         self.checkpoints = self.node_dir.resolve()
@@ -234,6 +244,7 @@ class Agent:
             except subprocess.TimeoutExpired:
                 watchdog.kill()
         self.watchdogs.clear()
+        self.warm.close()  # its trials have ended
         kill_strays(self.agent_dir, set())
 
     # ----------------------------------------------------------------- one stream
@@ -283,7 +294,8 @@ class Agent:
     def _session(self) -> tuple[grpc.RpcError | None, bool]:
         """One stream: (the error that ended it, whether it registered)."""
         outbox: queue.Queue[pb.AgentMessage | None] = queue.Queue()
-        inbox: queue.Queue[pb.ServerMessage | _Ended] = queue.Queue()
+        inbox: queue.Queue[pb.ServerMessage | _Ended | _Exited] = queue.Queue()
+        self.warm.on_exit = lambda: inbox.put(_Exited())
         outbox.put(self._register())
         self._send_unacked(outbox, 0.0)  # all of them, after the registration
         channel = (grpc.insecure_channel(self.server, options=self.channel_options)
@@ -329,7 +341,8 @@ class Agent:
                     if isinstance(item, _Ended):
                         ended = item
                         break
-                    self._command(item, outbox)
+                    if not isinstance(item, _Exited):
+                        self._command(item, outbox)
                     try:
                         item = inbox.get_nowait()
                     except queue.Empty:
@@ -560,7 +573,8 @@ class Agent:
                **({sdk.ENV_ATTEMPT: str(attempt)} if attempt else {}), **(extra_env or {})}
         return Job(job_id, gpu_index, workdir, argv, env, profile=profile, attempt=attempt,
                    agent_dir=self.agent_dir, log_max_bytes=self.log_max_bytes,
-                   base_env=self.base_env, account=account), device
+                   base_env=self.base_env, account=account, warm=self.warm,
+                   preload=preload_of(program_from_pb(program))), device
 
     def _launch(self, m: pb.LaunchTrial, outbox: queue.Queue[pb.AgentMessage | None]) -> None:
         same = self.jobs.get(job_key(m.trial_id, m.attempt))
@@ -587,8 +601,9 @@ class Agent:
         self._guard(job)
         with self.jobs_lock:
             self.jobs[job.key] = job
-        log.info("launched %s (attempt %d) on device %d: %s", m.trial_id, m.attempt,
-                 m.gpu_index, " ".join(job.argv))
+        log.info("launched %s (attempt %d) on device %d%s: %s", m.trial_id, m.attempt,
+                 m.gpu_index, ", warm" if isinstance(job.proc, WarmProcess) else "",
+                 " ".join(job.argv))
         outbox.put(pb.AgentMessage(started=pb.TrialStarted(trial_id=m.trial_id,
                                                            attempt=m.attempt)))
 
@@ -803,7 +818,7 @@ class Agent:
             self._swept_at = time.monotonic()
             self._ended_since_sweep = False
             try:
-                kill_strays(self.agent_dir, set(self.jobs) | set(self.groups))
+                kill_strays(self.agent_dir, set(self.jobs) | set(self.groups) | {WARM_MARK})
             except Exception as exc:  # a scan that fails must not stop the agent
                 log.warning("looking for processes left by trials failed: %s", exc)
 

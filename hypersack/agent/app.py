@@ -74,6 +74,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--allow-root-trials", action="store_true", default=None,
                    help="an agent started as root may run trials as root: a single-user "
                    "machine only (logged as a warning at every start)")
+    p.add_argument("--no-warm-start", dest="warm_start", action="store_false", default=None,
+                   help="start every trial in a new interpreter (default: Python trials "
+                   "fork from a warm process that imported their libraries once)")
     p.add_argument("--no-mps", dest="mps", action="store_false", default=None,
                    help="no MPS daemons: co-located trials time-slice (default: one MPS "
                    "daemon per GPU where nvidia-cuda-mps-control is found)")
@@ -131,6 +134,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             "tls_key": args.tls_key, "tls_server_name": args.tls_server_name,
             "run_as": args.run_as, "user_map": args.user_map, "owner": args.owner,
             "allow_root_trials": args.allow_root_trials, "mps": args.mps,
+            "warm_start": args.warm_start,
             "metrics_listen": args.metrics_listen,
             "metrics_insecure": args.metrics_insecure}, args.config)
         users = TrialUsers.parse(settings.run_as, settings.user_map,
@@ -163,7 +167,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                       # MPS for GPUs: not for the CPU backend, which has none.
                       mps=MpsControl(node_dir(settings.workdir, node), backend.devices(),
                                      enabled=settings.mps and backend.name != "cpu"),
-                      checkpoints=settings.checkpoint_dir, owner=owner)
+                      checkpoints=settings.checkpoint_dir, owner=owner,
+                      warm_start=settings.warm_start)
     except HyperSackError as exc:
         print(f"hypersack-agent: error: {exc}", file=sys.stderr)
         return 2

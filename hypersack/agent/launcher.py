@@ -29,6 +29,7 @@ from hypersack.agent.procs import (
     switches_user,
     tree,
 )
+from hypersack.agent.warm import WarmPool, WarmProcess
 from hypersack.core import optim
 from hypersack.core import trial_env as sdk
 from hypersack.core.errors import InvalidInput
@@ -68,6 +69,20 @@ def argv_for(program: Program, fields: dict[str, Any]) -> list[str]:
     return [PLACEHOLDER.sub(fill, arg) for arg in shlex.split(program.command)]
 
 
+# What a warm process imports for a built-in program before it forks the trial: the
+# SDK and the program (for the zoo, torch and its trainer where installed).
+BUILTIN_PRELOAD = {"train": ("hypersack.runner.train", "torch", "hypersack.runner.torch_train"),
+                   "sleep": ("hypersack.runner.sleep",)}
+
+
+def preload_of(program: Program) -> tuple[str, ...]:
+    """The modules a trial's warm process preloads: the SDK, then the built-in program's
+    own or the command program's `preload` list."""
+    own = BUILTIN_PRELOAD.get(program.builtin or "", ()) if program.builtin else \
+        tuple(program.preload)
+    return ("hypersack.runner.sdk", *own)
+
+
 _MODES = {"rb": os.O_RDONLY, "r+b": os.O_RDWR, "wb": os.O_WRONLY | os.O_CREAT | os.O_TRUNC,
           "ab": os.O_WRONLY | os.O_CREAT | os.O_APPEND}
 
@@ -101,7 +116,11 @@ class Job:
     base_env: dict[str, str] | None = None  # what it sees of the agent's environment (None: all)
     account: Account | None = None  # the Unix user it runs as (None: the agent's)
     log_max_bytes: int = LOG_MAX_BYTES
-    proc: subprocess.Popen[bytes] | None = None
+    # Where it may start warm (forked from a process that preloaded these modules; see
+    # hypersack.agent.warm), else cold.
+    warm: WarmPool | None = None
+    preload: tuple[str, ...] = ()
+    proc: subprocess.Popen[bytes] | WarmProcess | None = None
     started_at: float = 0.0
     killed_at: float | None = None
     exit_code: int | None = None
@@ -151,7 +170,7 @@ class Job:
     def profile_path(self) -> Path:
         return self.channel_dir / "profile.json"
 
-    def _channels(self, env: dict[str, str]) -> list[int]:
+    def _channels(self, env: dict[str, str]) -> dict[str, int]:
         """Open the trial's channels for it to inherit: the metrics file (append only)
         and, for a profile run, the profile result. The files are the agent's, mode
         0600, in the agent's 0700 folder: a trial of another owner, or of the same Unix
@@ -163,14 +182,14 @@ class Job:
         for p in (self.metrics_path, self.profile_path):
             p.unlink(missing_ok=True)
         flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW
-        fds = [os.open(self.metrics_path, flags | os.O_APPEND, 0o600)]
-        env[sdk.ENV_METRICS_FD] = str(fds[0])
+        fds = {sdk.ENV_METRICS_FD: os.open(self.metrics_path, flags | os.O_APPEND, 0o600)}
+        env[sdk.ENV_METRICS_FD] = str(fds[sdk.ENV_METRICS_FD])
         if self.account is None:
-            env[sdk.ENV_METRICS] = f"/dev/fd/{fds[0]}"
+            env[sdk.ENV_METRICS] = f"/dev/fd/{fds[sdk.ENV_METRICS_FD]}"
         if self.profile:
-            fds.append(os.open(self.profile_path, flags, 0o600))
-            env[sdk.ENV_PROFILE_FD] = str(fds[1])
-            env[sdk.ENV_PROFILE] = f"/dev/fd/{fds[1]}"
+            fds[sdk.ENV_PROFILE_FD] = os.open(self.profile_path, flags, 0o600)
+            env[sdk.ENV_PROFILE_FD] = str(fds[sdk.ENV_PROFILE_FD])
+            env[sdk.ENV_PROFILE] = f"/dev/fd/{fds[sdk.ENV_PROFILE_FD]}"
         return fds
 
     def start(self) -> None:
@@ -214,16 +233,21 @@ class Job:
                        "extra_groups": list(self.account.groups)}
         channels = self._channels(env)  # opened last: nothing between them and their close
         try:
-            self.proc = subprocess.Popen(argv, cwd=self.workdir,
-                                         env=env, stdin=subprocess.DEVNULL, stdout=self._log,
-                                         stderr=subprocess.STDOUT, start_new_session=True,
-                                         pass_fds=channels, **who)
+            if self.warm is not None:
+                self.proc = self.warm.spawn(self.argv, env, self.workdir, self._log.fileno(),
+                                            channels, self.account, self.preload)
+            if self.proc is None:
+                self.proc = subprocess.Popen(argv, cwd=self.workdir,
+                                             env=env, stdin=subprocess.DEVNULL,
+                                             stdout=self._log, stderr=subprocess.STDOUT,
+                                             start_new_session=True,
+                                             pass_fds=list(channels.values()), **who)
         except OSError as exc:
             self._log.write(f"cannot start: {exc}\n".encode())
             self._log.close()
             self.exit_code = 127
         finally:
-            for fd in channels:
+            for fd in channels.values():
                 os.close(fd)
         self.started_at = time.monotonic()
 

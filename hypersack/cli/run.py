@@ -44,6 +44,9 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--profiles", type=Path, action="append", default=[],
                    help="import a profiles file into the history first (repeatable)")
     p.add_argument("--top", type=int, default=10, help="results to print (default 10)")
+    p.add_argument("--no-warm-start", dest="warm_start", action="store_false",
+                   help="start every trial in a new interpreter (default: Python trials "
+                        "fork from a warm process that imported their libraries once)")
 
 
 AGENT_WAIT_S = 60.0
@@ -63,7 +66,8 @@ def run_embedded(args: argparse.Namespace) -> int:
     server.start()
     # One's own machine and programs: any command, and the trials see this environment.
     agent = Agent(server.address, "local", backend, state / "work", poll_interval_s=0.1,
-                  commands=CommandPolicy.permissive(), inherit_env=True)
+                  commands=CommandPolicy.permissive(), inherit_env=True,
+                  warm_start=args.warm_start)
     failure: list[BaseException] = []
 
     def serve() -> None:

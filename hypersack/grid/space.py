@@ -284,6 +284,7 @@ class Settings(_Spec):
 
 
 BUILTIN_PROGRAMS = ("train", "sleep")
+MODULE_NAME = r"^[A-Za-z_][A-Za-z0-9_]{0,63}(\.[A-Za-z_][A-Za-z0-9_]{0,63}){0,7}$"
 PLACEHOLDER = re.compile(r"\{([A-Za-z_][A-Za-z0-9_]*)\}")
 # Placeholders every command template may use besides the hyperparameters.
 COMMAND_FIELDS = ("python", "model", "epochs", "trial_id", "study_id", "workdir")
@@ -302,11 +303,19 @@ class Program(_Spec):
     builtin: Literal["train", "sleep"] | None = None
     command: str | None = Field(default=None, min_length=1, max_length=4096)
     options: dict[str, Any] = Field(default_factory=dict)
+    # Modules a warm process imports once before it forks each trial of a command
+    # program (`python script.py` or `python -m module`), e.g. [torch, numpy]: the trial
+    # starts without paying for them (see the README's "Warm starts").
+    preload: list[Annotated[str, Field(pattern=MODULE_NAME)]] = Field(default_factory=list,
+                                                                       max_length=16)
 
     @model_validator(mode="after")
     def _one(self) -> Program:
         if (self.builtin is None) == (self.command is None):
             raise ValueError("give exactly one of builtin (train or sleep) or command")
+        if self.preload and self.command is None:
+            raise ValueError("preload: for command programs (a built-in program preloads "
+                             "what it needs)")
         if self.command is not None:
             try:
                 argv = shlex.split(self.command)

@@ -287,6 +287,16 @@ _IMPORTED = time.perf_counter()
 _IMPORTED_CPU = time.process_time()
 
 
+def _after_fork() -> None:
+    """A trial forked from a warm process (`hypersack.runner.zygote`) starts afresh: no
+    epoch reported, no iteration timed, its set-up timed from now."""
+    global _IMPORTED, _IMPORTED_CPU, _profile
+    _reported["step"] = 0
+    _profile = _Profile()
+    _IMPORTED = time.perf_counter()
+    _IMPORTED_CPU = time.process_time()
+
+
 def _peak_rss_mib() -> float:
     try:
         import resource

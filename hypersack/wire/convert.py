@@ -78,13 +78,14 @@ def profile_from_pb(msg: pb.ProfileRecord, *, where: str, default_source: str = 
 
 def program_to_pb(program: Program) -> pb.Program:
     return pb.Program(builtin=program.builtin or "", command=program.command or "",
-                      options_json=json.dumps(program.options))
+                      options_json=json.dumps(program.options), preload=program.preload)
 
 
 def program_from_pb(msg: pb.Program) -> Program:
     return Program.model_validate({"builtin": msg.builtin or None,
                                    "command": msg.command or None,
-                                   "options": json.loads(msg.options_json or "{}")})
+                                   "options": json.loads(msg.options_json or "{}"),
+                                   "preload": list(msg.preload)})
 
 
 def node_from_register(msg: pb.Register) -> NodeSpec:

@@ -147,6 +147,9 @@ class AgentSettings(BaseSettings):
                                 "UNIXUSER: trials of that study owner run as that user")
     allow_root_trials: bool = Field(default=False, description="an agent running as root "
                                     "may run trials as root (a single-user machine only)")
+    warm_start: bool = Field(default=True, description="fork Python trials from a warm "
+                             "process that imported their libraries once (false: every "
+                             "trial starts a new interpreter)")
     mps: bool = Field(default=True, description="run an MPS daemon per GPU where "
                       "nvidia-cuda-mps-control is found (false: co-located trials time-slice)")
     metrics_listen: str | None = Field(

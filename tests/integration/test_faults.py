@@ -9,6 +9,8 @@ import sys
 import time
 from pathlib import Path
 
+import psutil
+
 from hypersack.testing.cluster import (
     ATTEMPT_LOGGER,
     Cluster,
@@ -145,19 +147,35 @@ def _alive(pid: int) -> bool:
         return False
 
 
+def _environ(pid: int | str) -> bytes:
+    try:
+        with open(f"/proc/{pid}/environ", "rb") as f:
+            return f.read()
+    except OSError:
+        return b""
+
+
 def _marked(workdir: str) -> list[int]:
-    """Processes that carry this cluster's agent marker in their environment."""
+    """Processes that carry this cluster's agent marker in their environment, but for
+    the agent's warm processes themselves (HYPERSACK_JOB=warm, a child of the unmarked
+    agent), which live as long as it does: a trial forked from one shows the warm
+    process's environment and has it as its parent, so it still counts."""
+    marker = f"HYPERSACK_AGENT_DIR={workdir}".encode()
     out = []
     for entry in os.listdir("/proc"):
         if not entry.isdigit():
             continue
-        try:
-            with open(f"/proc/{entry}/environ", "rb") as f:
-                env = f.read()
-        except OSError:
+        env = _environ(entry)
+        if marker not in env or not _alive(int(entry)):
             continue
-        if f"HYPERSACK_AGENT_DIR={workdir}".encode() in env and _alive(int(entry)):
-            out.append(int(entry))
+        if b"\0HYPERSACK_JOB=warm\0" in b"\0" + env + b"\0":
+            try:
+                parent = psutil.Process(int(entry)).ppid()
+            except psutil.Error:
+                continue
+            if marker not in _environ(parent):
+                continue  # a warm process, not a trial's
+        out.append(int(entry))
     return out
 
 

@@ -679,14 +679,16 @@ class AgentMessage(_message.Message):
     def __init__(self, register: _Optional[_Union[Register, _Mapping]] = ..., heartbeat: _Optional[_Union[Heartbeat, _Mapping]] = ..., started: _Optional[_Union[TrialStarted, _Mapping]] = ..., metrics: _Optional[_Union[TrialMetrics, _Mapping]] = ..., exited: _Optional[_Union[TrialExited, _Mapping]] = ..., profile: _Optional[_Union[ProfileResult, _Mapping]] = ...) -> None: ...
 
 class Program(_message.Message):
-    __slots__ = ("builtin", "command", "options_json")
+    __slots__ = ("builtin", "command", "options_json", "preload")
     BUILTIN_FIELD_NUMBER: _ClassVar[int]
     COMMAND_FIELD_NUMBER: _ClassVar[int]
     OPTIONS_JSON_FIELD_NUMBER: _ClassVar[int]
+    PRELOAD_FIELD_NUMBER: _ClassVar[int]
     builtin: str
     command: str
     options_json: str
-    def __init__(self, builtin: _Optional[str] = ..., command: _Optional[str] = ..., options_json: _Optional[str] = ...) -> None: ...
+    preload: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, builtin: _Optional[str] = ..., command: _Optional[str] = ..., options_json: _Optional[str] = ..., preload: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class Registered(_message.Message):
     __slots__ = ("heartbeat_interval_s", "heartbeat_timeout_s")

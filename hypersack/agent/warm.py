@@ -1,0 +1,261 @@
+"""Warm starts on the agent's side: one warm process (`hypersack.runner.zygote`) per
+(Unix account, preload list), started in the background the first time a trial of that
+kind launches, and asked to fork each later one. A trial forked there starts without
+paying its imports (torch takes seconds; a fork takes milliseconds).
+
+Only `python SCRIPT ARGS` and `python -m MODULE ARGS` with the agent's own interpreter
+are forked; anything else, a request the warm process cannot take, or one that is not
+ready yet, starts cold as before (`Job.start`). A forked trial is tracked like a cold
+one: its pid is its process group's, its watchdog fences that group, the agent's kills
+reach it, and its exit code comes back from the warm process, which reaps it.
+
+The warm process runs as the account the trials run as, with the clean environment
+trials get (each trial's own variables are set in the forked child), dies with the
+agent (a parent-death signal), and kills what it forked when the agent closes its
+socket. It is marked like a trial's process (HYPERSACK_AGENT_DIR), so a restarted agent
+kills one its predecessor left.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from hypersack.agent.accounts import Account
+from hypersack.agent.procs import ENV_AGENT_DIR, ENV_JOB, die_with_parent, switches_user
+
+log = logging.getLogger(__name__)
+
+WARM_MARK = "warm"  # ENV_JOB of a warm process (no job of its own)
+SPAWN_TIMEOUT_S = 10.0  # for the warm process to answer a fork request
+MAX_REQUEST = 1 << 20  # bytes: a larger request (an enormous environment) starts cold
+MAX_POOLS = 16  # warm processes at once; past this, trials of new kinds start cold
+
+
+def forkable(argv: list[str]) -> bool:
+    """Whether a trial's argument list is one a warm process runs as the interpreter
+    would: the agent's own Python, then a script or `-m MODULE`, no interpreter
+    options."""
+    if len(argv) < 2 or argv[0] != sys.executable:
+        return False
+    if argv[1] == "-m":
+        return len(argv) >= 3 and bool(argv[2]) and not argv[2].startswith("-")
+    return not argv[1].startswith("-")
+
+
+@dataclass
+class WarmProcess:
+    """A forked trial, as the launcher uses a Popen: its pid (its process group's too),
+    `poll` and `wait`. Its exit code comes from the warm process that reaps it."""
+
+    pid: int
+    pool: Warm = field(repr=False)
+    returncode: int | None = None
+
+    def poll(self) -> int | None:
+        if self.returncode is None:
+            self.returncode = self.pool.exit_of(self.pid)
+        return self.returncode
+
+    def wait(self, timeout: float | None = None) -> int:
+        end = None if timeout is None else time.monotonic() + timeout
+        while self.poll() is None:
+            if end is not None and time.monotonic() > end:
+                raise subprocess.TimeoutExpired(str(self.pid), timeout or 0.0)
+            time.sleep(0.01)
+        assert self.returncode is not None
+        return self.returncode
+
+
+@dataclass
+class Warm:
+    """One warm process and the socket to it."""
+
+    key: tuple[int | None, tuple[str, ...]]
+    proc: subprocess.Popen[bytes]
+    sock: socket.socket
+    on_exit: Callable[[], None] = lambda: None  # a forked trial ended
+    ready: bool = False
+    dead: bool = False
+    failed: dict[str, str] = field(default_factory=dict)
+    exits: dict[int, int] = field(default_factory=dict)
+    _replies: list[dict[str, object]] = field(default_factory=list)
+    _cond: threading.Condition = field(default_factory=threading.Condition)
+    _ask: threading.Lock = field(default_factory=threading.Lock)
+
+    def read(self) -> None:
+        """The reader thread: the warm process's messages until it closes."""
+        while True:
+            try:
+                data = self.sock.recv(1 << 16)
+            except OSError:
+                data = b""
+            with self._cond:
+                if not data:
+                    self.dead = True
+                    self._cond.notify_all()
+                    return
+                try:
+                    msg = json.loads(data)
+                except ValueError:
+                    continue
+                if "exit" in msg:
+                    self.exits[int(msg["exit"])] = int(msg["code"])
+                    self.on_exit()
+                elif "ready" in msg:
+                    self.ready = True
+                    self.failed = dict(msg.get("failed") or {})
+                    if self.failed:
+                        log.warning("warm process for %s could not preload %s", self.key,
+                                    self.failed)
+                else:
+                    self._replies.append(msg)
+                self._cond.notify_all()
+
+    def exit_of(self, pid: int) -> int | None:
+        with self._cond:
+            code = self.exits.pop(pid, None)
+            if code is None and self.dead:
+                return -9  # its warm process died, and its children with it
+            return code
+
+    def spawn(self, argv: list[str], env: dict[str, str], cwd: Path, log_fd: int,
+              channels: dict[str, int]) -> WarmProcess | None:
+        request = json.dumps({"argv": argv, "env": env, "cwd": str(cwd),
+                              "fds": list(channels)}).encode()
+        if len(request) > MAX_REQUEST:
+            return None
+        with self._ask:  # one request at a time: replies come in order
+            with self._cond:
+                if self.dead or not self.ready:
+                    return None
+                self._replies.clear()
+            try:
+                socket.send_fds(self.sock, [request], [log_fd, *channels.values()])
+            except OSError as exc:
+                log.warning("warm process %s: cannot send a request: %s", self.key, exc)
+                return None
+            with self._cond:
+                self._cond.wait_for(lambda: self._replies or self.dead, SPAWN_TIMEOUT_S)
+                reply = self._replies.pop(0) if self._replies else None
+        if reply is None or "pid" not in reply:
+            log.warning("warm process %s did not fork the trial: %s", self.key,
+                        (reply or {}).get("error", "no answer"))
+            return None
+        return WarmProcess(int(str(reply["pid"])), self)
+
+    def close(self) -> None:
+        """End the warm process: it sees the socket's end, kills what it forked that
+        still runs, and exits. (`shutdown` first: a close alone would wait for the
+        reader thread's pending receive, and the warm process would see nothing.)"""
+        for end in (lambda: self.sock.shutdown(socket.SHUT_RDWR), self.sock.close):
+            try:
+                end()
+            except OSError:
+                pass
+        try:
+            self.proc.wait(timeout=2)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+
+
+class WarmPool:
+    """The agent's warm processes, by (account, preload list)."""
+
+    def __init__(self, logs: Path, agent_dir: str, base_env: dict[str, str] | None,
+                 enabled: bool = True) -> None:
+        self.logs = logs
+        self.agent_dir = agent_dir
+        self.base_env = base_env
+        self.enabled = enabled
+        self._pools: dict[tuple[int | None, tuple[str, ...]], Warm] = {}
+        self._lock = threading.Lock()
+        # Called (from a reader thread) when a forked trial ends: the agent polls then,
+        # not at its next interval.
+        self.on_exit: Callable[[], None] = lambda: None
+
+    def spawn(self, argv: list[str], env: dict[str, str], cwd: Path, log_fd: int,
+              channels: dict[str, int], account: Account | None,
+              preload: tuple[str, ...]) -> WarmProcess | None:
+        """The trial forked by a warm process, or None: start it cold (the first of its
+        kind starts cold while its warm process starts)."""
+        if not self.enabled or not forkable(argv):
+            return None
+        key = (None if account is None else account.uid, preload)
+        with self._lock:
+            warm = self._pools.get(key)
+            if warm is not None and warm.dead:
+                log.warning("warm process %s ended (exit %s); starting another", key,
+                            warm.proc.poll())
+                warm.close()
+                del self._pools[key]
+                warm = None
+            if warm is None:
+                if len(self._pools) < MAX_POOLS:
+                    self._start(key, account)
+                return None
+        return warm.spawn(argv, env, cwd, log_fd, channels)
+
+    def _start(self, key: tuple[int | None, tuple[str, ...]], account: Account | None) -> None:
+        mine, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        env = dict(os.environ) if self.base_env is None else dict(self.base_env)
+        if account is not None:
+            env.update(account.env())
+        env[ENV_AGENT_DIR] = self.agent_dir
+        env[ENV_JOB] = WARM_MARK
+        argv = [sys.executable, "-m", "hypersack.runner.zygote", str(theirs.fileno()),
+                json.dumps(list(key[1]))]
+        who = None
+        if account is not None and switches_user():
+            who = (account.uid, account.gid, list(account.groups))
+        self.logs.mkdir(parents=True, exist_ok=True, mode=0o700)
+        name = f"warm-{'agent' if key[0] is None else key[0]}-{len(self._pools)}.log"
+        try:
+            with open(self.logs / name, "ab") as out:
+                proc = subprocess.Popen(die_with_parent(argv, who), env=env,
+                                        stdin=subprocess.DEVNULL, stdout=out,
+                                        stderr=subprocess.STDOUT, start_new_session=True,
+                                        pass_fds=[theirs.fileno()], cwd="/")
+        except OSError as exc:
+            log.warning("cannot start a warm process for %s: %s", key, exc)
+            mine.close()
+            return
+        finally:
+            theirs.close()
+        warm = Warm(key, proc, mine, on_exit=lambda: self.on_exit())
+        threading.Thread(target=warm.read, name=f"warm-{proc.pid}", daemon=True).start()
+        self._pools[key] = warm
+        log.info("warm process %d started for %s (preloading %s)", proc.pid,
+                 "the agent's user" if key[0] is None else f"uid {key[0]}",
+                 ", ".join(key[1]) or "nothing")
+
+    def processes(self) -> list[Warm]:
+        """The warm processes now (for `hypersack nodes`-like tools and tests)."""
+        with self._lock:
+            return list(self._pools.values())
+
+    def wait_ready(self, timeout_s: float) -> bool:
+        """Whether every warm process answered within the time (for tests and tools)."""
+        end = time.monotonic() + timeout_s
+        while time.monotonic() < end:
+            pools = self.processes()
+            if pools and all(w.ready or w.dead for w in pools):
+                return True
+            time.sleep(0.02)
+        return False
+
+    def close(self) -> None:
+        with self._lock:
+            pools = list(self._pools.values())
+            self._pools.clear()
+        for warm in pools:
+            warm.close()

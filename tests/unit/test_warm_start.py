@@ -1,0 +1,238 @@
+"""Warm starts (issue 37, 4): trials forked from a process that preloaded their libraries
+run exactly as `python SCRIPT` or `python -m MODULE` would (their argv, environment,
+directory, descriptors, session, exit code, fresh random seeds), a crash touches no
+other trial, the launcher tracks and kills them as cold ones, and whatever cannot be
+forked starts cold."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from hypersack.agent.launcher import Job, preload_of
+from hypersack.agent.warm import WarmPool, WarmProcess, forkable
+from hypersack.grid.space import Program
+
+PROBE = """
+import json, os, random, sys
+import numpy as np
+out = {"argv": sys.argv, "cwd": os.getcwd(), "env": dict(os.environ), "pid": os.getpid(),
+       "sid": os.getsid(0), "pgid": os.getpgid(0), "fds": sorted(int(f) for f in
+       os.listdir("/proc/self/fd")), "stdin": os.readlink("/proc/self/fd/0"),
+       "name": __name__, "random": random.random(), "np": float(np.random.rand())}
+print(json.dumps(out), flush=True)
+print("to stderr", file=sys.stderr, flush=True)
+code = os.environ.get("EXIT")
+if code == "raise":
+    raise RuntimeError("boom")
+if code == "segv":
+    os.kill(os.getpid(), 11)
+if code == "sleep":
+    import time
+    time.sleep(60)
+sys.exit(int(code or 0))
+"""
+
+
+@pytest.fixture
+def pool(tmp_path: Path) -> Iterator[WarmPool]:
+    p = WarmPool(tmp_path / "warm", str(tmp_path), None)
+    try:
+        yield p
+    finally:
+        p.close()
+
+
+def ready(pool: WarmPool, argv: list[str], log: int, preload: tuple[str, ...] = ("numpy",)
+          ) -> None:
+    """Start the pool's warm process (the first request of a kind starts cold)."""
+    assert pool.spawn(argv, {}, Path("/"), log, {}, None, preload) is None
+    assert pool.wait_ready(60)
+
+
+def run(pool: WarmPool, argv: list[str], env: dict[str, str], cwd: Path, log_path: Path,
+        channels: dict[str, int] | None = None) -> tuple[WarmProcess, dict]:
+    log = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    try:
+        proc = pool.spawn(argv, env, cwd, log, channels or {}, None, ("numpy",))
+    finally:
+        os.close(log)
+    assert proc is not None
+    proc.wait(30)
+    first = log_path.read_text().splitlines()[0]
+    return proc, json.loads(first)
+
+
+def test_what_can_be_forked() -> None:
+    py = sys.executable
+    assert forkable([py, "train.py", "--lr", "1"])
+    assert forkable([py, "-m", "pkg.train", "x"])
+    assert not forkable([py])
+    assert not forkable([py, "-m"])
+    assert not forkable([py, "-u", "train.py"])  # interpreter options: cold
+    assert not forkable([py, "-m", "-c"])
+    assert not forkable(["/usr/bin/python3.99", "train.py"])  # another interpreter
+    assert not forkable(["/bin/echo", "hi"])
+    assert preload_of(Program(builtin="sleep")) == ("hypersack.runner.sdk",
+                                                    "hypersack.runner.sleep")
+    assert preload_of(Program(command="{python} t.py", preload=["torch", "numpy"])) == (
+        "hypersack.runner.sdk", "torch", "numpy")
+
+
+def test_a_forked_trial_runs_as_the_interpreter_would(pool: WarmPool, tmp_path: Path) -> None:
+    script = tmp_path / "probe.py"
+    script.write_text(PROBE)
+    work = tmp_path / "work"
+    work.mkdir()
+    argv = [sys.executable, str(script), "--lr", "0.1"]
+    log = tmp_path / "log.txt"
+    ready(pool, argv, os.open(tmp_path / "first.txt", os.O_WRONLY | os.O_CREAT, 0o600))
+    metrics = os.open(tmp_path / "metrics.jsonl", os.O_WRONLY | os.O_CREAT | os.O_APPEND,
+                      0o600)
+    env = {"PATH": "/usr/bin:/bin", "ONLY_THIS": "1", "EXIT": "3",
+           "HYPERSACK_METRICS_FD": str(metrics), "HYPERSACK_METRICS_FILE": "/dev/fd/99"}
+    proc, out = run(pool, argv, env, work, log, {"HYPERSACK_METRICS_FD": metrics})
+    os.close(metrics)
+    assert proc.returncode == 3
+    assert out["argv"] == [str(script), "--lr", "0.1"] and out["name"] == "__main__"
+    assert out["cwd"] == str(work)
+    fd = int(out["env"]["HYPERSACK_METRICS_FD"])
+    # Its environment is the one given (the descriptor renumbered), nothing of the warm
+    # process's own.
+    assert out["env"] == {**env, "HYPERSACK_METRICS_FD": str(fd),
+                          "HYPERSACK_METRICS_FILE": f"/dev/fd/{fd}"}
+    assert out["fds"][:3] == [0, 1, 2] and fd in out["fds"]
+    assert len(out["fds"]) <= 5  # 0, 1, 2, its channel (and the listing's own)
+    assert out["stdin"] == "/dev/null"
+    assert out["sid"] == out["pid"] == out["pgid"] == proc.pid  # its own session and group
+    assert "to stderr" in log.read_text()
+
+
+def test_the_channel_descriptor_reaches_the_sdk(pool: WarmPool, tmp_path: Path) -> None:
+    script = tmp_path / "report.py"
+    script.write_text("from hypersack.runner import sdk\nsdk.report(step=1, loss=0.5)\n"
+                      "import json, os\nprint(json.dumps({}))\n")
+    argv = [sys.executable, str(script)]
+    ready(pool, argv, os.open(tmp_path / "first.txt", os.O_WRONLY | os.O_CREAT, 0o600))
+    path = tmp_path / "metrics.jsonl"
+    metrics = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+    proc, _ = run(pool, argv, {"HYPERSACK_METRICS_FD": str(metrics)}, tmp_path,
+                  tmp_path / "log.txt", {"HYPERSACK_METRICS_FD": metrics})
+    os.close(metrics)
+    assert proc.returncode == 0
+    line = json.loads(path.read_text().splitlines()[0])
+    assert line["step"] == 1 and line["metrics"] == {"loss": 0.5}
+
+
+def test_each_trial_has_its_own_random_state_and_a_crash_is_its_own(pool: WarmPool,
+                                                                   tmp_path: Path) -> None:
+    script = tmp_path / "probe.py"
+    script.write_text(PROBE)
+    argv = [sys.executable, str(script)]
+    ready(pool, argv, os.open(tmp_path / "first.txt", os.O_WRONLY | os.O_CREAT, 0o600))
+    seen = []
+    for i, exit_as in enumerate(["0", "segv", "raise", "0"]):
+        proc, out = run(pool, argv, {"EXIT": exit_as}, tmp_path, tmp_path / f"log{i}.txt")
+        seen.append((out["random"], out["np"]))
+        assert proc.returncode == {"0": 0, "segv": -11, "raise": 1}[exit_as]
+    assert "RuntimeError: boom" in (tmp_path / "log2.txt").read_text()
+    assert len({r for r, _ in seen}) == 4 and len({n for _, n in seen}) == 4
+
+
+def test_a_module_runs_as_python_dash_m(pool: WarmPool, tmp_path: Path) -> None:
+    pkg = tmp_path / "mypkg"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("")
+    (pkg / "main.py").write_text(PROBE)
+    argv = [sys.executable, "-m", "mypkg.main", "x"]
+    ready(pool, argv, os.open(tmp_path / "first.txt", os.O_WRONLY | os.O_CREAT, 0o600))
+    proc, out = run(pool, argv, {}, tmp_path, tmp_path / "log.txt")  # found from its cwd
+    assert proc.returncode == 0 and out["name"] == "__main__"
+    assert out["argv"][0].endswith("mypkg/main.py") and out["argv"][1:] == ["x"]
+
+
+def job(tmp_path: Path, pool: WarmPool, argv: list[str], env: dict[str, str]) -> Job:
+    return Job("t1", 0, tmp_path / "t1" / "attempt-1", argv, env, attempt=1,
+               agent_dir=str(tmp_path), warm=pool, preload=("numpy",))
+
+
+def test_the_launcher_starts_warm_tracks_and_kills(pool: WarmPool, tmp_path: Path) -> None:
+    script = tmp_path / "probe.py"
+    script.write_text(PROBE)
+    argv = [sys.executable, str(script)]
+    first = job(tmp_path, pool, argv, {"EXIT": "0"})
+    first.start()
+    assert not isinstance(first.proc, WarmProcess)  # the first of its kind: cold
+    assert pool.wait_ready(60)
+    while first.poll() is None:
+        time.sleep(0.02)
+    sleeper = job(tmp_path, pool, argv, {"EXIT": "sleep"})
+    sleeper.start()
+    assert isinstance(sleeper.proc, WarmProcess)
+    for _ in range(200):
+        if sleeper.pids():
+            break
+        time.sleep(0.01)
+    sleeper.kill()  # SIGTERM to its group
+    for _ in range(500):
+        if sleeper.poll() is not None:
+            break
+        time.sleep(0.02)
+    assert sleeper.poll() == 128 + signal.SIGTERM
+    out = json.loads(sleeper.log_path.read_text().splitlines()[1])  # after "$ argv"
+    assert out["env"]["HYPERSACK_JOB"] == sleeper.key  # its own marker for its children
+    assert out["cwd"] == str(sleeper.workdir)
+
+
+def test_when_the_warm_process_dies_trials_start_cold_and_it_is_replaced(
+        pool: WarmPool, tmp_path: Path) -> None:
+    script = tmp_path / "probe.py"
+    script.write_text(PROBE)
+    argv = [sys.executable, str(script)]
+    ready(pool, argv, os.open(tmp_path / "first.txt", os.O_WRONLY | os.O_CREAT, 0o600))
+    warm = pool.processes()[0]
+    os.kill(warm.proc.pid, signal.SIGKILL)
+    warm.proc.wait(10)
+    for _ in range(200):
+        if warm.dead:
+            break
+        time.sleep(0.01)
+    log = os.open(tmp_path / "log.txt", os.O_WRONLY | os.O_CREAT, 0o600)
+    assert pool.spawn(argv, {}, tmp_path, log, {}, None, ("numpy",)) is None  # cold
+    assert pool.wait_ready(60)
+    proc = pool.spawn(argv, {}, tmp_path, log, {}, None, ("numpy",))
+    os.close(log)
+    assert proc is not None and proc.wait(30) == 0
+
+
+def test_what_cannot_be_forked_starts_cold(pool: WarmPool, tmp_path: Path) -> None:
+    log = os.open(tmp_path / "log.txt", os.O_WRONLY | os.O_CREAT, 0o600)
+    assert pool.spawn(["/bin/echo", "hi"], {}, tmp_path, log, {}, None, ()) is None
+    assert pool.spawn([sys.executable, "-c", "1"], {}, tmp_path, log, {}, None, ()) is None
+    off = WarmPool(tmp_path / "w2", str(tmp_path), None, enabled=False)
+    assert off.spawn([sys.executable, "x.py"], {}, tmp_path, log, {}, None, ()) is None
+    assert not pool.processes() and not off.processes()  # nothing started for them
+    os.close(log)
+
+
+def test_a_failed_preload_is_said_and_the_trial_imports_it_itself(pool: WarmPool,
+                                                                  tmp_path: Path) -> None:
+    script = tmp_path / "ok.py"
+    script.write_text("print('ran')\n")
+    argv = [sys.executable, str(script)]
+    log = os.open(tmp_path / "log.txt", os.O_WRONLY | os.O_CREAT, 0o600)
+    assert pool.spawn(argv, {}, tmp_path, log, {}, None, ("no_such_module_xyz",)) is None
+    assert pool.wait_ready(60)
+    warm = pool.processes()[0]
+    assert "no_such_module_xyz" in warm.failed
+    proc = pool.spawn(argv, {}, tmp_path, log, {}, None, ("no_such_module_xyz",))
+    os.close(log)
+    assert proc is not None and proc.wait(30) == 0
+    assert "ran" in (tmp_path / "log.txt").read_text()
