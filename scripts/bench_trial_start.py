@@ -149,7 +149,7 @@ def optuna_in_process(program: Path, seed: int, samples: int) -> tuple[float, fl
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     namespace: dict[str, object] = {"__name__": "bench"}
     sys.argv = [str(program)]
-    exec(compile(program.read_text(), str(program), "exec"), namespace)  # noqa: S102
+    exec(compile(program.read_text(), str(program), "exec"), namespace)
     run = namespace["run"]
     lock = threading.Lock()
 
