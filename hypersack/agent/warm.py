@@ -157,11 +157,11 @@ class Warm:
         """End the warm process: it sees the socket's end, kills what it forked that
         still runs, and exits. (`shutdown` first: a close alone would wait for the
         reader thread's pending receive, and the warm process would see nothing.)"""
-        for end in (lambda: self.sock.shutdown(socket.SHUT_RDWR), self.sock.close):
-            try:
-                end()
-            except OSError:
-                pass
+        try:
+            self.sock.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
+        self.sock.close()
         try:
             self.proc.wait(timeout=2)
         except subprocess.TimeoutExpired:
