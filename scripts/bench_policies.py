@@ -26,7 +26,7 @@ from hypersack.policies import make_policy
 from hypersack.policies.base import Item, check_plan
 
 # label, policy, options: pack at its defaults (effort 20,000 nodes per variant, capped
-# at 500 ms) and capped at 5 ms; auto, the default.
+# at 500 ms) and capped at 5 ms; auto.
 HEURISTICS: tuple[tuple[str, str, dict[str, object]], ...] = (
     ("ff", "ff", {}), ("ffd", "ffd", {}), ("wf", "wf", {}), ("wfd", "wfd", {}),
     ("pack@5ms", "pack", {"budget_ms": 5.0}), ("pack", "pack", {}), ("auto", "auto", {}))

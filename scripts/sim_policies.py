@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """Which policy finishes the paper's studies soonest: the simulator's makespan for SP1-SP4
-with `wfd`, `auto` (the default) and `pack`, with fusion on and off, on the paper's
+with `wfd`, `auto` and `pack`, with fusion on and off, on the paper's
 cluster (4 A100 + 2 H100), 4 A100 and 16 A100, with the example estimated profiles.
 Each makespan is also given relative to `wfd`'s in the same run.
 

@@ -39,7 +39,7 @@ def _common(p: argparse.ArgumentParser) -> None:
                    help="profiles file (YAML or CSV) with demands per workload and "
                         "architecture, e.g. examples/profiles-estimates.yaml")
     p.add_argument("--policy", help="auto, ff, ffd, wf, wfd, pack, optimal or a registered "
-                                    "policy (default: the study's, auto)")
+                                    "policy (default: the study's, wfd)")
     p.add_argument("--policy-option", action="append", default=[], metavar="KEY=VALUE",
                    help="policy option, e.g. time_limit_s=5 for optimal (repeatable)")
     p.add_argument("--ratio", action="append", default=[], metavar="ARCH=R",

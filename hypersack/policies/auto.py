@@ -1,4 +1,4 @@
-"""`auto`, the default policy: the paper's `wfd`, unless `pack` places clearly more work.
+"""`auto`: the paper's `wfd`, unless `pack` places clearly more work.
 
 The two rules are good at different things. `wfd` spreads trials over the GPUs (most
 free compute first) and starts the longest first; in the simulator the paper's
