@@ -28,6 +28,7 @@ import json
 import os
 import queue
 import random
+import shutil
 import signal
 import statistics
 import subprocess
@@ -87,6 +88,10 @@ class SimAgent:
                     self.registered.set()
                 elif kind == "launch":
                     self.bench.launched(self, msg.launch)
+                elif kind == "kill":
+                    with self.lock:
+                        self.running.pop(msg.kill.trial_id, None)
+                    self.bench.kills += 1
         except grpc.RpcError:
             pass
 
@@ -98,7 +103,10 @@ class SimAgent:
 
     def finish(self, trial_id: str) -> None:
         with self.lock:
-            gpu = self.running.pop(trial_id)
+            gpu = self.running.pop(trial_id, None)
+        if gpu is None:  # killed meanwhile, or launched again (its older timer)
+            self.bench.superseded += 1
+            return
         self.bench.exited(self.name, gpu)
         self.up.put(pb.AgentMessage(exited=pb.TrialExited(trial_id=trial_id, exit_code=0,
                                                           metrics={"loss": 1.0})))
@@ -107,6 +115,8 @@ class SimAgent:
 class Bench:
     def __init__(self, min_s: float, max_s: float, seed: int = 0) -> None:
         self.min_s, self.max_s = min_s, max_s
+        self.kills = 0  # trials the server stopped (requeued: their node looked lost)
+        self.superseded = 0  # timers of trials no longer held when they fired
         self.timers: list[tuple[float, int, SimAgent, str]] = []
         self.cv = threading.Condition()
         self.seq = 0
@@ -186,7 +196,8 @@ def worker(args: argparse.Namespace) -> int:
     sys.stdin.read()  # until the parent closes it
     stop.set()
     print(json.dumps({"delays": bench.delays, "launches": bench.launches,
-                      "heartbeats": bench.heartbeats_sent}), flush=True)
+                      "heartbeats": bench.heartbeats_sent, "kills": bench.kills,
+                      "superseded": bench.superseded}), flush=True)
     return 0
 
 
@@ -212,6 +223,14 @@ def main() -> int:
                     help="24 workloads of SP1 instead of one: freed capacity then often "
                          "fits no pending trial at once, which the relaunch delay includes")
     ap.add_argument("--json", action="store_true")
+    ap.add_argument("--pin", choices=["auto", "on", "off"], default="auto",
+                    help="the server on CPU 0, this process and the agents on the others "
+                         "(taskset), so that the two do not share a core: auto pins where "
+                         "there are at least two CPUs and taskset")
+    ap.add_argument("--profile", default="",
+                    help="record the server with py-spy into this file (an SVG flame "
+                         "graph, or collapsed stacks for FILE.txt; needs py-spy, and ptrace "
+                         "allowed)")
     ap.add_argument("--tls", choices=["off", "on", "both"], default="off",
                     help="run plain, secured, or both in one run (then the ratios)")
     args = ap.parse_args()
@@ -256,6 +275,9 @@ def main() -> int:
             print(f"== {mode}")
             for k, v in result.items():
                 print(f"{k:>24}: {v}")
+    if args.profile.endswith(".txt") and Path(args.profile).exists():
+        print("\n".join(["== the server's profile (py-spy)", *profile_summary(
+            Path(args.profile))]))
     return 0
 
 
@@ -284,6 +306,36 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
+def profile_summary(path: Path, top: int = 12) -> list[str]:
+    """From py-spy's collapsed stacks: the share of samples per leaf function (self) and
+    per HyperSack function anywhere on the stack (inclusive), most first."""
+    self_n: dict[str, int] = {}
+    incl: dict[str, int] = {}
+    total = 0
+    for line in path.read_text().splitlines():
+        stack, _, count = line.rpartition(" ")
+        if not stack or not count.isdigit():
+            continue
+        n = int(count)
+        total += n
+        frames = [f.split(" (")[0] + " (" + f.split(" (")[1].split(":")[0].rsplit("/", 1)[-1]
+                  + ")" if " (" in f else f for f in stack.split(";")]
+        self_n[frames[-1]] = self_n.get(frames[-1], 0) + n
+        for f in set(frames):
+            if "hypersack" in f or f.split("(")[-1].startswith(
+                    ("orchestrator", "decide", "book", "service", "servicers", "bridge")):
+                incl[f] = incl.get(f, 0) + n
+    if not total:
+        return ["(no samples)"]
+    out = [f"{total} samples; self, most first:"]
+    out += [f"  {100 * n / total:5.1f} %  {f}" for f, n in
+            sorted(self_n.items(), key=lambda x: -x[1])[:top]]
+    out.append("inclusive, HyperSack's functions:")
+    out += [f"  {100 * n / total:5.1f} %  {f}" for f, n in
+            sorted(incl.items(), key=lambda x: -x[1])[:top]]
+    return out
+
+
 def cpu_seconds(proc: psutil.Process) -> float:
     """The process's CPU time so far, user and system."""
     cpu = proc.cpu_times()
@@ -300,14 +352,31 @@ def run_once(args: argparse.Namespace, secured: bool) -> dict[str, object]:
     if secured:
         tls_flags += ["--agent-listen", agent_address]
     env = {k: v for k, v in os.environ.items() if not k.startswith("HYPERSACK_")}
+    # The server takes 512 agents by default (max_agents); room for these.
+    env["HYPERSACK_MAX_AGENTS"] = str(max(512, args.agents + 16))
+    cpus = sorted(os.sched_getaffinity(0))
+    pinned = args.pin == "on" or (args.pin == "auto" and len(cpus) >= 2
+                                  and shutil.which("taskset") is not None)
+    server_cpu, others = (cpus[:1], cpus[1:]) if pinned and len(cpus) >= 2 else (cpus, cpus)
+    if pinned:
+        os.sched_setaffinity(0, others)  # this process, and the agent workers it starts
+    prefix = ["taskset", "-c", ",".join(map(str, server_cpu))] if pinned else []
     server = subprocess.Popen(
-        [sys.executable, "-m", "hypersack.server.app", "--listen", address, "--db",
+        [*prefix, sys.executable, "-m", "hypersack.server.app", "--listen", address, "--db",
          str(tmp / "bench.db"), "--heartbeat-interval-s", str(args.heartbeat_s),
          "--heartbeat-timeout-s", "60", "--profiles",
          str(ROOT / "examples" / "profiles-estimates.yaml"), "--log-level", "ERROR",
          *tls_flags],
         env=env, stdout=open(tmp / "server.log", "wb"), stderr=subprocess.STDOUT)
     proc = psutil.Process(server.pid)
+    if pinned:
+        time.sleep(0.2)  # taskset execs the server: the same pid
+    spy = None
+    if args.profile:
+        fmt = ["--format", "raw"] if args.profile.endswith(".txt") else []
+        spy = subprocess.Popen(["py-spy", "record", "--pid", str(server.pid), "--rate", "100",
+                                "--output", args.profile, "--nonblocking", *fmt],
+                               stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
     workers: list[subprocess.Popen[str]] = []
     peak_rss = [0]
     peak_threads = [0]
@@ -402,6 +471,11 @@ def run_once(args: argparse.Namespace, secured: bool) -> dict[str, object]:
             bench.delays += got["delays"]
             bench.launches += got["launches"]
             bench.heartbeats_sent += got["heartbeats"]
+            bench.kills += got["kills"]
+            bench.superseded += got["superseded"]
+        if spy is not None:
+            spy.send_signal(signal.SIGINT)  # py-spy writes its file on SIGINT
+            spy.wait(60)
         server.send_signal(signal.SIGTERM)
         server.wait(30)
         stats = {}
@@ -411,9 +485,12 @@ def run_once(args: argparse.Namespace, secured: bool) -> dict[str, object]:
         d = sorted(bench.delays)
         result = {
             "tls": secured, "agents": args.agents, "agent_procs": args.agent_procs,
+            "pinned": (f"server on CPU {','.join(map(str, server_cpu))}, agents on "
+                       f"{','.join(map(str, others))}") if pinned else "no",
             "gpus": args.agents * args.gpus, "trials": total,
             "connect_s": round(connect_s, 2), "submit_s": round(submit_s, 3),
             "study_wall_s": round(wall, 1), "launches": bench.launches,
+            "kills": bench.kills, "superseded_timers": bench.superseded,
             "decisions": stats.get("decisions"),
             "decisions_per_s": round(stats.get("decisions", 0) / wall, 1),
             "decision_mean_ms": stats.get("decision_mean_ms"),
