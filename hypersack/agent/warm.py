@@ -115,8 +115,13 @@ class Warm:
                     self.ready = True
                     self.failed = dict(msg.get("failed") or {})
                     if self.failed:
-                        log.warning("warm process for %s could not preload %s", self.key,
-                                    self.failed)
+                        # A module not installed here (torch on a CPU-only machine) is
+                        # the trial's to import, or not: said quietly.
+                        absent = all(e.startswith("ModuleNotFoundError")
+                                     for e in self.failed.values())
+                        log.log(logging.INFO if absent else logging.WARNING,
+                                "warm process for %s could not preload %s", self.key,
+                                self.failed)
                 else:
                     self._replies.append(msg)
                 self._cond.notify_all()
@@ -130,7 +135,9 @@ class Warm:
 
     def spawn(self, argv: list[str], env: dict[str, str], cwd: Path, log_fd: int,
               channels: dict[str, int]) -> WarmProcess | None:
-        request = json.dumps({"argv": argv, "env": env, "cwd": str(cwd),
+        # Absolute: the warm process runs elsewhere (/), and a cold start's directory is
+        # relative to the agent's.
+        request = json.dumps({"argv": argv, "env": env, "cwd": os.path.abspath(cwd),
                               "fds": list(channels)}).encode()
         if len(request) > MAX_REQUEST:
             return None

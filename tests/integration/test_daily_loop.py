@@ -62,3 +62,16 @@ def test_exit_codes_tell_a_script_whether_every_trial_completed() -> None:
                               capture_output=True, text=True, timeout=60).stdout
         assert "exit status: 0 when the study completed and every trial" in " ".join(
             text.split()), (command, text)
+
+
+def test_the_quick_start_as_written_in_a_fresh_folder(tmp_path: Path) -> None:
+    """The README's first command runs `hypersack run examples/quickstart.yaml` with the
+    default, relative, state directory (.hypersack): trials started warm and cold alike
+    find their directories (a warm one once failed every trial there)."""
+    quickstart = Path(__file__).resolve().parents[2] / "examples" / "quickstart.yaml"
+    done = subprocess.run([sys.executable, "-m", "hypersack.cli.main", "run", str(quickstart)],
+                          cwd=tmp_path, capture_output=True, text=True, timeout=240,
+                          env={**os.environ, "COLUMNS": "200"})
+    assert done.returncode == 0, (done.stdout[-3000:], done.stderr[-3000:])
+    assert "quickstart-1: COMPLETED, completed 20" in done.stdout, done.stdout[-3000:]
+    assert (tmp_path / ".hypersack" / "run.db").is_file()

@@ -146,6 +146,20 @@ def test_each_trial_has_its_own_random_state_and_a_crash_is_its_own(pool: WarmPo
     assert len({r for r, _ in seen}) == 4 and len({n for _, n in seen}) == 4
 
 
+def test_a_relative_directory_is_the_agents(pool: WarmPool, tmp_path: Path,
+                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    """`hypersack run`'s default state directory is relative (.hypersack): a trial's
+    directory is then relative to the agent's, as a cold start's is."""
+    script = tmp_path / "probe.py"
+    script.write_text(PROBE)
+    (tmp_path / "rel" / "work").mkdir(parents=True)
+    monkeypatch.chdir(tmp_path / "rel")
+    argv = [sys.executable, str(script)]
+    ready(pool, argv, os.open(tmp_path / "first.txt", os.O_WRONLY | os.O_CREAT, 0o600))
+    proc, out = run(pool, argv, {}, Path("work"), tmp_path / "log.txt")
+    assert proc.returncode == 0 and out["cwd"] == str(tmp_path / "rel" / "work")
+
+
 def test_a_module_runs_as_python_dash_m(pool: WarmPool, tmp_path: Path) -> None:
     pkg = tmp_path / "mypkg"
     pkg.mkdir()
