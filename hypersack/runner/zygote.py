@@ -113,14 +113,16 @@ def _exit_code(code: object) -> int:
 def _run(argv: list[str]) -> None:
     """Run the program as the interpreter would: `python -m MODULE ARGS` or `python
     SCRIPT ARGS` (argv[0] is the interpreter)."""
+    # sys.path[0] is the interpreter's own first entry (the warm process's: the folder it
+    # started in), as `python -m` and `python SCRIPT` set it.
     if len(argv) >= 3 and argv[1] == "-m":
         sys.argv = [argv[2], *argv[3:]]
-        sys.path.insert(0, os.getcwd())
+        sys.path[0] = os.getcwd()
         runpy.run_module(argv[2], run_name="__main__", alter_sys=True)
         return
     script = argv[1]
     sys.argv = [script, *argv[2:]]
-    sys.path.insert(0, os.path.dirname(os.path.abspath(script)))
+    sys.path[0] = os.path.dirname(os.path.realpath(script))
     runpy.run_path(script, run_name="__main__")
 
 
@@ -131,8 +133,12 @@ def _child(request: dict[str, Any], fds: list[int]) -> None:
         os.setsid()
         _prctl_pdeathsig()
         signal.set_wakeup_fd(-1)
-        for sig in (signal.SIGCHLD, signal.SIGTERM, signal.SIGINT, signal.SIGPIPE):
+        # As a new interpreter sets them: SIGPIPE and SIGXFSZ ignored (writes raise
+        # instead), SIGINT a KeyboardInterrupt, the rest their default.
+        for sig in (signal.SIGCHLD, signal.SIGTERM):
             signal.signal(sig, signal.SIG_DFL)
+        for sig in (signal.SIGPIPE, signal.SIGXFSZ):
+            signal.signal(sig, signal.SIG_IGN)
         signal.signal(signal.SIGINT, signal.default_int_handler)
         log, channels = fds[0], fds[1:]
         null = os.open(os.devnull, os.O_RDONLY)
@@ -208,6 +214,8 @@ def serve(sock: socket.socket) -> None:
                 if not fds or not isinstance(request.get("argv"), list) or \
                         not isinstance(request.get("env"), dict):
                     raise ValueError("a request needs argv, env and a log descriptor")
+                sys.stdout.flush()
+                sys.stderr.flush()
                 pid = os.fork()
             except (ValueError, OSError) as exc:
                 for fd in fds:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import subprocess
 import sys
 import time
 from collections.abc import Iterator
@@ -158,6 +159,29 @@ def test_a_relative_directory_is_the_agents(pool: WarmPool, tmp_path: Path,
     ready(pool, argv, os.open(tmp_path / "first.txt", os.O_WRONLY | os.O_CREAT, 0o600))
     proc, out = run(pool, argv, {}, Path("work"), tmp_path / "log.txt")
     assert proc.returncode == 0 and out["cwd"] == str(tmp_path / "rel" / "work")
+
+
+SAME = """
+import json, signal, sys
+print(json.dumps({"path0": sys.path[0], "argv": sys.argv, "name": __name__,
+                  "signals": {s: str(signal.getsignal(getattr(signal, s))) for s in
+                              ("SIGPIPE", "SIGXFSZ", "SIGINT", "SIGTERM", "SIGCHLD")}}))
+"""
+
+
+def test_a_warm_trial_sees_what_a_cold_one_sees(pool: WarmPool, tmp_path: Path) -> None:
+    """The same program started cold and warm: its sys.path[0], argv, __name__ and
+    signal dispositions agree (a new interpreter ignores SIGPIPE, for one)."""
+    (tmp_path / "sub").mkdir()
+    script = tmp_path / "sub" / "same.py"
+    script.write_text(SAME)
+    argv = [sys.executable, str(script), "x"]
+    cold = json.loads(subprocess.run(argv, capture_output=True, text=True, cwd=tmp_path,
+                                     check=True).stdout)
+    ready(pool, argv, os.open(tmp_path / "first.txt", os.O_WRONLY | os.O_CREAT, 0o600))
+    proc, warm = run(pool, argv, {}, tmp_path, tmp_path / "log.txt")
+    assert proc.returncode == 0
+    assert warm == cold
 
 
 def test_a_module_runs_as_python_dash_m(pool: WarmPool, tmp_path: Path) -> None:
