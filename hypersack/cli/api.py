@@ -28,6 +28,7 @@ from hypersack.cli.client import Client as _Rpc
 from hypersack.cli.client import params_of
 from hypersack.cli.connect import DEFAULT_SERVER, env_token
 from hypersack.cli.results import goals, pareto, ranked, values_of
+from hypersack.core.bounds import MAX_EXTEND
 from hypersack.core.errors import HyperSackError, InvalidInput
 from hypersack.core.types import TrialState
 from hypersack.grid.space import read_space_file
@@ -252,6 +253,9 @@ class Client:
         """`trials` more trials for a study of adaptive (optuna, manual) or random search,
         active or ended: the sampler goes on with every trial it was told (as Optuna's
         study.optimize again); the study is active again until they end."""
+        if isinstance(trials, bool) or not isinstance(trials, int) or \
+                not 1 <= trials <= MAX_EXTEND:
+            raise InvalidInput(f"extend by 1 to {MAX_EXTEND} trials ({trials!r} given)")
         return _study(self._rpc.extend(study_id, trials))
 
     def ask(self, study_id: str, params: Mapping[str, Any] | Sequence[Mapping[str, Any]]

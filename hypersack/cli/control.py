@@ -26,6 +26,7 @@ from hypersack.cli.results import (
     state_text,
 )
 from hypersack.cli.text import safe
+from hypersack.core.bounds import MAX_EXTEND
 from hypersack.core.errors import InvalidInput
 from hypersack.core.types import TrialState
 from hypersack.grid.space import read_space_file
@@ -71,7 +72,8 @@ def add_parsers(sub: Any) -> None:
                     "active until the new trials end. A grid has all its points already.",
         epilog="With --watch, " + EXIT_CODES)
     p.add_argument("study")
-    p.add_argument("--trials", type=int, required=True, help="how many trials to add")
+    p.add_argument("--trials", type=_extension, required=True,
+                   help=f"how many trials to add (1 to {MAX_EXTEND})")
     p.add_argument("--watch", action="store_true", help="then follow it until it ends")
     add_server_flag(p)
 
@@ -152,6 +154,17 @@ def _db_flag(p: argparse.ArgumentParser) -> None:
 def make_console() -> Console:
     """The terminal's width (or $COLUMNS); 160 columns into a file or a pipe."""
     return Console(width=None if sys.stdout.isatty() or "COLUMNS" in os.environ else 160)
+
+
+def _extension(text: str) -> int:
+    """`extend --trials`: a whole number of trials, 1 to MAX_EXTEND."""
+    try:
+        n = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text[:40]!r}: a whole number of trials") from None
+    if not 1 <= n <= MAX_EXTEND:
+        raise argparse.ArgumentTypeError(f"{n}: extend by 1 to {MAX_EXTEND} trials")
+    return n
 
 
 def run_control(args: argparse.Namespace) -> int:

@@ -23,6 +23,7 @@ MAX_COMPUTE_PCT = 100_000.0  # one trial's compute demand: 1,000 GPUs' worth
 MAX_MEMORY_MIB = 1 << 30  # one GPU or one demand: 1 PiB
 MAX_CORES = 1_000_000.0  # one node
 MAX_EPOCHS = 1_000_000.0
+MAX_EXTEND = 100_000  # trials one `hypersack extend` adds
 MIN_EPOCHS = 1.0e-6  # a fraction of an epoch is fine; 1e-300 is a typo
 MAX_SECONDS = 1.0e9  # about 31 years: any duration, time stamp offset or timeout
 MAX_TIMESTAMP_S = 1.0e11  # seconds since the Unix epoch (year 5138)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import logging
 
+from hypersack.core.bounds import MAX_EXTEND
 from hypersack.core.errors import (
     InvalidInput,
 )
@@ -31,8 +32,6 @@ from hypersack.orchestrator.pruning import Pruning
 from hypersack.orchestrator.state import CoreState, short
 
 log = logging.getLogger(__name__)
-
-MAX_EXTEND = 100_000  # trials one extension adds
 
 
 class StudyEvents:

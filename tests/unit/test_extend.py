@@ -166,3 +166,20 @@ def test_an_extension_survives_a_restart(tmp_path: Path) -> None:
     assert orch2.space(sid).search.trials == 4
     assert orch2.trials(sid) == before
     assert orch2.book.asks_left(sid) == 4 - len(before)
+
+
+@pytest.mark.parametrize("given", ["0", "-1", "99999999999", "1e3", "many"])
+def test_the_cli_and_the_api_refuse_a_count_out_of_range(
+        given: str, capsys: pytest.CaptureFixture[str]) -> None:
+    """Refused before anything is sent (a count past int32 once ended in a traceback)."""
+    import hypersack
+    from hypersack.cli.main import main
+    from hypersack.core.errors import InvalidInput
+
+    with pytest.raises(SystemExit) as exit_:
+        main(["extend", "s-1", "--trials", given, "--server", "127.0.0.1:1"])
+    assert exit_.value.code == 2
+    assert "--trials" in capsys.readouterr().err
+    with pytest.raises(InvalidInput, match="extend by 1 to"):
+        hypersack.Client("127.0.0.1:1").extend("s-1", int(given) if given.lstrip("-").isdigit()
+                                                else 10**12)
