@@ -30,6 +30,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import psutil
+
 from hypersack.agent.accounts import Account
 from hypersack.agent.procs import ENV_AGENT_DIR, ENV_JOB, die_with_parent, switches_user
 
@@ -88,6 +90,7 @@ class Warm:
     dead: bool = False
     failed: dict[str, str] = field(default_factory=dict)
     exits: dict[int, int] = field(default_factory=dict)
+    children: set[int] = field(default_factory=set)  # forked for us, exit not yet heard
     _replies: list[dict[str, object]] = field(default_factory=list)
     _cond: threading.Condition = field(default_factory=threading.Condition)
     _ask: threading.Lock = field(default_factory=threading.Lock)
@@ -104,16 +107,33 @@ class Warm:
                     self.dead = True
                     self._cond.notify_all()
                     return
+                # The warm process runs the trials' account's code (its preloads): what
+                # it says is checked like any input.
                 try:
                     msg = json.loads(data)
-                except ValueError:
+                    if not isinstance(msg, dict):
+                        raise ValueError("not an object")
+                    if "exit" in msg:
+                        pid, code = int(msg["exit"]), int(msg["code"])
+                        if pid in self.children:  # only what it forked for us
+                            self.children.discard(pid)
+                            self.exits[pid] = max(-255, min(255, code))
+                            self.on_exit()
+                        continue
+                    if "pid" in msg:
+                        # Counted as ours before its exit can arrive (the messages come
+                        # in order); `spawn` checks it is the warm process's child.
+                        self.children.add(int(msg["pid"]))
+                    if "ready" in msg:
+                        failed = msg.get("failed") or {}
+                        self.failed = {str(k)[:100]: str(v)[:300]
+                                       for k, v in list(dict(failed).items())[:64]}
+                except (ValueError, TypeError, KeyError, OverflowError) as exc:
+                    log.warning("warm process %s sent a malformed message: %s", self.key,
+                                str(exc)[:200])
                     continue
-                if "exit" in msg:
-                    self.exits[int(msg["exit"])] = int(msg["code"])
-                    self.on_exit()
-                elif "ready" in msg:
+                if "ready" in msg:
                     self.ready = True
-                    self.failed = dict(msg.get("failed") or {})
                     if self.failed:
                         # A module not installed here (torch on a CPU-only machine) is
                         # the trial's to import, or not: said quietly.
@@ -154,11 +174,15 @@ class Warm:
             with self._cond:
                 self._cond.wait_for(lambda: self._replies or self.dead, SPAWN_TIMEOUT_S)
                 reply = self._replies.pop(0) if self._replies else None
-        if reply is None or "pid" not in reply:
+        pid = _child_pid(reply, self.proc.pid)
+        if pid is None:
             log.warning("warm process %s did not fork the trial: %s", self.key,
-                        (reply or {}).get("error", "no answer"))
+                        str((reply or {}).get("error", "no answer, or not its child"))[:300])
+            if reply is not None and "pid" in reply:
+                with self._cond:
+                    self.children.discard(int(str(reply["pid"])))
             return None
-        return WarmProcess(int(str(reply["pid"])), self)
+        return WarmProcess(pid, self)
 
     def close(self) -> None:
         """End the warm process: it sees the socket's end, kills what it forked that
@@ -173,6 +197,27 @@ class Warm:
             self.proc.wait(timeout=2)
         except subprocess.TimeoutExpired:
             self.proc.kill()
+
+
+def _child_pid(reply: dict[str, object] | None, parent: int) -> int | None:
+    """The pid a fork request's reply names, unless it is a live process that is not the
+    warm process's child: the agent signals and kills it, and the warm process runs the
+    account's code, which must not name, say, another user's process. One that already
+    ended (a trial quicker than this check) is gone, and its exit is on the way."""
+    if reply is None or "pid" not in reply:
+        return None
+    try:
+        pid = int(str(reply["pid"]))
+    except ValueError:
+        return None
+    if pid <= 1:
+        return None
+    try:
+        return pid if psutil.Process(pid).ppid() == parent else None
+    except psutil.NoSuchProcess:
+        return pid
+    except psutil.Error:
+        return None
 
 
 class WarmPool:

@@ -274,3 +274,54 @@ def test_a_failed_preload_is_said_and_the_trial_imports_it_itself(pool: WarmPool
     os.close(log)
     assert proc is not None and proc.wait(30) == 0
     assert "ran" in (tmp_path / "log.txt").read_text()
+
+
+def test_what_a_warm_process_says_is_checked(tmp_path: Path) -> None:
+    """The warm process runs the account's code (its preloads), so its messages are
+    input like any other: garbage is skipped, exits of processes it did not fork for us
+    are ignored, and a pid that is not its child is refused (the agent would signal it)."""
+    import socket
+    import threading
+
+    from hypersack.agent.warm import Warm
+
+    ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    fake = subprocess.Popen(["sleep", "30"])  # stands for the warm process
+    warm = Warm((None, ()), fake, ours)
+    reader = threading.Thread(target=warm.read, daemon=True)
+    reader.start()
+    try:
+        for junk in (b"{", b"[1, 2]", b'{"exit": "x", "code": 1}', b'{"exit": 5}',
+                     b'{"ready": true, "failed": [1]}', b'{"exit": 99999999, "code": 1}'):
+            theirs.send(junk)
+        theirs.send(b'{"ready": true, "failed": {}}')
+        theirs.send(json.dumps({"pid": 4242}).encode())
+        theirs.send(json.dumps({"exit": 4242, "code": 10**9}).encode())
+        for _ in range(200):
+            if warm.exits:
+                break
+            time.sleep(0.01)
+        assert warm.ready and warm.exits == {4242: 255}  # clamped; the junk changed nothing
+        assert 99999999 not in warm.exits
+
+        def forged(pid: int) -> WarmProcess | None:
+            answer = threading.Thread(target=lambda: (socket.recv_fds(theirs, 1 << 20, 8),
+                                                      theirs.send(json.dumps(
+                                                          {"pid": pid}).encode())))
+            answer.start()
+            log = os.open(tmp_path / "log.txt", os.O_WRONLY | os.O_CREAT, 0o600)
+            try:
+                return warm.spawn([sys.executable, "x.py"], {}, tmp_path, log, {})
+            finally:
+                os.close(log)
+                answer.join(10)
+
+        assert forged(os.getpid()) is None  # alive, and not the warm process's child
+        assert forged(1) is None
+        assert os.getpid() not in warm.children
+    finally:
+        theirs.close()
+        reader.join(10)
+        fake.kill()
+        fake.wait()
+    assert warm.dead
