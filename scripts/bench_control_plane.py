@@ -70,6 +70,7 @@ class SimAgent:
         self.bench = bench
         self.up: queue.Queue[pb.AgentMessage | None] = queue.Queue()
         self.running: dict[str, int] = {}
+        self.processed = 0  # the server's messages handled (said in heartbeats)
         self.lock = threading.Lock()
         self.up.put(pb.AgentMessage(register=pb.Register(
             node=name, cores=22 * gpus, backend="bench",
@@ -83,22 +84,28 @@ class SimAgent:
     def _read(self) -> None:
         try:
             for msg in self.call:
-                kind = msg.WhichOneof("body")
-                if kind == "registered":
-                    self.registered.set()
-                elif kind == "launch":
-                    self.bench.launched(self, msg.launch)
-                elif kind == "kill":
-                    with self.lock:
-                        self.running.pop(msg.kill.trial_id, None)
-                    self.bench.kills += 1
+                self._handle(msg)
+                self.processed += 1  # after a launch is in `running`, as an agent does
         except grpc.RpcError:
             pass
 
+    def _handle(self, msg: pb.ServerMessage) -> None:
+        kind = msg.WhichOneof("body")
+        if kind == "registered":
+            self.registered.set()
+        elif kind == "launch":
+            self.bench.launched(self, msg.launch)
+        elif kind == "kill":
+            with self.lock:
+                self.running.pop(msg.kill.trial_id, None)
+            self.bench.kills += 1
+
     def heartbeat(self) -> None:
+        processed = self.processed  # first: every launch it counts is in the list
         with self.lock:
             running = [pb.RunningTrial(trial_id=t, gpu_index=g) for t, g in self.running.items()]
-        self.up.put(pb.AgentMessage(heartbeat=pb.Heartbeat(running=running)))
+        self.up.put(pb.AgentMessage(heartbeat=pb.Heartbeat(
+            running=running, processed=processed if self.bench.say_processed else 0)))
         self.bench.heartbeats_sent += 1
 
     def finish(self, trial_id: str) -> None:
@@ -116,6 +123,9 @@ class Bench:
     def __init__(self, min_s: float, max_s: float, seed: int = 0) -> None:
         self.min_s, self.max_s = min_s, max_s
         self.kills = 0  # trials the server stopped (requeued: their node looked lost)
+        # Heartbeats say how many server messages were handled (as agents do); false:
+        # they do not, as agents before that did.
+        self.say_processed = True
         self.superseded = 0  # timers of trials no longer held when they fired
         self.timers: list[tuple[float, int, SimAgent, str]] = []
         self.cv = threading.Condition()
@@ -168,6 +178,7 @@ def worker(args: argparse.Namespace) -> int:
     they are registered, heartbeats until stdin closes, then prints one JSON line with
     what it measured. Exits stop counting once the file `--no-pending` exists."""
     bench = Bench(args.min_s, args.max_s, seed=args.first)
+    bench.say_processed = not args.no_processed
     stop = threading.Event()
     threading.Thread(target=bench.run_timers, args=(stop,), daemon=True).start()
     agents = []
@@ -219,6 +230,9 @@ def main() -> int:
     ap.add_argument("--min-s", type=float, default=4.0, help="shortest simulated trial")
     ap.add_argument("--max-s", type=float, default=12.0, help="longest simulated trial")
     ap.add_argument("--heartbeat-s", type=float, default=1.0)
+    ap.add_argument("--no-processed", action="store_true",
+                    help="agents do not say in heartbeats how many messages they handled "
+                         "(as before: a launch still on its way counts as missing)")
     ap.add_argument("--mixed", action="store_true",
                     help="24 workloads of SP1 instead of one: freed capacity then often "
                          "fits no pending trial at once, which the relaunch delay includes")
@@ -406,6 +420,7 @@ def run_once(args: argparse.Namespace, secured: bool) -> dict[str, object]:
                     raise
                 time.sleep(0.2)
         bench = Bench(args.min_s, args.max_s)
+        bench.say_processed = not args.no_processed
         t0 = time.monotonic()
         no_pending = tmp / "no-pending"
         if args.agent_procs > 0:
@@ -418,6 +433,7 @@ def run_once(args: argparse.Namespace, secured: bool) -> dict[str, object]:
                      "--address", agent_address, "--min-s", str(args.min_s),
                      "--max-s", str(args.max_s), "--heartbeat-s", str(args.heartbeat_s),
                      "--no-pending", str(no_pending),
+                     *(["--no-processed"] if args.no_processed else []),
                      *(["--certs", str(tmp / "certs")] if secured else [])],
                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env))
             for w in workers:

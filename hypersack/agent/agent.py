@@ -158,6 +158,7 @@ class Agent:
         self.lease.path.write_text("0")  # nothing may run before the server is heard
         self.fence_s = fence_of(self.heartbeat_timeout_s)
         self._beats = 0
+        self._processed = 0
         self._beat_sent: dict[int, float] = {}
         self.watchdogs: dict[str, subprocess.Popen[bytes]] = {}  # by the job's key
         self.connected = threading.Event()
@@ -296,6 +297,7 @@ class Agent:
         outbox: queue.Queue[pb.AgentMessage | None] = queue.Queue()
         inbox: queue.Queue[pb.ServerMessage | _Ended | _Exited] = queue.Queue()
         self.warm.on_exit = lambda: inbox.put(_Exited())
+        self._processed = 0  # the server's messages handled on this stream
         outbox.put(self._register())
         self._send_unacked(outbox, 0.0)  # all of them, after the registration
         channel = (grpc.insecure_channel(self.server, options=self.channel_options)
@@ -343,6 +345,7 @@ class Agent:
                         break
                     if not isinstance(item, _Exited):
                         self._command(item, outbox)
+                        self._processed += 1  # after its launch is in self.jobs
                     try:
                         item = inbox.get_nowait()
                     except queue.Empty:
@@ -451,6 +454,7 @@ class Agent:
 
     def _heartbeat(self) -> pb.AgentMessage:
         self._fence_if_lapsed()
+        processed = self._processed  # read first: every launch it counts is in the list
         running = self._running()
         try:
             states = self.backend.sample()
@@ -464,7 +468,7 @@ class Agent:
         for old in [n for n in self._beat_sent if n <= self._beats - 64]:
             del self._beat_sent[old]
         return pb.AgentMessage(heartbeat=pb.Heartbeat(
-            seq=self._beats, running=running,
+            seq=self._beats, running=running, processed=processed,
             gpus=[self._gpu_state(s) for s in states]))
 
     def _gpu_state(self, s: DeviceState) -> pb.GpuState:

@@ -14,6 +14,7 @@ import logging
 import queue
 import threading
 import time
+from collections import deque
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -98,6 +99,16 @@ KILL_COALESCE_S = 10.0
 MAX_KILLS_REMEMBERED = 4096
 
 
+def _launched(c: Command) -> tuple[RunningTrial, ...]:
+    """The trials a command launches, as a heartbeat would list them."""
+    if isinstance(c, LaunchTrial):
+        return (RunningTrial(c.trial_id, c.gpu_index, attempt=c.attempt),)
+    if isinstance(c, LaunchGroup):
+        return tuple(RunningTrial(m.trial_id, m.gpu_index, attempt=m.attempt)
+                     for m in c.members)
+    return ()
+
+
 @dataclass
 class AgentSession:
     node: str
@@ -116,15 +127,46 @@ class AgentSession:
     # Kills sent lately, by (trial, attempt): a repeated one within KILL_COALESCE_S is
     # not queued again (a node that lists a trial until its kill lands, or a rogue).
     kills_sent: dict[tuple[str, int], float] = field(default_factory=dict)
+    # Messages put on its stream so far, in the order the agent reads them, and the
+    # launches among them with their place: until a heartbeat says the agent handled
+    # that many, their trials are on the way, not missing from its list.
+    queued: int = 0
+    in_flight: deque[tuple[int, tuple[RunningTrial, ...]]] = field(
+        default_factory=lambda: deque(maxlen=MAX_OUTBOX))
+    flight_lock: threading.Lock = field(default_factory=threading.Lock)
 
-    def send(self, msg: pb.ServerMessage) -> None:
+    def send(self, msg: pb.ServerMessage, trials: tuple[RunningTrial, ...] = ()) -> None:
+        """Queue a message; `trials`: what it launches."""
         if self.overflowed:
             return
         if self.outbox.qsize() >= MAX_OUTBOX:
             self._overflow()
             return
-        self.outbox.put(msg)
+        with self.flight_lock:
+            self.outbox.put(msg)
+            self.queued += 1
+            if trials:
+                self.in_flight.append((self.queued, trials))
         self._woken()
+
+    def put_first(self, msg: pb.ServerMessage) -> None:
+        """Queue a message ahead of everything queued (the registration's answer)."""
+        with self.flight_lock:
+            self.outbox.queue.appendleft(msg)
+            self.queued += 1
+            self.in_flight = deque(((at + 1, t) for at, t in self.in_flight),
+                                   maxlen=MAX_OUTBOX)
+
+    def on_the_way(self, processed: int, listed: set[str]) -> tuple[RunningTrial, ...]:
+        """The trials launched past the `processed` messages the agent handled, and not
+        in its list: still on their way to it (0: the agent does not say)."""
+        if processed <= 0:
+            return ()
+        with self.flight_lock:
+            while self.in_flight and self.in_flight[0][0] <= processed:
+                self.in_flight.popleft()
+            return tuple(r for _, trials in self.in_flight for r in trials
+                         if r.trial_id not in listed)
 
     def send_kill(self, msg: pb.ServerMessage, now: float) -> bool:
         """Queue a kill unless the same was queued within KILL_COALESCE_S."""
@@ -354,7 +396,7 @@ class SchedulerService:
                 if isinstance(c, KillTrial):
                     session.send_kill(msg, time.monotonic())
                 else:
-                    session.send(msg)
+                    session.send(msg, _launched(c))
             except Exception:
                 log.exception("%s for node %s not sent: it could not be encoded",
                               type(c).__name__, c.node)
@@ -592,7 +634,7 @@ class SchedulerService:
                     self._sessions[spec.name] = old
                 raise
             # First on the stream, before the commands the join caused.
-            session.outbox.queue.appendleft(pb.ServerMessage(registered=pb.Registered(
+            session.put_first(pb.ServerMessage(registered=pb.Registered(
                 heartbeat_interval_s=self.heartbeat_interval_s,
                 heartbeat_timeout_s=self.orch.config.heartbeat_timeout_s)))
             log.info("agent %s connected (%s backend, %d GPUs, %d trials still running)",
@@ -686,6 +728,9 @@ class SchedulerService:
             running = tuple(RunningTrial(r.trial_id, r.gpu_index, clean_memory(r.peak_memory_mib),
                                          clean_percent(r.peak_utilization_pct), r.attempt)
                             for r in hb.running)
+            # Launches the agent had not yet handled when it listed what runs: on their
+            # way, not missing (under load the server's queue to it may lag seconds).
+            running += session.on_the_way(hb.processed, {r.trial_id for r in running})
             if not session.connected:
                 return None
             if not self.orch.has_node(node):

@@ -528,14 +528,16 @@ class Register(_message.Message):
     def __init__(self, node: _Optional[str] = ..., cores: _Optional[float] = ..., gpus: _Optional[_Iterable[_Union[GpuInfo, _Mapping]]] = ..., running: _Optional[_Iterable[_Union[RunningTrial, _Mapping]]] = ..., backend: _Optional[str] = ..., version: _Optional[str] = ..., owner: _Optional[str] = ...) -> None: ...
 
 class Heartbeat(_message.Message):
-    __slots__ = ("running", "gpus", "seq")
+    __slots__ = ("running", "gpus", "seq", "processed")
     RUNNING_FIELD_NUMBER: _ClassVar[int]
     GPUS_FIELD_NUMBER: _ClassVar[int]
     SEQ_FIELD_NUMBER: _ClassVar[int]
+    PROCESSED_FIELD_NUMBER: _ClassVar[int]
     running: _containers.RepeatedCompositeFieldContainer[RunningTrial]
     gpus: _containers.RepeatedCompositeFieldContainer[GpuState]
     seq: int
-    def __init__(self, running: _Optional[_Iterable[_Union[RunningTrial, _Mapping]]] = ..., gpus: _Optional[_Iterable[_Union[GpuState, _Mapping]]] = ..., seq: _Optional[int] = ...) -> None: ...
+    processed: int
+    def __init__(self, running: _Optional[_Iterable[_Union[RunningTrial, _Mapping]]] = ..., gpus: _Optional[_Iterable[_Union[GpuState, _Mapping]]] = ..., seq: _Optional[int] = ..., processed: _Optional[int] = ...) -> None: ...
 
 class TrialStarted(_message.Message):
     __slots__ = ("trial_id", "attempt")
