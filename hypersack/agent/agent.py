@@ -566,7 +566,8 @@ class Agent:
         account = self.users.account_for(owner)
         fields = {**json.loads(params_json or "{}"), "epochs": epochs, "trial_id": job_id,
                   "study_id": study_id, "workdir": str(workdir.resolve())}
-        argv = argv_for(program_from_pb(program), fields)
+        parsed = program_from_pb(program)
+        argv = argv_for(parsed, fields)
         if program.command:  # decided on what runs: the filled argv, its executable resolved
             env_path = (os.environ if self.base_env is None else self.base_env).get("PATH")
             argv = self.commands.check(program.command, self.node, argv=argv,
@@ -578,7 +579,7 @@ class Agent:
         return Job(job_id, gpu_index, workdir, argv, env, profile=profile, attempt=attempt,
                    agent_dir=self.agent_dir, log_max_bytes=self.log_max_bytes,
                    base_env=self.base_env, account=account, warm=self.warm,
-                   preload=preload_of(program_from_pb(program))), device
+                   preload=preload_of(parsed)), device
 
     def _launch(self, m: pb.LaunchTrial, outbox: queue.Queue[pb.AgentMessage | None]) -> None:
         same = self.jobs.get(job_key(m.trial_id, m.attempt))
