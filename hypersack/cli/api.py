@@ -18,7 +18,7 @@ from __future__ import annotations
 import json
 import math
 import os
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence, Set
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -117,8 +117,8 @@ class Results(list[Trial]):
         """One flat dict per trial: id, state, objective, each parameter and each metric
         (`metric.NAME`), tries, reason."""
         out = []
+        several = len(self.study.objectives) > 1
         for t in self:
-            several = len(self.study.objectives) > 1
             out.append({"trial": t.id, "state": t.state, "objective": t.objective,
                         "epoch": t.epoch, "last_value": t.last_value,
                         **({"values": t.values, "pareto": t.pareto} if several else {}),
@@ -161,10 +161,10 @@ def _study(s: pb.Study) -> Study:
                  objectives=tuple(goals(s)))
 
 
-def _trial(t: pb.Trial, study: pb.Study | None = None, on_front: frozenset[str] = frozenset()
+def _trial(t: pb.Trial, metrics: Sequence[str] = (), on_front: Set[str] = frozenset()
            ) -> Trial:
-    g = goals(study) if study is not None else []
-    values = values_of(t, [m for m, _ in g]) if len(g) > 1 else None
+    """`metrics`: every objective's, for a multi-objective study (its values)."""
+    values = values_of(t, list(metrics)) if len(metrics) > 1 else None
     objective = t.objective if t.has_objective and math.isfinite(t.objective) else None
     return Trial(id=t.id, study_id=t.study_id, state=t.state, params=params_of(t),
                  metrics=dict(t.metrics), objective=objective, reason=t.reason, node=t.node,
@@ -315,8 +315,9 @@ class Client:
     def results(self, study_id: str) -> Results:
         study = self._rpc.study(study_id)
         trials = self._rpc.trials(study_id)
-        on_front = frozenset(pareto(study, trials))
+        on_front = pareto(study, trials)
+        metrics = [m for m, _ in goals(study)]
         # The order `hypersack results` prints.
-        return Results(_study(study), [_trial(t, study, on_front)
-                                       for t in ranked(study, trials)],
+        return Results(_study(study), [_trial(t, metrics, on_front)
+                                       for t in ranked(study, trials, on_front)],
                        lambda: self._rpc.history(study_id=study_id))

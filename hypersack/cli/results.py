@@ -18,7 +18,7 @@ from rich.table import Table
 from hypersack._proto.v1 import hypersack_pb2 as pb
 from hypersack.cli.client import params_of
 from hypersack.cli.text import escaped, json_text, safe, safe_log
-from hypersack.core.pareto import front
+from hypersack.core.pareto import front, objective_values
 
 STATE_STYLE = {"PENDING": "dim", "PROFILING": "cyan", "RUNNING": "yellow",
                "COMPLETED": "green", "FAILED": "bold red", "DIVERGED": "red",
@@ -87,14 +87,9 @@ def goals(study: pb.Study) -> list[tuple[str, str]]:
 
 
 def values_of(t: pb.Trial, metrics: list[str]) -> list[float] | None:
-    """A completed trial's value of each objective (the first is its objective, the
-    others the metrics it ended with), or None where one is missing or not finite."""
-    if t.state != "COMPLETED" or not t.has_objective:
-        return None
-    values = [t.objective, *(t.metrics.get(m) for m in metrics[1:])]
-    if any(v is None or not math.isfinite(v) for v in values):
-        return None
-    return [float(v) for v in values if v is not None]
+    """A trial's value of each objective (`core.pareto.objective_values`)."""
+    return objective_values(t.state == "COMPLETED",
+                            t.objective if t.has_objective else None, t.metrics, metrics)
 
 
 def pareto(study: pb.Study, trials: list[pb.Trial]) -> set[str]:
@@ -107,11 +102,14 @@ def pareto(study: pb.Study, trials: list[pb.Trial]) -> set[str]:
     return {trials[i].id for i in front(points, [mode == "max" for _, mode in g])}
 
 
-def ranked(study: pb.Study, trials: list[pb.Trial]) -> list[pb.Trial]:
+def ranked(study: pb.Study, trials: list[pb.Trial], on_front: set[str] | None = None
+           ) -> list[pb.Trial]:
     """Best objective first (the study's mode); trials without one after, by id. A
-    multi-objective study: its Pareto front first, each part by the first objective."""
+    multi-objective study: its Pareto front first (`on_front`, computed where not
+    given), each part by the first objective."""
     sign = -1.0 if study.objective_mode == "max" else 1.0
-    on_front = pareto(study, trials)
+    if on_front is None:
+        on_front = pareto(study, trials)
 
     def key(t: pb.Trial) -> tuple[int, int, float, str]:
         if t.has_objective and not math.isnan(t.objective):
@@ -133,7 +131,7 @@ def print_results(client: Reader, study_id: str, fmt: str, top: int | None,
     study = client.study(study_id)
     everything = client.trials(study_id)
     on_front = pareto(study, everything)
-    trials = ranked(study, everything)
+    trials = ranked(study, everything, on_front)
     total = len(trials)
     g = goals(study)
     several = len(g) > 1

@@ -3,7 +3,23 @@ objective. Pure; used by the results (table, JSON, the Python API) and the expor
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import math
+from collections.abc import Mapping, Sequence
+
+
+def objective_values(completed: bool, objective: float | None,
+                     metrics: Mapping[str, float], names: Sequence[str]
+                     ) -> list[float] | None:
+    """A trial's value of every objective: its objective, then for a multi-objective
+    study each other objective metric it ended with (`names`, the first being the
+    objective's). None unless it completed with all of them finite. The one rule the
+    sampler, the results and the export ask."""
+    if not completed or objective is None:
+        return None
+    values = [objective, *(metrics.get(n) for n in names[1:])]
+    if any(v is None or not math.isfinite(v) for v in values):
+        return None
+    return [float(v) for v in values if v is not None]
 
 
 def dominates(a: Sequence[float], b: Sequence[float]) -> bool:

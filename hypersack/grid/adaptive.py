@@ -12,12 +12,12 @@ the objective at each rung, and nothing of Optuna's is kept elsewhere.
 from __future__ import annotations
 
 import logging
-import math
 import warnings
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
 from hypersack.core.errors import InvalidInput
+from hypersack.core.pareto import objective_values
 from hypersack.core.types import TrialRecord, TrialState
 from hypersack.grid.params import Choice, IntRange, LogUniform, Uniform, active
 from hypersack.grid.space import SearchSpace
@@ -212,24 +212,12 @@ class OptunaSearch:
                 for ft in self._study.trials]
 
 
-def objective_values(t: TrialRecord, space: SearchSpace) -> list[float] | None:
-    """A completed trial's value of every objective (its objective, and for a
-    multi-objective study each metric of its last report), or None where one is missing
-    or not finite."""
-    if t.state != TrialState.COMPLETED or t.objective is None:
-        return None
-    goals = space.settings.goals
-    values = [t.objective, *(t.metrics.get(o.metric) for o in goals[1:])]
-    if any(v is None or not math.isfinite(v) for v in values):
-        return None
-    return [float(v) for v in values if v is not None]
-
-
 def outcome(t: TrialRecord, space: SearchSpace) -> tuple[Any, list[float] | None]:
     """How Optuna records a trial: its state, and its values where it COMPLETED with
     every objective."""
     states = _optuna().trial.TrialState
-    values = objective_values(t, space)
+    values = objective_values(t.state == TrialState.COMPLETED, t.objective, t.metrics,
+                              [o.metric for o in space.settings.goals])
     if values is not None:
         return states.COMPLETE, values
     if t.state == TrialState.PRUNED:

@@ -20,7 +20,7 @@ from rich.console import Console
 from hypersack.cli.api import Results, _study, _trial
 from hypersack.cli.export import export_optuna
 from hypersack.cli.offline import StoreReader
-from hypersack.cli.results import pareto, print_results, ranked
+from hypersack.cli.results import goals, pareto, print_results, ranked
 from hypersack.core.clock import ManualClock
 from hypersack.core.cluster import parse_shorthand
 from hypersack.core.errors import InvalidInput
@@ -198,7 +198,8 @@ def test_results_show_the_pareto_front_in_every_form(tmp_path: Path,
         order = [lr_of[t.id] for t in ranked(study, trials)]
         assert order == [1e-4, 1e-3, 1e-2, 0.3, 0.1]  # the front first, by err
 
-        results = Results(_study(study), [_trial(t, study, frozenset(on_front))
+        metrics = [m for m, _ in goals(study)]
+        results = Results(_study(study), [_trial(t, metrics, on_front)
                                           for t in ranked(study, trials)])
         assert results.study.objectives == (("err", "min"), ("speed", "max"))
         assert results.best is None  # no one trial is best
