@@ -78,7 +78,7 @@ BUILTIN_PRELOAD = {"train": ("hypersack.runner.train", "torch", "hypersack.runne
 def preload_of(program: Program) -> tuple[str, ...]:
     """The modules a trial's warm process preloads: the SDK, then the built-in program's
     own or the command program's `preload` list."""
-    own = BUILTIN_PRELOAD.get(program.builtin or "", ()) if program.builtin else \
+    own = BUILTIN_PRELOAD.get(program.builtin, ()) if program.builtin else \
         tuple(program.preload)
     return ("hypersack.runner.sdk", *own)
 

@@ -54,6 +54,7 @@ from hypersack.orchestrator.commands import (
     LaunchGroup,
     LaunchTrial,
     ProfileWorkload,
+    launched,
 )
 from hypersack.orchestrator.events import (
     Event,
@@ -101,12 +102,8 @@ MAX_KILLS_REMEMBERED = 4096
 
 def _launched(c: Command) -> tuple[RunningTrial, ...]:
     """The trials a command launches, as a heartbeat would list them."""
-    if isinstance(c, LaunchTrial):
-        return (RunningTrial(c.trial_id, c.gpu_index, attempt=c.attempt),)
-    if isinstance(c, LaunchGroup):
-        return tuple(RunningTrial(m.trial_id, m.gpu_index, attempt=m.attempt)
-                     for m in c.members)
-    return ()
+    return tuple(RunningTrial(m.trial_id, m.gpu_index, attempt=m.attempt)
+                 for m in launched([c]))
 
 
 @dataclass
