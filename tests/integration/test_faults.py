@@ -232,6 +232,19 @@ def test_a_frozen_agents_trials_are_fenced_before_they_run_elsewhere(
         program=f"{{command: '{{python}} {script} {log} 4'}}"))
     wait_for("trials on both nodes", lambda: {t.node for t in _trials(cluster, study)
                                              if t.state == "RUNNING"} == {"n1", "n2"}, 60, 0.1)
+
+    def fresh_on_n1() -> bool:
+        """A trial of n1 started less than a second ago: it still has three of its four
+        seconds to run when the freeze's fence (1.5 s after the last heartbeat) stops
+        it, whatever the load (a trial near its end would finish first)."""
+        on_n1 = {t.id for t in _trials(cluster, study)
+                 if t.state == "RUNNING" and t.node == "n1"}
+        now = time.time()
+        return log.exists() and any(
+            trial in on_n1 and not ended and now - first < 1.0
+            for (trial, _), (first, _, ended) in attempt_runs(log).items())
+
+    wait_for("a trial just started on n1", fresh_on_n1, 60, 0.05)
     frozen = cluster.agents["n1"]
     os.kill(frozen.pid, signal.SIGSTOP)
     time.sleep(9.0)  # three times the heartbeat timeout (3 s)
