@@ -23,10 +23,9 @@ its own connection in both modes, so the two runs differ by TLS and authenticati
 from __future__ import annotations
 
 import argparse
-import heapq
+import asyncio
 import json
 import os
-import queue
 import random
 import shutil
 import signal
@@ -36,7 +35,9 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Iterable
 from pathlib import Path
+from typing import Any
 
 import grpc
 import psutil
@@ -64,26 +65,37 @@ program: {{builtin: sleep}}
 
 
 class SimAgent:
-    def __init__(self, name: str, channel: grpc.Channel, gpus: int, bench: Bench) -> None:
+    """One agent's stream, served on its worker's event loop (grpc.aio): no thread per
+    agent, so that a thousand of them in four processes on one core leave that core
+    room to answer at once. A thread per stream (two with grpc's blocking client) made
+    the agents' core the bottleneck at 1,000 agents, and the delays it measured its own
+    queues."""
+
+    def __init__(self, name: str, channel: grpc.aio.Channel, gpus: int, bench: Bench) -> None:
         self.name = name
         self.gpus = gpus
         self.bench = bench
-        self.up: queue.Queue[pb.AgentMessage | None] = queue.Queue()
+        self.up: asyncio.Queue[pb.AgentMessage] = asyncio.Queue()
         self.running: dict[str, int] = {}
         self.processed = 0  # the server's messages handled (said in heartbeats)
-        self.lock = threading.Lock()
-        self.up.put(pb.AgentMessage(register=pb.Register(
+        self.registered = asyncio.Event()
+        self.up.put_nowait(pb.AgentMessage(register=pb.Register(
             node=name, cores=22 * gpus, backend="bench",
             gpus=[pb.GpuInfo(index=i, arch="A100", memory_mib=81920, uuid=f"{name}-{i}")
                   for i in range(gpus)])))
-        stub = pb_grpc.AgentLinkStub(channel)
-        self.call = stub.Connect(iter(self.up.get, None))
-        self.registered = threading.Event()
-        threading.Thread(target=self._read, daemon=True).start()
+        self.call = pb_grpc.AgentLinkStub(channel).Connect()
+        self.tasks = [asyncio.ensure_future(self._write()), asyncio.ensure_future(self._read())]
 
-    def _read(self) -> None:
+    async def _write(self) -> None:
         try:
-            for msg in self.call:
+            while True:
+                await self.call.write(await self.up.get())
+        except (grpc.RpcError, asyncio.InvalidStateError):
+            pass
+
+    async def _read(self) -> None:
+        try:
+            async for msg in self.call:
                 self._handle(msg)
                 self.processed += 1  # after a launch is in `running`, as an agent does
         except grpc.RpcError:
@@ -96,30 +108,28 @@ class SimAgent:
         elif kind == "launch":
             self.bench.launched(self, msg.launch)
         elif kind == "kill":
-            with self.lock:
-                self.running.pop(msg.kill.trial_id, None)
+            self.running.pop(msg.kill.trial_id, None)
             self.bench.kills += 1
 
     def heartbeat(self) -> None:
-        processed = self.processed  # first: every launch it counts is in the list
-        with self.lock:
-            running = [pb.RunningTrial(trial_id=t, gpu_index=g) for t, g in self.running.items()]
-        self.up.put(pb.AgentMessage(heartbeat=pb.Heartbeat(
-            running=running, processed=processed if self.bench.say_processed else 0)))
+        running = [pb.RunningTrial(trial_id=t, gpu_index=g) for t, g in self.running.items()]
+        self.up.put_nowait(pb.AgentMessage(heartbeat=pb.Heartbeat(
+            running=running, processed=self.processed if self.bench.say_processed else 0)))
         self.bench.heartbeats_sent += 1
 
     def finish(self, trial_id: str) -> None:
-        with self.lock:
-            gpu = self.running.pop(trial_id, None)
+        gpu = self.running.pop(trial_id, None)
         if gpu is None:  # killed meanwhile, or launched again (its older timer)
             self.bench.superseded += 1
             return
         self.bench.exited(self.name, gpu)
-        self.up.put(pb.AgentMessage(exited=pb.TrialExited(trial_id=trial_id, exit_code=0,
-                                                          metrics={"loss": 1.0})))
+        self.up.put_nowait(pb.AgentMessage(exited=pb.TrialExited(
+            trial_id=trial_id, exit_code=0, metrics={"loss": 1.0})))
 
 
 class Bench:
+    """What one worker's agents measured; everything runs on that worker's event loop."""
+
     def __init__(self, min_s: float, max_s: float, seed: int = 0) -> None:
         self.min_s, self.max_s = min_s, max_s
         self.kills = 0  # trials the server stopped (requeued: their node looked lost)
@@ -127,85 +137,64 @@ class Bench:
         # they do not, as agents before that did.
         self.say_processed = True
         self.superseded = 0  # timers of trials no longer held when they fired
-        self.timers: list[tuple[float, int, SimAgent, str]] = []
-        self.cv = threading.Condition()
-        self.seq = 0
         self.rng = random.Random(seed)
         self.waiting: dict[tuple[str, int], float] = {}  # GPU -> when a trial on it exited
         self.delays: list[float] = []
         self.launches = 0
         self.heartbeats_sent = 0
         self.pending_left = True
-        self.lock = threading.Lock()
 
     def launched(self, agent: SimAgent, m: pb.LaunchTrial) -> None:
         now = time.monotonic()
-        with self.lock:
-            self.launches += 1
-            t0 = self.waiting.pop((agent.name, m.gpu_index), None)
-            if t0 is not None:
-                self.delays.append(now - t0)
-        with agent.lock:
-            agent.running[m.trial_id] = m.gpu_index
-        with self.cv:
-            self.seq += 1
-            heapq.heappush(self.timers, (now + self.rng.uniform(self.min_s, self.max_s),
-                                         self.seq, agent, m.trial_id))
-            self.cv.notify()
+        self.launches += 1
+        t0 = self.waiting.pop((agent.name, m.gpu_index), None)
+        if t0 is not None:
+            self.delays.append(now - t0)
+        agent.running[m.trial_id] = m.gpu_index
+        asyncio.get_running_loop().call_later(self.rng.uniform(self.min_s, self.max_s),
+                                              agent.finish, m.trial_id)
 
     def exited(self, node: str, gpu: int) -> None:
         if self.pending_left:
-            with self.lock:
-                self.waiting[node, gpu] = time.monotonic()  # the latest exit on that GPU
-
-    def run_timers(self, stop: threading.Event) -> None:
-        while not stop.is_set():
-            with self.cv:
-                if not self.timers:
-                    self.cv.wait(0.1)
-                    continue
-                due, _, agent, tid = self.timers[0]
-                delay = due - time.monotonic()
-                if delay > 0:
-                    self.cv.wait(min(delay, 0.1))
-                    continue
-                heapq.heappop(self.timers)
-            agent.finish(tid)
+            self.waiting[node, gpu] = time.monotonic()  # the latest exit on that GPU
 
 
 def worker(args: argparse.Namespace) -> int:
+    return asyncio.run(_worker(args))
+
+
+async def _worker(args: argparse.Namespace) -> int:
     """Agents `--first` .. `--first + --agents - 1` in this process: prints "ready" once
     they are registered, heartbeats until stdin closes, then prints one JSON line with
     what it measured. Exits stop counting once the file `--no-pending` exists."""
     bench = Bench(args.min_s, args.max_s, seed=args.first)
     bench.say_processed = not args.no_processed
-    stop = threading.Event()
-    threading.Thread(target=bench.run_timers, args=(stop,), daemon=True).start()
     agents = []
     for i in range(args.first, args.first + args.agents):
         name = f"a{i:03d}"
         if args.certs:
             paths = _tls.leaf_paths(Path(args.certs), _tls.NODE, name)
-            channel = grpc.secure_channel(args.address, _tls.channel_credentials(
+            channel = grpc.aio.secure_channel(args.address, _tls.channel_credentials(
                 Path(args.certs) / "ca.crt", paths.cert, paths.key))
         else:
-            channel = grpc.insecure_channel(args.address)
+            channel = grpc.aio.insecure_channel(args.address)
         agents.append(SimAgent(name, channel, args.gpus, bench))
-    for a in agents:
-        a.registered.wait(60)
+    await asyncio.wait_for(asyncio.gather(*(a.registered.wait() for a in agents)), 120)
     print("ready", flush=True)
     flag = Path(args.no_pending)
 
-    def beat() -> None:
-        while not stop.wait(args.heartbeat_s):
+    async def beat() -> None:
+        while True:
+            await asyncio.sleep(args.heartbeat_s)
             for a in agents:
                 a.heartbeat()
             if bench.pending_left and flag.exists():
                 bench.pending_left = False
 
-    threading.Thread(target=beat, daemon=True).start()
-    sys.stdin.read()  # until the parent closes it
-    stop.set()
+    beating = asyncio.ensure_future(beat())
+    # Until the parent closes stdin.
+    await asyncio.get_running_loop().run_in_executor(None, sys.stdin.read)
+    beating.cancel()
     print(json.dumps({"delays": bench.delays, "launches": bench.launches,
                       "heartbeats": bench.heartbeats_sent, "kills": bench.kills,
                       "superseded": bench.superseded}), flush=True)
@@ -216,7 +205,7 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--agents", type=int, default=200)
     ap.add_argument("--agent-procs", type=int, default=4,
-                    help="worker processes the agents are split over (0: this process)")
+                    help="worker processes the agents are split over (at least 1)")
     ap.add_argument("--sweep", default="",
                     help="agent counts to run one after another, e.g. 20,100,200 (trials "
                          "scale with them: --trials per 200 agents)")
@@ -295,8 +284,7 @@ def main() -> int:
     return 0
 
 
-def _secure(tmp: Path, agents: int, creds_here: bool = True
-            ) -> tuple[list[str], str, list[grpc.ChannelCredentials | None]]:
+def _secure(tmp: Path, agents: int) -> tuple[list[str], str]:
     """Certificates for the server and every agent, and an admin's token."""
     certs = tmp / "certs"
     _tls.init_ca(certs)
@@ -306,12 +294,9 @@ def _secure(tmp: Path, agents: int, creds_here: bool = True
     auth.add_user(LOCAL, "bench", "admin")
     token = auth.create_token(LOCAL, "bench")[1]
     store.close()
-    creds: list[grpc.ChannelCredentials | None] = []
     for i in range(agents):
-        paths = _tls.issue(certs, _tls.NODE, f"a{i:03d}")
-        creds.append(_tls.channel_credentials(paths.ca, paths.cert, paths.key)
-                     if creds_here else None)
-    return ["--tls-dir", str(certs)], token, creds
+        _tls.issue(certs, _tls.NODE, f"a{i:03d}")
+    return ["--tls-dir", str(certs)], token
 
 
 def _free_port() -> int:
@@ -350,6 +335,22 @@ def profile_summary(path: Path, top: int = 12) -> list[str]:
     return out
 
 
+def busy_share(before: list[Any], after: list[Any]) -> list[float]:
+    """Per CPU, the share of the time between two psutil.cpu_times(percpu=True) calls
+    it was not idle."""
+    out = []
+    for b, a in zip(before, after, strict=True):
+        total = sum(a) - sum(b)
+        idle = (a.idle + getattr(a, "iowait", 0.0)) - (b.idle + getattr(b, "iowait", 0.0))
+        out.append(max(0.0, 1.0 - idle / total) if total > 0 else 0.0)
+    return out
+
+
+def _mean(values: Iterable[float]) -> float:
+    vals = list(values)
+    return sum(vals) / len(vals) if vals else 0.0
+
+
 def cpu_seconds(proc: psutil.Process) -> float:
     """The process's CPU time so far, user and system."""
     cpu = proc.cpu_times()
@@ -361,8 +362,7 @@ def run_once(args: argparse.Namespace, secured: bool) -> dict[str, object]:
     tmp = Path(tempfile.mkdtemp(prefix="hs-bench-"))
     address = f"127.0.0.1:{_free_port()}"
     agent_address = f"127.0.0.1:{_free_port()}" if secured else address
-    tls_flags, token, agent_creds = (_secure(tmp, args.agents, args.agent_procs == 0)
-                                     if secured else ([], "", [None] * args.agents))
+    tls_flags, token = _secure(tmp, args.agents) if secured else ([], "")
     if secured:
         tls_flags += ["--agent-listen", agent_address]
     env = {k: v for k, v in os.environ.items() if not k.startswith("HYPERSACK_")}
@@ -388,8 +388,10 @@ def run_once(args: argparse.Namespace, secured: bool) -> dict[str, object]:
     spy = None
     if args.profile:
         fmt = ["--format", "raw"] if args.profile.endswith(".txt") else []
+        # --gil: samples of the thread holding the GIL only (the server's one core's
+        # work), not of threads waiting for it.
         spy = subprocess.Popen(["py-spy", "record", "--pid", str(server.pid), "--rate", "100",
-                                "--output", args.profile, "--nonblocking", *fmt],
+                                "--gil", "--output", args.profile, "--nonblocking", *fmt],
                                stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
     workers: list[subprocess.Popen[str]] = []
     peak_rss = [0]
@@ -423,40 +425,26 @@ def run_once(args: argparse.Namespace, secured: bool) -> dict[str, object]:
         bench.say_processed = not args.no_processed
         t0 = time.monotonic()
         no_pending = tmp / "no-pending"
-        if args.agent_procs > 0:
-            procs = args.agent_procs
-            cuts = [args.agents * k // procs for k in range(procs + 1)]
-            for k in range(procs):
-                workers.append(subprocess.Popen(
-                    [sys.executable, __file__, "--worker", "--first", str(cuts[k]),
-                     "--agents", str(cuts[k + 1] - cuts[k]), "--gpus", str(args.gpus),
-                     "--address", agent_address, "--min-s", str(args.min_s),
-                     "--max-s", str(args.max_s), "--heartbeat-s", str(args.heartbeat_s),
-                     "--no-pending", str(no_pending),
-                     *(["--no-processed"] if args.no_processed else []),
-                     *(["--certs", str(tmp / "certs")] if secured else [])],
-                    stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env))
-            for w in workers:
-                assert w.stdout is not None
-                if w.stdout.readline().strip() != "ready":
-                    raise RuntimeError("an agent worker did not start")
-        else:
-            threading.Thread(target=bench.run_timers, args=(stop,), daemon=True).start()
-            agents = [SimAgent(f"a{i:03d}", grpc.insecure_channel(agent_address) if c is None
-                               else grpc.secure_channel(agent_address, c), args.gpus, bench)
-                      for i, c in enumerate(agent_creds)]
-            for a in agents:
-                a.registered.wait(30)
-
-            def beat() -> None:
-                while not stop.wait(args.heartbeat_s):
-                    for a in agents:
-                        a.heartbeat()
-
-            threading.Thread(target=beat, daemon=True).start()
+        procs = max(1, args.agent_procs)
+        cuts = [args.agents * k // procs for k in range(procs + 1)]
+        for k in range(procs):
+            workers.append(subprocess.Popen(
+                [sys.executable, __file__, "--worker", "--first", str(cuts[k]),
+                 "--agents", str(cuts[k + 1] - cuts[k]), "--gpus", str(args.gpus),
+                 "--address", agent_address, "--min-s", str(args.min_s),
+                 "--max-s", str(args.max_s), "--heartbeat-s", str(args.heartbeat_s),
+                 "--no-pending", str(no_pending),
+                 *(["--no-processed"] if args.no_processed else []),
+                 *(["--certs", str(tmp / "certs")] if secured else [])],
+                stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env))
+        for w in workers:
+            assert w.stdout is not None
+            if w.stdout.readline().strip() != "ready":
+                raise RuntimeError("an agent worker did not start")
         connect_s = time.monotonic() - t0
         t_submit = time.monotonic()
         cpu_at_submit = cpu_seconds(proc)
+        cores_at_submit = psutil.cpu_times(percpu=True)
         study = client.submit(SPACE.format(
             trials=args.trials,
             models="[shufflenet, mobilenet_v2, vit_tiny, deit_tiny, resnet18, resnet34]"
@@ -480,6 +468,7 @@ def run_once(args: argparse.Namespace, secured: bool) -> dict[str, object]:
             time.sleep(0.5)
         wall = time.monotonic() - t_submit
         cpu_s = cpu_seconds(proc) - cpu_at_submit
+        cores = busy_share(cores_at_submit, psutil.cpu_times(percpu=True))
         stop.set()
         for w in workers:
             out, _ = w.communicate(timeout=60)  # closes its stdin: it reports and exits
@@ -524,6 +513,10 @@ def run_once(args: argparse.Namespace, secured: bool) -> dict[str, object]:
             # CPU the server spent from the submission to the study's end, per trial: its
             # cost, whatever else shares the machine's cores.
             "server_cpu_ms_per_trial": round(1000 * cpu_s / max(1, total), 2),
+            # How busy the server's and the agents' cores were during the study: an
+            # agents' core near 100 % means the delays measure the load generator.
+            "server_core_busy_pct": round(100 * _mean(cores[c] for c in server_cpu), 1),
+            "agent_cores_busy_pct": round(100 * _mean(cores[c] for c in others), 1),
         }
     finally:
         stop.set()
