@@ -292,6 +292,12 @@ class Profiling:
             sample = samples.get(fusion.fused_key(slot[0], 1))
             return sample is None or owners[g.node].takes(self.s.studies[sample.study_id].owner)
 
+        if not wanted and not any(g.reserved_for is not None
+                                  for n in open_nodes for g in n.gpus.values()):
+            # Nothing to plan (each node's join asks, and building every GPU's slot made
+            # a thousand joins cost a million).
+            self.s.profiling_waiting = False
+            return []
         plan = planning.plan_profiles(wanted, self.s.cluster.gpu_slots(open_nodes), allowed)
         for slot, g in plan.reserve:
             node = self.s.cluster.live(g.node)
