@@ -68,6 +68,9 @@ class Book:
                     self.count_group(t, -1, old_group)
                 if now:
                     self.count_group(new, 1, new_group)
+        if new.state != t.state:
+            self.count_state(t.study_id, t.state, -1)
+            self.count_state(t.study_id, new.state, 1)
         if new.state.terminal != t.state.terminal:
             self.s.open[t.study_id] += -1 if new.state.terminal else 1
         if (new.state == TrialState.PENDING) != (t.state == TrialState.PENDING):
@@ -84,6 +87,20 @@ class Book:
         for listener in self.on_transition:
             listener(t, new)
         return new
+
+    def count_state(self, study_id: str, state: TrialState, delta: int) -> None:
+        """The one place a study's trial count per state moves (see `added`)."""
+        key = (study_id, state)
+        n = self.s.state_counts.get(key, 0) + delta
+        if n:
+            self.s.state_counts[key] = n
+        elif key in self.s.state_counts:
+            del self.s.state_counts[key]
+
+    def added(self, t: TrialRecord) -> None:
+        """A trial's record enters the state (submitted, extended, or loaded)."""
+        self.s.trials[t.id] = t
+        self.count_state(t.study_id, t.state, 1)
 
     def count_group(self, t: TrialRecord, delta: int,
                      group: tuple[int, int | None, float] | None = None) -> None:
@@ -141,6 +158,9 @@ class Book:
         for tid in sorted(self.s.dirty):
             if tid in self.s.trials:
                 self.s.store.update_trial(self.s.trials[tid])
+        if self.s.spans:
+            self.s.store.add_spans(list(self.s.spans.values()))
+            self.s.spans.clear()
         self.s.dirty.clear()
         self.s.dirty_studies.clear()
 
@@ -223,7 +243,7 @@ class Book:
         self.s.open[study_id] += len(trials)
         waiting = self.waiting_in(study_id)
         for i, t in enumerate(trials, start=len(ids)):
-            self.s.trials[t.id] = t
+            self.added(t)
             self.s.place[t.id] = i
             waiting[t.id] = self.wait_order(t)
             self.count_group(t, 1)

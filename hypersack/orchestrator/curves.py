@@ -42,8 +42,10 @@ class Curves:
             return
         if start is None:  # launched before this server started: its first start
             start = t.started_at if t.started_at is not None else self.s.clock.now()
-        self.s.store.add_span(Span(t.id, t.launches, t.node, t.gpu_index, start,
-                                   max(start, self.s.clock.now()), t.group))
+        # Written with the batch's trials (Book.flush); journaled, so an undone event's
+        # span goes with it.
+        self.s.spans[t.id, t.launches] = Span(t.id, t.launches, t.node, t.gpu_index, start,
+                                              max(start, self.s.clock.now()), t.group)
 
     def progress(self, t: TrialRecord, event: TrialProgress) -> None:
         """A running trial's report: each step it names, with that step's own metrics

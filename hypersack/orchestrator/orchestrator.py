@@ -181,7 +181,7 @@ class Orchestrator:
             self.s.by_study[study.id] = []
             self.s.open[study.id] = 0
         for t in self.s.store.list_trials():
-            self.s.trials[t.id] = t
+            self.book.added(t)
             self.s.by_study.setdefault(t.study_id, []).append(t.id)
             self.s.place[t.id] = len(self.s.by_study[t.study_id]) - 1  # as when submitted
             if t.state == TrialState.PENDING:
@@ -225,6 +225,11 @@ class Orchestrator:
 
     def trial(self, trial_id: str) -> TrialRecord:
         return self.book.trial(trial_id)
+
+    def counts(self, study_id: str) -> dict[TrialState, int]:
+        """How many of the study's trials are in each state (every state, zeros too)."""
+        self.study(study_id)
+        return {s: self.s.state_counts.get((study_id, s), 0) for s in TrialState}
 
     def has_node(self, name: str) -> bool:
         return name in self.s.cluster

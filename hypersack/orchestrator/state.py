@@ -18,7 +18,14 @@ from dataclasses import dataclass
 from typing import Any
 
 from hypersack.core.clock import Clock
-from hypersack.core.types import Profile, StudyRecord, TrialRecord, WorkloadKey
+from hypersack.core.types import (
+    Profile,
+    Span,
+    StudyRecord,
+    TrialRecord,
+    TrialState,
+    WorkloadKey,
+)
 from hypersack.grid import rungs
 from hypersack.grid.adaptive import OptunaSearch
 from hypersack.grid.space import SearchSpace
@@ -92,6 +99,9 @@ class CoreState:
         self.groups: dict[str, tuple[str, ...]] = journaled(j)
         self.oom_groups: dict[str, bool] = journaled(j)  # groups whose OOM was counted
         self.paused: dict[str, int] = journaled(j)  # PAUSED trials per study
+        # Trials per (study, state): a study's counts without a walk over its trials
+        # (a client watching a study of 50,000 asked for them twice a second).
+        self.state_counts: dict[tuple[str, TrialState], int] = journaled(j)
         # (study, rung) -> when the rung's promotions held for its window resume
         self.windows: dict[tuple[str, int], float] = journaled(j)
         # Trials pruned while handling the current event, and the node of their
@@ -113,6 +123,8 @@ class CoreState:
         self.needs_cache: dict[tuple[WorkloadKey, int | None, frozenset[str]],
                                dict[str, Need]] = {}
         self.dirty: set[str] = set()  # trials to write at the end of the batch
+        # Spans of attempts that ended in this batch, written with it (Book.flush).
+        self.spans: dict[tuple[str, int], Span] = journaled(j)
         self.dirty_studies: set[str] = set()
         # The recent policy runs, how many there were and their solve time: an undone
         # decision is neither kept nor counted (`plan` and /metrics read them as fact).

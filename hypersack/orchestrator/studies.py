@@ -61,7 +61,7 @@ class StudyEvents:
         self.s.open[study_id] = len(trials)
         waiting = self.book.waiting_in(study_id)
         for i, t in enumerate(trials):
-            self.s.trials[t.id] = t
+            self.book.added(t)
             self.s.place[t.id] = i
             if t.state == TrialState.PENDING:
                 waiting[t.id] = self.book.wait_order(t)

@@ -42,7 +42,6 @@ from hypersack.core.types import (
     Profile,
     StudyRecord,
     TrialRecord,
-    TrialState,
 )
 from hypersack.core.validation import format_validation_error
 from hypersack.grid.space import SearchSpace, parse_space
@@ -519,10 +518,7 @@ class SchedulerService:
 
     def counts(self, study_id: str) -> dict[str, int]:
         with self._lock:
-            out = {s.value: 0 for s in TrialState}
-            for t in self.orch.trials(study_id):
-                out[t.state.value] += 1
-            return out
+            return {s.value: n for s, n in self.orch.counts(study_id).items()}
 
     def snapshot(self, study_id: str) -> Snapshot:
         with self._lock:

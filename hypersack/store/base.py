@@ -132,8 +132,8 @@ class Store(ABC):
         """Each trial of a study with a curve: its last step."""
 
     @abstractmethod
-    def add_span(self, span: Span) -> None:
-        """Insert or replace the span of (trial, attempt)."""
+    def add_spans(self, spans: Sequence[Span]) -> None:
+        """Insert or replace the span of each (trial, attempt); all or none."""
 
     @abstractmethod
     def spans(self, study_id: str) -> list[Span]:

@@ -196,10 +196,12 @@ class MemoryStore(Store):
         return {t.id: curve[max(curve)] for t in self.list_trials(study_id)
                 if (curve := self._history.get(t.id))}
 
-    def add_span(self, span: Span) -> None:
-        if span.trial_id not in self._trials:
-            raise NotFound(f"no trial {span.trial_id!r}")
-        self._set(self._spans, (span.trial_id, span.attempt), span)
+    def add_spans(self, spans: Sequence[Span]) -> None:
+        for span in spans:
+            if span.trial_id not in self._trials:
+                raise NotFound(f"no trial {span.trial_id!r}")
+        for span in spans:
+            self._set(self._spans, (span.trial_id, span.attempt), span)
 
     def spans(self, study_id: str) -> list[Span]:
         return sorted((s for s in self._spans.values()

@@ -418,14 +418,18 @@ class SqliteStore(Store):
                 (study_id,)).fetchall()
         return {r[0]: HistoryStep(r[0], int(r[1]), float(r[2]), json.loads(r[3])) for r in rows}
 
-    def add_span(self, span: Span) -> None:
-        with self.transaction():
+    def add_spans(self, spans: Sequence[Span]) -> None:
+        # One statement for a batch's spans (one per trial that ended): a thousand exits
+        # a second made one INSERT each a tenth of the event worker's time.
+        with self.savepoint():
             try:
-                self._db.execute("INSERT OR REPLACE INTO spans VALUES (?, ?, ?, ?, ?, ?, ?)",
-                                 (span.trial_id, span.attempt, span.node, span.gpu_index,
-                                  span.start, span.end, span.group))
+                self._db.executemany(
+                    "INSERT OR REPLACE INTO spans VALUES (?, ?, ?, ?, ?, ?, ?)",
+                    [(s.trial_id, s.attempt, s.node, s.gpu_index, s.start, s.end, s.group)
+                     for s in spans])
             except sqlite3.IntegrityError as exc:
-                raise NotFound(f"no trial {span.trial_id!r}: {exc}") from None
+                raise NotFound(f"no trial among {[s.trial_id for s in spans[:3]]}...: "
+                               f"{exc}") from None
 
     def spans(self, study_id: str) -> list[Span]:
         with self._lock:

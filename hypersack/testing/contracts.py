@@ -166,14 +166,18 @@ class StoreContract:
             store.add_history([HistoryStep("nope", 1, 1.0, {})])
         with pytest.raises(RuntimeError), store.transaction():
             store.add_history([HistoryStep(b, 2, 14.0, {"loss": 0.1})])
-            store.add_span(Span(b, 1, "n0", 0, 1.0, 2.0))
+            store.add_spans([Span(b, 1, "n0", 0, 1.0, 2.0)])
             raise RuntimeError("undone")
         assert store.last_steps("s-1")[b].step == 1 and store.spans("s-1") == []
-        store.add_span(Span(a, 2, "n0", 1, 5.0, 9.0, "g1"))
-        store.add_span(Span(a, 1, "n0", 0, 1.0, 4.0))
+        store.add_spans([Span(a, 2, "n0", 1, 5.0, 7.0, "g1")])
+        store.add_spans([Span(a, 2, "n0", 1, 5.0, 9.0, "g1"), Span(a, 1, "n0", 0, 1.0, 4.0)])
         assert store.spans("s-1") == [Span(a, 1, "n0", 0, 1.0, 4.0),
                                       Span(a, 2, "n0", 1, 5.0, 9.0, "g1")]
         assert store.spans("s-2") == []
+        # All or none: a span of an unknown trial refuses the batch.
+        with pytest.raises(NotFound):
+            store.add_spans([Span(b, 3, "n0", 0, 1.0, 2.0), Span("nope", 1, "n0", 0, 1.0, 2.0)])
+        assert [(s.trial_id, s.attempt) for s in store.spans("s-1")] == [(a, 1), (a, 2)]
 
     def test_a_long_curve_is_thinned_to_its_bound(self, store: Store) -> None:
         s, trials = sample_study()

@@ -144,8 +144,8 @@ class FailingStore(Store):
     def last_steps(self, study_id: str) -> dict[str, HistoryStep]:
         return self.inner.last_steps(study_id)
 
-    def add_span(self, span: Span) -> None:
-        self.inner.add_span(span)
+    def add_spans(self, spans: Sequence[Span]) -> None:
+        self.inner.add_spans(spans)
 
     def spans(self, study_id: str) -> list[Span]:
         return self.inner.spans(study_id)

@@ -278,6 +278,18 @@ class CoreUnderStoreFailures(RuleBasedStateMachine):
             sorted(p.key.label() + p.arch for p in self.store.inner.list_profiles())
 
     @invariant()
+    def counts_per_state_are_a_walk_over_the_trials(self) -> None:
+        # The counts are kept as trials change (and undone with them): they must be
+        # what walking each study's trials finds, here and in a rebuilt orchestrator.
+        rebuilt = Orchestrator(copy_store(self.store.inner), self.clock, self.config)
+        for study in self.orch.studies():
+            walked = {state: 0 for state in TrialState}
+            for t in self.orch.trials(study.id):
+                walked[t.state] += 1
+            assert self.orch.counts(study.id) == walked
+            assert rebuilt.counts(study.id) == walked
+
+    @invariant()
     def a_rebuilt_orchestrator_holds_the_same(self) -> None:
         rebuilt = Orchestrator(copy_store(self.store.inner), self.clock, self.config)
         assert {t.id: t for t in rebuilt.trials()} == {t.id: t for t in self.orch.trials()}
