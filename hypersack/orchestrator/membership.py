@@ -184,5 +184,5 @@ class Membership:
                 t = self.s.trials[tid]
                 self.s.groups.pop(t.group, None)
                 self.book.requeue(t)
-            gpu.trials.clear()
+            gpu.trials = frozenset()
         log.warning("node %s lost (%s); its trials are pending again", name, reason)
