@@ -33,6 +33,7 @@ from torch import Tensor, nn
 from torch.func import functional_call, grad_and_value, stack_module_state, vmap
 
 from hypersack.core import optim
+from hypersack.runner.attention import batched_attention
 
 Loss = Callable[[Tensor, Tensor], Tensor]
 
@@ -55,12 +56,14 @@ class Member:
 class FusedGroup:
     def __init__(self, build: Callable[[], nn.Module], members: Sequence[Member],
                  loss: Loss = nn.functional.cross_entropy,
-                 device: torch.device | None = None, optimizer: str = "sgd") -> None:
+                 device: torch.device | None = None, optimizer: str = "sgd",
+                 clip_value: float | None = None) -> None:
         if not members:
             raise ValueError("a fused group needs at least one member")
         if optimizer not in optim.OPTIMIZERS:
             raise ValueError(f"no fused optimizer {optimizer!r}")
         self.optimizer = optimizer
+        self.clip_value = clip_value  # every member's gradient elements clamped to it
         self.members = list(members)
         models = []
         for m in self.members:
@@ -80,6 +83,8 @@ class FusedGroup:
         self._decay = torch.tensor([m.weight_decay for m in self.members], device=on)
         self._clip = torch.tensor([m.clip_norm if m.clip_norm else math.inf
                                    for m in self.members], device=on)
+        self._clipping = any(m.clip_norm for m in self.members)
+        self._decaying = any(m.weight_decay for m in self.members)
         self._beta1 = torch.tensor([m.beta1 for m in self.members], device=on)
         self._beta2 = torch.tensor([m.beta2 for m in self.members], device=on)
         self._eps = torch.tensor([m.eps for m in self.members], device=on)
@@ -136,7 +141,7 @@ class FusedGroup:
             out: Tensor = functional_call(self.base, (p, b), (x,))
             return out
 
-        with torch.no_grad():
+        with torch.no_grad(), batched_attention():
             out: Tensor = vmap(one, randomness="different")(self.params, self.buffers)
         return out
 
@@ -147,15 +152,19 @@ class FusedGroup:
         # (BatchNorm's running statistics, small) are put back afterwards, like its
         # parameters, also for one that diverges in this very step.
         before = {n: t.clone() for n, t in self.buffers.items()}
-        grads, losses = vmap(grad_and_value(self._member_loss), in_dims=(0, 0, None, None),
-                             randomness="different")(self.params, self.buffers, x, y)
+        with batched_attention():
+            grads, losses = vmap(grad_and_value(self._member_loss),
+                                 in_dims=(0, 0, None, None),
+                                 randomness="different")(self.params, self.buffers, x, y)
         names = list(self.params)
         g = [grads[n] for n in names]
         k = self.width
         # Each member's gradient norm over all its parameters: clipping and the NaN check
         # are per member.
-        sq = torch.stack([t.reshape(k, -1).double().pow(2).sum(dim=1) for t in g]).sum(dim=0)
-        norm = sq.sqrt()
+        # In the gradients' own precision, as torch.nn.utils.clip_grad_norm_ takes it
+        # (a float64 copy of every gradient cost a fifth of a BERT-Tiny step).
+        norm = torch.linalg.vector_norm(torch.stack([
+            torch.linalg.vector_norm(t.reshape(k, -1), dim=1) for t in g]), dim=0).double()
         finite = torch.isfinite(losses.detach()) & torch.isfinite(norm)
         self.alive &= finite
         with torch.no_grad():
@@ -165,11 +174,18 @@ class FusedGroup:
         # As torch.nn.utils.clip_grad_norm_ computes it (1e-6 against a zero norm).
         scale = torch.clamp(self._clip / (norm + 1e-6), max=1.0).to(g[0].dtype)
         scale = torch.where(self.alive, scale, torch.zeros_like(scale))
+        # Every member live and its gradients finite (a finite norm says so), no norm to
+        # clip: nothing to mask or scale, and a pass over every gradient saved.
+        plain = bool(self.alive.all()) and not self._clipping
         with torch.no_grad():
             p = [self.params[n] for n in names]
             shape = [(k,) + (1,) * (t.dim() - 1) for t in p]
-            g = [torch.nan_to_num(t, nan=0.0, posinf=0.0, neginf=0.0) for t in g]
-            torch._foreach_mul_(g, [scale.view(s) for s in shape])
+            if not plain:
+                g = [torch.nan_to_num(t, nan=0.0, posinf=0.0, neginf=0.0) for t in g]
+                torch._foreach_mul_(g, [scale.view(s) for s in shape])
+            if self.clip_value is not None:  # one mode at a time: the scale is 1 then
+                for t in g:
+                    t.clamp_(-self.clip_value, self.clip_value)
             if self.optimizer == "sgd":
                 self._sgd(p, g, shape, live)
             else:
@@ -184,8 +200,9 @@ class FusedGroup:
         # SGD with momentum and weight decay, as torch.optim.SGD does it, with each
         # member's factors broadcast along its slice: d = g + wd p; v = m v + d;
         # p -= lr v. A masked member has lr 0 and no velocity.
-        torch._foreach_add_(g, torch._foreach_mul(p, [(self._decay * live).view(s)
-                                                      for s in shape]))
+        if self._decaying or not bool(live.all()):  # else it adds zeros
+            torch._foreach_add_(g, torch._foreach_mul(p, [(self._decay * live).view(s)
+                                                          for s in shape]))
         torch._foreach_mul_(self._velocity, [(self._momentum * live).view(s) for s in shape])
         torch._foreach_add_(self._velocity, g)
         torch._foreach_sub_(p, torch._foreach_mul(self._velocity,
@@ -200,7 +217,9 @@ class FusedGroup:
         # A masked member's moments stay as they were and its step is 0.
         t = self.steps + 1
         decay = self._decay * live
-        if self.optimizer == "adam":
+        if not self._decaying and bool(live.all()):
+            pass  # no decay: it would add zeros, or multiply by ones
+        elif self.optimizer == "adam":
             torch._foreach_add_(g, torch._foreach_mul(p, [decay.view(s) for s in shape]))
         else:
             torch._foreach_mul_(p, [(1 - self._lr * decay).view(s) for s in shape])

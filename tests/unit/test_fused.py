@@ -72,7 +72,8 @@ ADAM_MEMBERS = [Member("a0", lr=1e-3, seed=0),
 
 def separate(make: Callable[[], nn.Module], m: Member,
              batches: list[tuple[torch.Tensor, torch.Tensor]],
-             optimizer: str = "sgd") -> tuple[list[float], dict]:
+             optimizer: str = "sgd", clip_value: float | None = None
+             ) -> tuple[list[float], dict]:
     torch.manual_seed(m.seed)
     model = make().train()
     opt: torch.optim.Optimizer
@@ -90,6 +91,8 @@ def separate(make: Callable[[], nn.Module], m: Member,
         loss.backward()
         if m.clip_norm:
             torch.nn.utils.clip_grad_norm_(model.parameters(), m.clip_norm)
+        if clip_value is not None:
+            torch.nn.utils.clip_grad_value_(model.parameters(), clip_value)
         opt.step()
         losses.append(float(loss.detach()))
     return losses, model.state_dict()
@@ -125,6 +128,24 @@ def test_fused_adam_members_equal_separate_runs(name: str, optimizer: str,
         for key, value in state.items():
             if value.is_floating_point():
                 assert close(mine[key], value), (name, optimizer, m.trial_id, key)
+
+
+def test_fused_members_clip_each_gradient_element_as_separate_runs(float64: None) -> None:
+    """program.options.clip_grad_value: every member's gradients clamped, as
+    torch.nn.utils.clip_grad_value_ does in a separate run."""
+    make, batches = no_dropout("resnet18"), data("resnet18")[:2]
+    members = [Member(m.trial_id, lr=m.lr, seed=m.seed) for m in ADAM_MEMBERS[:2]]
+    group = FusedGroup(make, members, optimizer="adam", clip_value=0.01)
+    fused = [group.step(x, y).tolist() for x, y in batches]
+    for k, m in enumerate(members):
+        losses, state = separate(make, m, batches, "adam", clip_value=0.01)
+        assert [row[k] for row in fused] == pytest.approx(losses, rel=1e-9)
+        mine = group.member_state(k)
+        for key, value in state.items():
+            if value.is_floating_point():
+                assert close(mine[key], value), (m.trial_id, key)
+    unclipped, _ = separate(make, members[0], batches, "adam")
+    assert unclipped != pytest.approx([row[0] for row in fused], rel=1e-9)  # it did clip
 
 
 def test_a_nan_adam_member_is_masked(float64: None) -> None:
