@@ -8,7 +8,7 @@ import os
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from hypersack.core.catalog import MODELS
 from hypersack.core.errors import InvalidInput
@@ -23,7 +23,15 @@ class TrainOptions(BaseModel):
     only when asked for by name. `data_dir`: where the datasets lie on each node
     (default `$HYPERSACK_DATA_DIR`, else `~/.hypersack/data`). `train_samples` and
     `val_samples` cap the splits (a short trial); `seq_len` is the IMDB review length
-    in tokens; `seed` fixes initialisation, shuffling and augmentation."""
+    in tokens; `seed` fixes initialisation, shuffling and augmentation.
+
+    `optimizer_fusion: backward` updates each parameter from a hook as soon as its
+    gradient is final in the backward pass (the optimizer-fusion paper's backward
+    fusion), instead of one optimizer step after it; `none` (the default) is the
+    standard loop. `clip_grad_norm` rescales all gradients so their global norm is at
+    most the value (`torch.nn.utils.clip_grad_norm_`); `clip_grad_value` clamps each
+    gradient element to [-value, value] (`clip_grad_value_`). A global norm needs every
+    gradient before any update, so backward fusion takes `clip_grad_value` only."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -34,6 +42,29 @@ class TrainOptions(BaseModel):
     seq_len: int = Field(default=256, ge=8, le=2048)
     seed: int = 0
     augment: bool = True  # random crop and flip for 32x32 images
+    optimizer_fusion: Literal["none", "backward"] = "none"
+    clip_grad_norm: float | None = Field(default=None, gt=0, allow_inf_nan=False)
+    clip_grad_value: float | None = Field(default=None, gt=0, allow_inf_nan=False)
+
+    @model_validator(mode="after")
+    def _one_clipping(self) -> TrainOptions:
+        if self.clip_grad_norm is not None and self.clip_grad_value is not None:
+            raise ValueError("clip_grad_norm and clip_grad_value: one clipping mode at a "
+                             "time")
+        if self.optimizer_fusion == "backward" and self.clip_grad_norm is not None:
+            raise ValueError(
+                "optimizer_fusion: backward updates each parameter as soon as its gradient "
+                "is final, before the others exist, so a global norm (clip_grad_norm) "
+                "cannot be taken; use clip_grad_value (per element), or "
+                "optimizer_fusion: none")
+        return self
+
+    def torch_only(self) -> list[str]:
+        """The options set here that only the PyTorch trainer has."""
+        return [name for name, default in (("optimizer_fusion", "none"),
+                                           ("clip_grad_norm", None),
+                                           ("clip_grad_value", None))
+                if getattr(self, name) != default]
 
     def data_path(self) -> Path:
         raw = self.data_dir or os.environ.get(ENV_DATA_DIR) or "~/.hypersack/data"

@@ -68,11 +68,12 @@ def parse_spec(raw: str) -> FusedSpec:
     if model not in zoo.BUILDERS:
         raise ValueError(f"no zoo model {model!r}")
     optimizer = optim.check(str(data.get("optimizer", "sgd")))
+    options = parse_train_options(data.get("options", {}), "options")
 
     def member(m: dict[str, Any]) -> Member:
         # The group's optimizer's hyperparameters, defaulted and checked.
         h = optim.hyperparameters(optimizer, m)
-        clip = float(m["clip_norm"]) if m.get("clip_norm") else None
+        clip = float(m["clip_norm"]) if m.get("clip_norm") else options.clip_grad_norm
         if clip is not None and not (math.isfinite(clip) and clip > 0):
             raise ValueError(f"clip_norm: {clip!r} is not a positive number")
         return Member(str(m["trial_id"]), seed=int(m.get("seed", 0)), clip_norm=clip, **h)
@@ -80,7 +81,7 @@ def parse_spec(raw: str) -> FusedSpec:
     return FusedSpec(
         model=model, batch_size=int(data.get("batch_size", 64)),
         epochs=min(max(float(data.get("epochs", 1)), 1e-6), 1e6),
-        options=parse_train_options(data.get("options", {}), "options"), optimizer=optimizer,
+        options=options, optimizer=optimizer,
         members=[member(m) for m in members],
         metrics_files=[Path(m["metrics_file"]) for m in members],
         stop_files=[Path(m["stop_file"]) if m.get("stop_file") else None for m in members],
@@ -180,7 +181,8 @@ def train(spec: FusedSpec) -> dict[str, str]:
         return model
 
     try:
-        group = FusedGroup(build, spec.members, device=device, optimizer=spec.optimizer)
+        group = FusedGroup(build, spec.members, device=device, optimizer=spec.optimizer,
+                           clip_value=spec.options.clip_grad_value)
     except torch.OutOfMemoryError:
         sdk.out_of_memory(f"out of memory: {spec.model} fused x{len(spec.members)}")
     train_b = Batches(data, data.train, device, opts.augment, opts.seed)

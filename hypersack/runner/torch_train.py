@@ -18,6 +18,7 @@ import functools
 import math
 import platform
 import time
+from collections.abc import Iterable
 from typing import Any
 
 import numpy as np
@@ -30,6 +31,7 @@ from hypersack.core import optim
 from hypersack.core.errors import InvalidInput
 from hypersack.core.train_options import TrainOptions
 from hypersack.runner import datasets, sdk, zoo
+from hypersack.runner.backward import BackwardFused
 from hypersack.runner.loop import Epochs
 from hypersack.runner.sdk import checkpoint_path, save_checkpoint
 
@@ -47,14 +49,62 @@ def versions(device: torch.device) -> str:
     return " ".join(parts)
 
 
-def make_optimizer(name: str, model: nn.Module, params: dict[str, Any]) -> torch.optim.Optimizer:
+def optimizer_for(name: str, parameters: Iterable[nn.Parameter], params: dict[str, Any]
+                  ) -> torch.optim.Optimizer:
+    """`torch.optim`'s optimizer `name` over `parameters`, with the trial's hyperparameters."""
     h = optim.hyperparameters(name, params)
     if name == "sgd":
-        return torch.optim.SGD(model.parameters(), lr=h["lr"], weight_decay=h["weight_decay"],
+        return torch.optim.SGD(parameters, lr=h["lr"], weight_decay=h["weight_decay"],
                                momentum=h["momentum"])
     kind = torch.optim.Adam if name == "adam" else torch.optim.AdamW
-    return kind(model.parameters(), lr=h["lr"], betas=(h["beta1"], h["beta2"]), eps=h["eps"],
+    return kind(parameters, lr=h["lr"], betas=(h["beta1"], h["beta2"]), eps=h["eps"],
                 weight_decay=h["weight_decay"])
+
+
+def make_optimizer(name: str, model: nn.Module, params: dict[str, Any]) -> torch.optim.Optimizer:
+    return optimizer_for(name, model.parameters(), params)
+
+
+class Stepper:
+    """One training step's gradient handling as `opts` asks: the standard loop (zero,
+    backward, clip, step; a loss scale for fp16) or the updates fused into backward
+    (runner/backward.py). Both compute the same weights."""
+
+    def __init__(self, model: nn.Module, params: dict[str, Any], opts: TrainOptions,
+                 scaler: torch.amp.GradScaler) -> None:
+        name = str(params.get("optimizer", "sgd"))
+        optim.check(name)
+        self.scaler = scaler
+        self.opts = opts
+        self.params = [p for p in model.parameters() if p.requires_grad]
+        self.fused: BackwardFused | None = None
+        self.optimizer: Any
+        if opts.optimizer_fusion == "backward":
+            if scaler.is_enabled():
+                raise InvalidInput(
+                    "optimizer_fusion: backward does not take precision fp16: its loss "
+                    "scale skips a step from every gradient's overflow, after the backward "
+                    "pass; use bf16 or fp32, or optimizer_fusion: none")
+            self.fused = BackwardFused(self.params, lambda ps: optimizer_for(name, ps, params),
+                                       clip_value=opts.clip_grad_value)
+            self.optimizer = self.fused
+        else:
+            self.optimizer = optimizer_for(name, self.params, params)
+
+    def step(self, loss: Tensor) -> None:
+        if self.fused is not None:
+            loss.backward()  # every parameter is updated on the way
+            return
+        self.optimizer.zero_grad(set_to_none=True)
+        self.scaler.scale(loss).backward()
+        if self.opts.clip_grad_norm is not None or self.opts.clip_grad_value is not None:
+            self.scaler.unscale_(self.optimizer)  # clip the true gradients
+            if self.opts.clip_grad_norm is not None:
+                nn.utils.clip_grad_norm_(self.params, self.opts.clip_grad_norm)
+            else:
+                nn.utils.clip_grad_value_(self.params, float(self.opts.clip_grad_value or 0))
+        self.scaler.step(self.optimizer)
+        self.scaler.update()
 
 
 class Batches:
@@ -99,12 +149,13 @@ def train(model_name: str, params: dict[str, Any], epochs: float, opts: TrainOpt
     if data.kind == "text" or model_name in ("vit_tiny", "deit_tiny"):
         zoo.init_scale(model)
     model.to(device)
-    optimizer = make_optimizer(str(params.get("optimizer", "sgd")), model, params)
     precision = str(params.get("precision", "fp32"))
     if precision not in PRECISIONS:
         raise InvalidInput(f"unknown precision {precision!r}; valid: {', '.join(PRECISIONS)}")
     dtype = PRECISIONS[precision]
     scaler = torch.amp.GradScaler(device.type, enabled=dtype == torch.float16)
+    stepper = Stepper(model, params, opts, scaler)
+    optimizer = stepper.optimizer
     batch = int(params.get("batch_size", 64))
     train_b = Batches(data, data.train, device, opts.augment, opts.seed)
     val_b = Batches(data, data.val, device, False, opts.seed)
@@ -163,10 +214,7 @@ def train(model_name: str, params: dict[str, Any], epochs: float, opts: TrainOpt
             with autocast():
                 out = model(x)
                 batch_loss = F.cross_entropy(out.float(), y)
-            optimizer.zero_grad(set_to_none=True)
-            scaler.scale(batch_loss).backward()
-            scaler.step(optimizer)
-            scaler.update()
+            stepper.step(batch_loss)
             epoch_loss += batch_loss.detach()
             if profiling:
                 sync()

@@ -24,6 +24,7 @@ from pydantic import ValidationError
 
 from hypersack._proto.v1 import hypersack_pb2 as pb
 from hypersack.core.bounds import clamp
+from hypersack.core.catalog import MODELS
 from hypersack.core.clock import Clock, SystemClock
 from hypersack.core.errors import (
     AlreadyExists,
@@ -760,6 +761,11 @@ def check_runnable(space: SearchSpace, source: str) -> None:
     when the model is profiled there: a profile that fails fails its trials."""
     if space.program.builtin == "train":
         opts = parse_train_options(space.program.options, f"{source}: program.options")
+        numpy_models = [m for m in space.models if m in MODELS and not MODELS[m].needs_torch]
+        if opts.torch_only() and numpy_models:
+            raise InvalidInput(
+                f"{source}: program.options: {', '.join(opts.torch_only())} apply to the "
+                f"PyTorch models only; {', '.join(numpy_models)} trains with NumPy")
         for model in space.models:
             try:
                 dataset_for(model, opts)
