@@ -546,8 +546,12 @@ def fused_spec(key: WorkloadKey, epochs: float, options: dict[str, Any],
             member["checkpoint_dir"] = str(checkpoints[len(out)])
         out.append(member)
     batch = int(members[0][1].get("batch_size", 64)) if members else 64
+    # Their precision, also where it is no demand key (autocast; fp16 scales per member).
+    precision = str(members[0][1].get("precision", key.precision)) if members \
+        else key.precision
     spec = {"model": key.model, "batch_size": batch, "epochs": epochs,
-            "optimizer": optimizer, "options": options, "members": out}
+            "optimizer": optimizer, "options": options, "members": out,
+            "precision": precision}
     if stop_at > 0:
         spec["stop_at"] = stop_at
     return spec

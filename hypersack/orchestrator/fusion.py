@@ -6,8 +6,9 @@ Trials fuse when they share the workload key (model, batch size, optimizer, prec
 the epochs and every hyperparameter that is not fusable; fusable are those the fused
 trainer keeps per member: learning rate, weight decay, momentum, Adam's betas and
 epsilon, and the initialization seed. Only the built-in trainer fuses
-(`hypersack.runner.fused_train`), with SGD, Adam or AdamW in fp32; mixed precision is not
-fused yet (a gradient scaler would have to be kept per member).
+(`hypersack.runner.fused_train`), with SGD, Adam or AdamW in fp32, bf16 or fp16 (a loss
+scale per member: runner/amp.py). The precision is part of the workload key, so each
+precision is profiled, and fused, apart.
 
 A width K is measured as its own workload key (`fusion_width` K) on each architecture:
 one placement item with the group's demand, never K times a trial's. It is used only
@@ -28,7 +29,7 @@ from hypersack.grid.space import SearchSpace
 
 FUSABLE = frozenset({"lr", "weight_decay", "momentum", "beta1", "beta2", "eps", "seed"})
 FUSED_OPTIMIZERS = ("sgd", "adam", "adamw")  # the fused trainer's optimizers
-FUSED_PRECISIONS = ("fp32",)
+FUSED_PRECISIONS = ("fp32", "bf16", "fp16")  # autocast; fp16 with a scale per member
 
 FusionClass = tuple[WorkloadKey, float, tuple[tuple[str, str], ...]]
 

@@ -13,6 +13,10 @@ Members are isolated: one whose loss or gradients turn NaN or infinite is masked
 updates stop, its parameters keep their last finite values) while the others go on,
 and `diverged` says which. BatchNorm keeps running statistics per member.
 
+Precision: fp32, or bf16/fp16 under autocast as the plain trainer runs them, fp16 with a
+loss scale per member (amp.py): a member whose scaled gradients overflow skips only its
+own step and lowers only its own scale; its loss turning non-finite is its divergence.
+
 Not bit-identical to K separate runs: reductions inside a vmapped convolution or matmul
 may sum in another order (float rounding; in float64 fused and separate runs agree to
 1e-9, in float32 BatchNorm over small batches magnifies the rounding to about 1e-4 of a
@@ -26,13 +30,16 @@ from __future__ import annotations
 import copy
 import math
 from collections.abc import Callable, Sequence
+from contextlib import ExitStack
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from torch import Tensor, nn
 from torch.func import functional_call, grad_and_value, stack_module_state, vmap
 
 from hypersack.core import optim
+from hypersack.runner import amp
 from hypersack.runner.attention import batched_attention
 
 Loss = Callable[[Tensor, Tensor], Tensor]
@@ -57,13 +64,15 @@ class FusedGroup:
     def __init__(self, build: Callable[[], nn.Module], members: Sequence[Member],
                  loss: Loss = nn.functional.cross_entropy,
                  device: torch.device | None = None, optimizer: str = "sgd",
-                 clip_value: float | None = None) -> None:
+                 clip_value: float | None = None, precision: str = "fp32") -> None:
         if not members:
             raise ValueError("a fused group needs at least one member")
         if optimizer not in optim.OPTIMIZERS:
             raise ValueError(f"no fused optimizer {optimizer!r}")
         self.optimizer = optimizer
         self.clip_value = clip_value  # every member's gradient elements clamped to it
+        self.precision = precision
+        self.dtype = amp.dtype_of(precision)  # autocast's (None: float32 throughout)
         self.members = list(members)
         models = []
         for m in self.members:
@@ -77,6 +86,11 @@ class FusedGroup:
         k = len(self.members)
         on = device or torch.device("cpu")
         self.alive = torch.ones(k, dtype=torch.bool, device=on)
+        self.device_type = on.type
+        self.scales = amp.LossScales(k, precision == "fp16", on)
+        # Each member's optimizer steps taken (Adam's bias correction): a member that
+        # skipped a step (fp16 overflow) counts one fewer.
+        self._t = torch.zeros(k, dtype=torch.float64, device=on)
         self.stopped: set[str] = set()  # stopped or cancelled, not diverged
         self._lr = torch.tensor([m.lr for m in self.members], device=on)
         self._momentum = torch.tensor([m.momentum for m in self.members], device=on)
@@ -130,18 +144,36 @@ class FusedGroup:
                             "accuracy": float((logits.argmax(dim=-1) == y).double().mean())})
         return metrics
 
+    def _autocast(self) -> Any:
+        """As the plain trainer's: the model's forward in the trial's precision."""
+        return torch.autocast(self.device_type, dtype=self.dtype,
+                              enabled=self.dtype is not None)
+
+    def _ops(self) -> Any:
+        """What the vmapped pass needs: batched attention, and in mixed precision the
+        normalisation layers in float32 (amp.py)."""
+        stack = ExitStack()
+        stack.enter_context(batched_attention())
+        if self.dtype is not None:
+            stack.enter_context(amp.norms_in_float32())
+        return stack
+
     def _member_loss(self, params: dict[str, Tensor], buffers: dict[str, Tensor],
-                     x: Tensor, y: Tensor) -> Tensor:
-        loss: Tensor = self.loss(functional_call(self.base, (params, buffers), (x,)), y)
-        return loss
+                     scale: Tensor, x: Tensor, y: Tensor) -> tuple[Tensor, Tensor]:
+        """The member's loss times its loss scale (differentiated), and the loss."""
+        with self._autocast():
+            out = functional_call(self.base, (params, buffers), (x,))
+        loss: Tensor = self.loss(out.float() if self.dtype is not None else out, y)
+        return loss * scale if self.scales.enabled else loss, loss
 
     def forward(self, x: Tensor) -> Tensor:
         """Every member's output for one batch (K, batch, ...), without training."""
         def one(p: dict[str, Tensor], b: dict[str, Tensor]) -> Tensor:
-            out: Tensor = functional_call(self.base, (p, b), (x,))
-            return out
+            with self._autocast():
+                out: Tensor = functional_call(self.base, (p, b), (x,))
+            return out.float() if self.dtype is not None else out
 
-        with torch.no_grad(), batched_attention():
+        with torch.no_grad(), self._ops():
             out: Tensor = vmap(one, randomness="different")(self.params, self.buffers)
         return out
 
@@ -152,31 +184,48 @@ class FusedGroup:
         # (BatchNorm's running statistics, small) are put back afterwards, like its
         # parameters, also for one that diverges in this very step.
         before = {n: t.clone() for n, t in self.buffers.items()}
-        with batched_attention():
-            grads, losses = vmap(grad_and_value(self._member_loss),
-                                 in_dims=(0, 0, None, None),
-                                 randomness="different")(self.params, self.buffers, x, y)
+        with self._ops():
+            grads, (_, losses) = vmap(grad_and_value(self._member_loss, has_aux=True),
+                                      in_dims=(0, 0, 0, None, None),
+                                      randomness="different")(
+                self.params, self.buffers, self.scales.scale, x, y)
         names = list(self.params)
         g = [grads[n] for n in names]
         k = self.width
+        p_shape = [(k,) + (1,) * (t.dim() - 1) for t in g]
+        if self.scales.enabled:  # the true gradients, as GradScaler.unscale_ gives them
+            inv = (1.0 / self.scales.scale).to(g[0].dtype)
+            torch._foreach_mul_(g, [inv.view(s) for s in p_shape])
         # Each member's gradient norm over all its parameters: clipping and the NaN check
         # are per member.
         # In the gradients' own precision, as torch.nn.utils.clip_grad_norm_ takes it
         # (a float64 copy of every gradient cost a fifth of a BERT-Tiny step).
         norm = torch.linalg.vector_norm(torch.stack([
             torch.linalg.vector_norm(t.reshape(k, -1), dim=1) for t in g]), dim=0).double()
-        finite = torch.isfinite(losses.detach()) & torch.isfinite(norm)
-        self.alive &= finite
+        finite_loss = torch.isfinite(losses.detach())
+        finite_grads = torch.isfinite(norm)
+        if self.scales.enabled:
+            # fp16: gradients that overflow with a finite loss are the loss scale's, not
+            # the member's: it skips this step and lowers its scale (amp.py). A loss
+            # that is not finite is the member's own divergence.
+            overflowed = finite_loss & ~finite_grads
+            self.alive &= finite_loss
+        else:
+            overflowed = torch.zeros_like(finite_loss)
+            self.alive &= finite_loss & finite_grads
         with torch.no_grad():
             for n, saved in before.items():
                 self.buffers[n][~self.alive] = saved[~self.alive]
-        live = self.alive.to(g[0].dtype)
+        stepping = self.alive & ~overflowed
+        self.scales.update(overflowed, self.alive)
+        self._t += stepping.to(self._t.dtype)
+        live = stepping.to(g[0].dtype)
         # As torch.nn.utils.clip_grad_norm_ computes it (1e-6 against a zero norm).
         scale = torch.clamp(self._clip / (norm + 1e-6), max=1.0).to(g[0].dtype)
-        scale = torch.where(self.alive, scale, torch.zeros_like(scale))
-        # Every member live and its gradients finite (a finite norm says so), no norm to
+        scale = torch.where(stepping, scale, torch.zeros_like(scale))
+        # Every member steps with finite gradients (a finite norm says so), no norm to
         # clip: nothing to mask or scale, and a pass over every gradient saved.
-        plain = bool(self.alive.all()) and not self._clipping
+        plain = bool(stepping.all()) and not self._clipping
         with torch.no_grad():
             p = [self.params[n] for n in names]
             shape = [(k,) + (1,) * (t.dim() - 1) for t in p]
@@ -199,11 +248,13 @@ class FusedGroup:
              live: Tensor) -> None:
         # SGD with momentum and weight decay, as torch.optim.SGD does it, with each
         # member's factors broadcast along its slice: d = g + wd p; v = m v + d;
-        # p -= lr v. A masked member has lr 0 and no velocity.
+        # p -= lr v. A member that does not step has lr 0, a zero gradient and its
+        # velocity kept (torch.amp skips the whole step).
         if self._decaying or not bool(live.all()):  # else it adds zeros
             torch._foreach_add_(g, torch._foreach_mul(p, [(self._decay * live).view(s)
                                                           for s in shape]))
-        torch._foreach_mul_(self._velocity, [(self._momentum * live).view(s) for s in shape])
+        keep = self._momentum * live + (1 - live)
+        torch._foreach_mul_(self._velocity, [keep.view(s) for s in shape])
         torch._foreach_add_(self._velocity, g)
         torch._foreach_sub_(p, torch._foreach_mul(self._velocity,
                                                   [(self._lr * live).view(s) for s in shape]))
@@ -215,7 +266,7 @@ class FusedGroup:
         #   m = b1 m + (1 - b1) g;  v = b2 v + (1 - b2) g^2
         #   p -= lr / (1 - b1^t) * m / (sqrt(v) / sqrt(1 - b2^t) + eps)
         # A masked member's moments stay as they were and its step is 0.
-        t = self.steps + 1
+        t = self._t.to(self._beta1.dtype)
         decay = self._decay * live
         if not self._decaying and bool(live.all()):
             pass  # no decay: it would add zeros, or multiply by ones
@@ -231,8 +282,11 @@ class FusedGroup:
         torch._foreach_mul_(self._second, [b2.view(s) for s in shape])
         torch._foreach_add_(self._second, torch._foreach_mul(
             torch._foreach_mul(g, g), [(1 - b2).view(s) for s in shape]))
-        step = self._lr * live / (1 - self._beta1 ** t)
-        root = (1 - self._beta2 ** t).sqrt()
+        # A member yet to step (t = 0) divides by 1, not 0: its step is 0 anyway.
+        bias1 = torch.where(t > 0, 1 - self._beta1 ** t, torch.ones_like(t))
+        bias2 = torch.where(t > 0, 1 - self._beta2 ** t, torch.ones_like(t))
+        step = self._lr * live / bias1
+        root = bias2.sqrt()
         denom = torch._foreach_sqrt(self._second)
         torch._foreach_div_(denom, [root.view(s) for s in shape])
         torch._foreach_add_(denom, [self._eps.view(s) for s in shape])
@@ -256,7 +310,7 @@ class FusedGroup:
             if self.optimizer == "sgd":
                 state[i] = {"momentum_buffer": self._velocity[i][index].clone()}
             else:
-                state[i] = {"step": torch.tensor(float(self.steps)),
+                state[i] = {"step": torch.tensor(float(self._t[index])),
                             "exp_avg": self._velocity[i][index].clone(),
                             "exp_avg_sq": self._second[i][index].clone()}
         return self.member_state(index), state
@@ -265,7 +319,7 @@ class FusedGroup:
                     state: dict[int, dict[str, Tensor]]) -> None:
         """Put a checkpoint (as `member_checkpoint` gives, or the plain trainer saves)
         into member `index`. Raises ValueError when it is another model's. Adam's step
-        count is the group's: every member resumes from the same epoch."""
+        count is the member's own."""
         names = list(self.params)
         expected = set(names) | set(self.buffers)
         if set(model) != expected:
@@ -286,4 +340,4 @@ class FusedGroup:
                     self._second[i][index].copy_(second if second is not None else
                                                  torch.zeros_like(self._second[i][index]))
                     if "step" in s:
-                        self.steps = int(float(s["step"]))
+                        self._t[index] = float(s["step"])

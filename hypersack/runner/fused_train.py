@@ -37,7 +37,7 @@ from hypersack.core import optim
 from hypersack.core.bounds import MAX_FUSED_MEMBERS
 from hypersack.core.train_options import TrainOptions, parse_train_options
 from hypersack.core.trial_env import ENV_FUSED
-from hypersack.runner import datasets, sdk, zoo
+from hypersack.runner import amp, datasets, sdk, zoo
 from hypersack.runner.fused import FusedGroup, Member
 from hypersack.runner.loop import Epochs
 from hypersack.runner.torch_train import CHECKPOINT, Batches, make_optimizer, versions
@@ -57,6 +57,7 @@ class FusedSpec:
     # group stops at to be ranked (0: its last); every member is at the same rung.
     checkpoint_dirs: list[Path | None]
     stop_at: float = 0.0
+    precision: str = "fp32"  # fp32, bf16, fp16 (autocast; fp16 with a scale per member)
 
 
 def parse_spec(raw: str) -> FusedSpec:
@@ -87,7 +88,14 @@ def parse_spec(raw: str) -> FusedSpec:
         stop_files=[Path(m["stop_file"]) if m.get("stop_file") else None for m in members],
         checkpoint_dirs=[Path(m["checkpoint_dir"]) if m.get("checkpoint_dir") else None
                          for m in members],
-        stop_at=_epoch(data.get("stop_at", 0.0)))
+        stop_at=_epoch(data.get("stop_at", 0.0)),
+        precision=_precision(data.get("precision", "fp32")))
+
+
+def _precision(raw: Any) -> str:
+    if raw not in amp.DTYPES:
+        raise ValueError(f"precision: {raw!r}; valid: {', '.join(amp.DTYPES)}")
+    return str(raw)
 
 
 def _epoch(raw: Any) -> float:
@@ -117,6 +125,7 @@ def _resume(group: FusedGroup, spec: FusedSpec, device: torch.device) -> int:
     for k, state in enumerate(found):
         assert state is not None
         group.load_member(k, state["model"], state["optimizer"]["state"])
+        group.scales.load(k, state.get("scaler") or {})
     epoch = epochs.pop()
     print(f"resumed {len(found)} members from their checkpoints after epoch {epoch}",
           flush=True)
@@ -142,7 +151,8 @@ def _save(group: FusedGroup, spec: FusedSpec, k: int, epoch: int,
         optimizer.state[p] = {n: t.cpu() for n, t in held.items()}
     # The plain trainer's checkpoint file: either trainer resumes the other's.
     state: dict[str, Any] = {"epoch": epoch, "model": model.state_dict(),
-                             "optimizer": optimizer.state_dict(), "scaler": {}}
+                             "optimizer": optimizer.state_dict(),
+                             "scaler": group.scales.state_dict(k)}
     sdk.write_whole(sdk.checkpoint_file(folder, CHECKPOINT),
                     functools.partial(torch.save, state))
 
@@ -182,7 +192,8 @@ def train(spec: FusedSpec) -> dict[str, str]:
 
     try:
         group = FusedGroup(build, spec.members, device=device, optimizer=spec.optimizer,
-                           clip_value=spec.options.clip_grad_value)
+                           clip_value=spec.options.clip_grad_value,
+                           precision=spec.precision)
     except torch.OutOfMemoryError:
         sdk.out_of_memory(f"out of memory: {spec.model} fused x{len(spec.members)}")
     train_b = Batches(data, data.train, device, opts.augment, opts.seed)

@@ -85,8 +85,11 @@ def test_what_fuses_and_what_does_not() -> None:
     assert fusion.class_of(trial({"optimizer": "adam", "lr": 0.1, "beta1": 0.8}, adam)) == \
         fusion.class_of(trial({"optimizer": "adam", "lr": 0.2, "beta2": 0.99}, adam)) != a
     assert fusion.class_of(trial({"optimizer": "lamb"})) is None
-    assert fusion.class_of(trial({"precision": "bf16"})) is None
-    assert fusion.class_of(trial({}, KEY.model_copy(update={"precision": "fp16"}))) is None
+    # Mixed precision fuses, each precision apart (a scale per member for fp16).
+    fp16 = KEY.model_copy(update={"precision": "fp16"})
+    assert fusion.class_of(trial({"precision": "fp16"}, fp16)) not in (None, a)
+    assert fusion.class_of(trial({"precision": "bf16"})) not in (None, a)
+    assert fusion.class_of(trial({"precision": "fp8"})) is None
     assert fusion.class_of(trial({}, WorkloadKey(model="digits_mlp", batch_size=32))) is None
     assert fusion.class_of(trial({}, WorkloadKey(model="cmd-abc", batch_size=0))) is None
     assert fusion.class_of(trial({}, memory_override_mib=5000)) is None  # ran out of memory
