@@ -93,6 +93,8 @@ SHARING_MODES = ("mps", "time-slicing")
 
 MAX_SPACE_BYTES = 1 << 20
 MAX_RUNNING_PER_NODE = 20_000  # trials one heartbeat may list
+BEATS_PER_BATCH = 64  # heartbeats one batch applies, unless they waited (next_batch)
+BEAT_WAIT_MAX_S = 1.0
 MAX_WATCH_INTERVAL_S = 60.0
 MAX_RETRY = 200_000  # agents' events kept while the store fails
 MAX_OUTBOX = 20_000  # messages queued for one agent; past it, it does not read: cut
@@ -211,6 +213,11 @@ class AgentSession:
                 return out
 
 
+# A message from an agent's stream, waiting for the event worker: its session, the
+# message, and when it arrived.
+Queued = tuple[AgentSession, pb.AgentMessage, float]
+
+
 @dataclass(frozen=True)
 class Snapshot:
     study: StudyRecord
@@ -248,7 +255,9 @@ class SchedulerService:
         self._ticker: threading.Thread | None = None
         self.stats = {"events": 0, "heartbeats": 0, "stale": 0, "refused": 0, "batches": 0,
                       "failed_batches": 0, "profile_jobs": 0, "profiles_failed": 0}
-        self._inbox: queue.Queue[tuple[AgentSession, pb.AgentMessage, float]] = queue.Queue()
+        self._inbox: queue.Queue[Queued] = queue.Queue()
+        # Heartbeats waiting for a batch, the latest per node, oldest first (next_batch).
+        self._beats: dict[str, Queued] = {}
         # Seconds from an exit's arrival to the end of the batch that handled it (its
         # decision taken, committed and the launches queued to the streams): the server's
         # own share of the exit-to-relaunch delay. The latest 100,000.
@@ -654,18 +663,56 @@ class SchedulerService:
             session.send(pb.ServerMessage(acked=pb.Acked(id=f"heartbeat:{msg.heartbeat.seq}")))
         self._inbox.put((session, msg, time.monotonic()))
 
+    def next_batch(self, wait_s: float = 0.2) -> list[Queued]:
+        """The messages one batch applies: every report waiting (up to 5,000), after at
+        most BEATS_PER_BATCH heartbeats (more if they waited BEAT_WAIT_MAX_S), the
+        oldest first. A heartbeat is a node's whole
+        list of what runs, so a newer one from the same node replaces one still waiting;
+        the rest wait for the next batches, except a node's heartbeat older than a
+        report of its own in the batch, which goes with it: each node's messages are
+        applied in the order it sent them (only other nodes' heartbeats wait). A
+        thousand agents' heartbeats arriving together (their timers started together)
+        cost hundreds of milliseconds to apply, and an exit behind them waited for all:
+        now its trial's successor is decided in the first batch."""
+        items: list[Queued] = []
+        try:
+            items.append(self._inbox.get(timeout=0 if self._beats else wait_s))
+        except queue.Empty:
+            pass
+        while len(items) < 5000:
+            try:
+                items.append(self._inbox.get_nowait())
+            except queue.Empty:
+                break
+        urgent: list[Queued] = []
+        for item in items:
+            if item[1].WhichOneof("body") == "heartbeat":
+                self._beats.pop(item[0].node, None)  # the newer one goes to the back
+                self._beats[item[0].node] = item
+            else:
+                urgent.append(item)
+        beats: list[Queued] = []
+        # A node's heartbeat older than a report of its own in this batch goes with it:
+        # each node's messages are applied in the order it sent them.
+        for item in urgent:
+            held = self._beats.get(item[0].node)
+            if held is not None and held[2] <= item[2]:
+                beats.append(self._beats.pop(item[0].node))
+        # Past the cap, those that waited a second go too: a node is never taken for
+        # silent because its heartbeats wait behind others.
+        overdue = time.monotonic() - BEAT_WAIT_MAX_S
+        while self._beats:
+            node, oldest = next(iter(self._beats.items()))
+            if len(beats) >= BEATS_PER_BATCH and oldest[2] > overdue:
+                break
+            beats.append(self._beats.pop(node))
+        return sorted(beats + urgent, key=lambda item: item[2])  # as they arrived
+
     def _event_loop(self) -> None:
         while not self._stop.is_set():
-            try:
-                first = self._inbox.get(timeout=0.2)
-            except queue.Empty:
+            items = self.next_batch()
+            if not items:
                 continue
-            items = [first]
-            while len(items) < 5000:
-                try:
-                    items.append(self._inbox.get_nowait())
-                except queue.Empty:
-                    break
             with self._lock:
                 began = time.monotonic()
                 events = []
