@@ -37,15 +37,9 @@ def close(a: torch.Tensor, b: torch.Tensor) -> bool:
 
 
 def no_dropout(name: str) -> Callable[[], nn.Module]:
-    def make() -> nn.Module:
-        model = build(name)
-        for m in model.modules():  # dropout draws another stream fused: not comparable
-            if isinstance(m, nn.Dropout):
-                m.p = 0.0
-            if isinstance(m, nn.MultiheadAttention):
-                m.dropout = 0.0
-        return model
-    return make
+    from hypersack.testing.fusion import without_dropout
+
+    return without_dropout(lambda: build(name))
 
 
 def data(name: str) -> list[tuple[torch.Tensor, torch.Tensor]]:
