@@ -12,9 +12,9 @@ cycle's phases.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from hypersack.core.clock import Clock
@@ -84,7 +84,9 @@ class CoreState:
         # rollback (an undone submission's trial ids come back with other keys).
         self.key_numbers: dict[WorkloadKey, int] = {}
         self.key_of_trial: dict[str, int] = {}
-        self.cluster = ClusterState(j, config.ratio, config.exclusive)
+        # The live config's ratios (set_ratios replaces the config).
+        self.cluster = ClusterState(j, lambda arch, ratios: self.config.ratio(arch, ratios),
+                                    config.exclusive)
         self.profiles: dict[Slot, Profile] = journaled(j)
         self.profile_failed: dict[Slot, str] = journaled(j)
         # The waiting trial whose parameters each running profile job uses, and the
@@ -177,6 +179,14 @@ class CoreState:
         owner = self.studies[study_id].owner
         return nodes if all(n.spec.takes(owner) for n in nodes) else \
             [n for n in nodes if n.spec.takes(owner)]
+
+    def set_ratios(self, ratios: Mapping[str, float]) -> None:
+        """Server-wide oversubscription ratios from now on (a learned sharing level:
+        orchestrator/sharing.py); a study's own ratios still win. Trials placed under
+        the old ratios keep running; decisions from now use these."""
+        merged = {**self.config.oversubscription, **ratios}
+        self.config = replace(self.config, oversubscription=merged)
+        self.decision_wanted = True
 
     def fusion_on(self, space: SearchSpace) -> bool:
         """Whether a study's trials may run as fused groups on this server."""

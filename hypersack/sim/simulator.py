@@ -10,6 +10,7 @@ from __future__ import annotations
 import heapq
 import itertools
 import logging
+import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 
@@ -45,6 +46,7 @@ from hypersack.orchestrator.events import (
 from hypersack.orchestrator.fusion import fused_key
 from hypersack.orchestrator.orchestrator import Orchestrator, OrchestratorConfig
 from hypersack.orchestrator.shares import share_of
+from hypersack.orchestrator.sharing import RatioLearner
 from hypersack.policies.base import COMPUTE_SCALE, compute_capacity
 from hypersack.sim.fused import fused_estimate
 from hypersack.sim.interference import Interference, SharedTrial
@@ -158,7 +160,8 @@ class Simulation:
                  max_time_s: float = 1e9,
                  on_event: Callable[[float, Event], None] | None = None,
                  more: Sequence[tuple[float, SearchSpace, str]] = (),
-                 curve: Callable[[dict[str, object], int], float] | None = None) -> None:
+                 curve: Callable[[dict[str, object], int], float] | None = None,
+                 learner: RatioLearner | None = None, sample_every_s: float = 30.0) -> None:
         self.space = space
         self.more = list(more)
         self.cluster = cluster
@@ -175,6 +178,13 @@ class Simulation:
         self.max_time_s = max_time_s
         self.on_event = on_event
         self.curve = curve
+        # A learned sharing level: each GPU's slowdown, as its trials would report it,
+        # sampled every `sample_every_s` of virtual time; the ratios it moves apply to
+        # the next decisions. `ratio_moves`: (time, architecture, new ratio).
+        self.learner = learner
+        self.sample_every_s = sample_every_s
+        self._sampled: dict[tuple[str, int], float] = {}
+        self.ratio_moves: list[tuple[float, str, float]] = []
         self._arch = {(n.name, g.index): g.arch for n in cluster.nodes for g in n.gpus}
         self._cores = {n.name: n.cores for n in cluster.nodes}
         for _, ev in self.faults:
@@ -310,7 +320,7 @@ class Simulation:
                     ended[sid] = now
             if len(studies) == submissions and len(ended) == submissions:
                 break
-            self._update_rates(running)
+            self._update_rates(running, now)
             finish_at = {t: r.next_epoch_at(now) if r.end_epoch else now + r.work_left_s / r.rate
                          for t, r in running.items()}
             next_finish = min(finish_at.values(), default=float("inf"))
@@ -420,7 +430,7 @@ class Simulation:
     def _active(self, study_id: str) -> bool:
         return self.orchestrator.study(study_id).state == StudyState.ACTIVE
 
-    def _update_rates(self, running: dict[str, _Running]) -> None:
+    def _update_rates(self, running: dict[str, _Running], now: float = 0.0) -> None:
         by_gpu: dict[tuple[str, int], list[_Running]] = {}
         by_node: dict[str, list[SharedTrial]] = {}
         for r in running.values():
@@ -431,6 +441,18 @@ class Simulation:
             gpu = self.interference.gpu_slowdown(self._arch[node, idx], [r.shared for r in rs])
             for r in rs:
                 r.rate = self.interference.rate(r.shared, gpu, cpu[node])
+            if self.learner is not None and \
+                    now - self._sampled.get((node, idx), -math.inf) >= self.sample_every_s:
+                self._sampled[node, idx] = now
+                arch = self._arch[node, idx]
+                # What the trials would report: their iteration time over their solo
+                # one, data loading (the node's cores) included.
+                seen = sum(1.0 / r.rate for r in rs) / len(rs)
+                moved = self.learner.observe(arch, sum(r.shared.compute_pct for r in rs),
+                                             len(rs), seen)
+                if moved is not None:
+                    self.ratio_moves.append((now, arch, moved))
+                    self.orchestrator.s.set_ratios(self.learner.ratios)
 
     def _held(self, running: dict[str, _Running], live: set[tuple[str, int]]
               ) -> dict[str, float]:

@@ -1,0 +1,130 @@
+"""The sharing level learned from observed slowdown (issue 38, 1-2, the learner and the
+simulator; the server's wiring is still to come): the fit recovers the interference
+model, the ratio moves only on enough samples and by at most a step, toward saturation
+when samples lie past it and up when GPUs are packed and unsaturated, within bounds; a
+study's own ratio still wins; and in the simulator a hidden model with half the
+saturation makes it pack less and finish sooner than the configured ratio."""
+
+from __future__ import annotations
+
+import math
+import random
+from pathlib import Path
+
+import pytest
+
+from hypersack.orchestrator.sharing import RatioLearner, fit, throughput
+
+
+def _samples(c: float, sat: float, k: int = 300, share: float = 50.0, most: int = 10,
+             seed: int = 0) -> list[tuple[float, int, float]]:
+    rng = random.Random(seed)
+    out = []
+    for _ in range(k):
+        n = rng.randint(1, most)
+        load = sum(rng.uniform(0.6 * share, 1.4 * share) for _ in range(n))
+        out.append((load, n, (1 + c * (n - 1)) * max(1.0, load / sat) * rng.uniform(0.97, 1.03)))
+    return out
+
+
+@pytest.mark.parametrize("c,sat", [(0.1, 270.0), (0.3, 135.0), (0.5, 225.0), (0.0, 180.0)])
+def test_the_fit_recovers_the_interference_model(c: float, sat: float) -> None:
+    f = fit(_samples(c, sat))
+    assert f is not None
+    assert f.contention == pytest.approx(c, abs=0.03)
+    assert f.saturation_pct == pytest.approx(sat, rel=0.05)
+    assert f.past_saturation > 0
+
+
+def test_unseen_saturation_is_only_a_lower_bound() -> None:
+    f = fit(_samples(0.3, 5000.0, most=4))
+    assert f is not None and f.past_saturation == 0
+    assert f.saturation_pct >= f.max_load_pct
+    assert fit([]) is None and fit([(100.0, 2, math.nan)]) is None
+
+
+def _feed(learner: RatioLearner, samples: list[tuple[float, int, float]]) -> list[float]:
+    moves = []
+    for load, n, s in samples:
+        moved = learner.observe("A100", load, n, s)
+        if moved is not None:
+            moves.append(moved)
+    return moves
+
+
+def test_the_ratio_steps_toward_saturation_by_at_most_a_step() -> None:
+    learner = RatioLearner({"A100": 3.0}, step=0.25, min_samples=40, every=20)
+    assert _feed(learner, _samples(0.3, 135.0, k=39)) == []  # too few to act on
+    moves = _feed(learner, _samples(0.3, 135.0, k=400, seed=1))
+    assert moves and all(abs(b - a) <= 0.25 + 1e-9
+                         for a, b in zip([3.0, *moves[:-1]], moves, strict=True))
+    assert learner.ratios["A100"] == pytest.approx(1.35, abs=0.1)  # S / 100
+    fitted = learner.fits["A100"]
+    best = max((1 + i / 20 for i in range(61)), key=lambda r: throughput(r, fitted))
+    assert best == pytest.approx(fitted.saturation_pct / 100, abs=0.05)
+
+
+def test_packed_and_unsaturated_it_explores_up_to_its_bound() -> None:
+    learner = RatioLearner({"A100": 2.0}, high=3.0, min_samples=20, every=10)
+    # Loads up to the ratio's 200 %, saturation far beyond: more pays.
+    samples = [(s[0] * 200 / 260, s[1], s[2]) for s in _samples(0.2, 5000.0, most=4)]
+    _feed(learner, samples)
+    assert 2.0 < learner.ratios["A100"] <= 3.0
+    # Not packed near the ratio: nothing says where saturation lies; no move.
+    idle = RatioLearner({"A100": 3.0}, min_samples=20, every=10)
+    assert _feed(idle, [(50.0, 1, 1.0)] * 100) == []
+    # Each client costing what it adds (c >= 1): packing more never pays.
+    costly = RatioLearner({"A100": 2.0}, min_samples=20, every=10)
+    assert _feed(costly, [(s[0] * 200 / 260, s[1], s[2])
+                          for s in _samples(1.2, 5000.0, most=4)]) == []
+
+
+def test_bad_samples_and_unknown_architectures_are_ignored() -> None:
+    learner = RatioLearner({"A100": 3.0}, min_samples=1, every=1)
+    for bad in [(100.0, 0, 1.0), (100.0, 2, math.nan), (100.0, 2, -1.0), (100.0, 2, math.inf)]:
+        assert learner.observe("A100", *bad) is None
+    assert learner.observe("V100", 100.0, 2, 1.5) is None
+    assert learner.samples.get("A100", []) == [] and "V100" not in learner.ratios
+    with pytest.raises(ValueError):
+        RatioLearner({"A100": 3.0}, low=2.0, high=1.0)
+
+
+def test_a_learned_ratio_applies_and_a_study_s_own_still_wins() -> None:
+    from hypersack.core.clock import ManualClock
+    from hypersack.orchestrator import Orchestrator
+    from hypersack.store import MemoryStore
+
+    orch = Orchestrator(MemoryStore(), ManualClock(0.0))
+    orch.s.set_ratios({"A100": 1.5})
+    assert orch.s.config.ratio("A100", {}) == 1.5
+    assert orch.s.config.ratio("H100", {}) == 2.5  # untouched
+    assert orch.s.config.ratio("A100", {"A100": 2.0}) == 2.0
+
+
+def test_in_the_simulator_half_the_saturation_is_learned_and_pays() -> None:
+    from hypersack.core.cluster import parse_shorthand
+    from hypersack.grid.space import load_space
+    from hypersack.orchestrator import OrchestratorConfig
+    from hypersack.orchestrator.config import DEFAULT_RATIOS
+    from hypersack.sampler.profiles import load_profiles
+    from hypersack.sim.interference import Interference
+    from hypersack.sim.simulator import Simulation
+
+    examples = Path(__file__).resolve().parents[2] / "examples"
+    hidden = Interference(saturation_pct={"A100": 135.0, "H100": 112.5})
+    truth = load_profiles(examples / "profiles-estimates.yaml")
+    space = load_space(str(examples / "sp2.yaml"))
+
+    def run(ratios: dict[str, float], learner: RatioLearner | None) -> float:
+        return Simulation(space, parse_shorthand("1x4xA100-80GB@88,1x2xH100-80GB@96"),
+                          truth, config=OrchestratorConfig(oversubscription=ratios,
+                                                           fusion=False, policy="wfd"),
+                          interference=hidden, learner=learner,
+                          sample_every_s=2.0).run().makespan_s
+
+    configured = run(dict(DEFAULT_RATIOS), None)
+    learner = RatioLearner(DEFAULT_RATIOS, high=6.0, every=10, min_samples=20)
+    run(dict(DEFAULT_RATIOS), learner)
+    assert learner.ratios["A100"] < 2.0 and learner.ratios["H100"] < 2.0
+    warm = run(dict(learner.ratios), learner)
+    assert warm < 0.8 * configured
