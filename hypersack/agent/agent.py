@@ -297,6 +297,9 @@ class Agent:
         outbox: queue.Queue[pb.AgentMessage | None] = queue.Queue()
         inbox: queue.Queue[pb.ServerMessage | _Ended | _Exited] = queue.Queue()
         self.warm.on_exit = lambda: inbox.put(_Exited())
+        self.warm.guard = lambda folder: watchdog_argv(
+            self.lease.path, "{pgid}", folder / FENCED_MARK,
+            kill_grace_of(self.heartbeat_timeout_s, KILL_GRACE_S))
         self._processed = 0  # the server's messages handled on this stream
         outbox.put(self._register())
         self._send_unacked(outbox, 0.0)  # all of them, after the registration
@@ -436,8 +439,9 @@ class Agent:
             job.kill()
 
     def _guard(self, job: Job) -> None:
-        """Start the watchdog that fences the job's process group (see agent.fence)."""
-        if job.proc is None:
+        """Start the watchdog that fences the job's process group (see agent.fence); a
+        warm start's was started by its warm process as it forked the trial."""
+        if job.proc is None or getattr(job.proc, "guarded", False):
             return
         grace = kill_grace_of(self.heartbeat_timeout_s, KILL_GRACE_S)
         try:

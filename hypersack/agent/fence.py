@@ -104,6 +104,7 @@ class Lease:
         return self.until - time.monotonic()
 
 
-def watchdog_argv(lease: Path, pgid: int, marker: Path, grace_s: float) -> list[str]:
+def watchdog_argv(lease: Path, pgid: int | str, marker: Path, grace_s: float) -> list[str]:
+    """The watchdog's command (`pgid` "{pgid}": the warm process puts in the trial's)."""
     return [sys.executable, "-I", "-c", WATCHDOG, str(lease), str(pgid), str(marker),
             f"{grace_s:g}"]

@@ -325,3 +325,41 @@ def test_what_a_warm_process_says_is_checked(tmp_path: Path) -> None:
         fake.kill()
         fake.wait()
     assert warm.dead
+
+
+def test_the_warm_process_guards_each_trial_as_it_forks_it(pool: WarmPool,
+                                                          tmp_path: Path) -> None:
+    """The fence's watchdog starts with the trial, from the warm process: an agent frozen
+    right after asking (SIGSTOP) cannot leave a trial running past its lease while the
+    server runs it elsewhere. Here the lease has lapsed and the agent does nothing more."""
+    from hypersack.agent.fence import FENCED_MARK, Lease, watchdog_argv
+
+    lease = Lease(tmp_path / "lease")
+    lease.renew(time.monotonic() + 2.0)  # lapses in two seconds
+    pool.guard = lambda folder: watchdog_argv(lease.path, "{pgid}", folder / FENCED_MARK,
+                                              0.5)
+    script = tmp_path / "probe.py"
+    script.write_text(PROBE)
+    argv = [sys.executable, str(script)]
+    ready(pool, argv, os.open(tmp_path / "first.txt", os.O_WRONLY | os.O_CREAT, 0o600))
+    work = tmp_path / "trial"
+    work.mkdir()
+    log = os.open(tmp_path / "log.txt", os.O_WRONLY | os.O_CREAT, 0o600)
+    try:
+        proc = pool.spawn(argv, {"EXIT": "sleep"}, work, log, {}, None, ("numpy",))
+    finally:
+        os.close(log)
+    assert proc is not None and proc.guarded
+    started = time.monotonic()
+    code = proc.wait(30)  # the sleep would take 60 s
+    assert code in (-signal.SIGTERM, -signal.SIGKILL)
+    assert time.monotonic() - started < 20
+    assert (work / FENCED_MARK).exists()
+    # The watchdog is not the warm process's child: no exit of it was reported.
+    assert not pool_exits_unclaimed(pool)
+
+
+def pool_exits_unclaimed(pool: WarmPool) -> list[int]:
+    """Exits the warm processes reported for pids they were not asked to fork."""
+    return [pid for warm in pool._pools.values() for pid in warm.exits
+            if pid not in warm.children]
