@@ -26,9 +26,9 @@ MakeOptimizer = Callable[[list[nn.Parameter]], torch.optim.Optimizer]
 
 
 class BackwardFused:
-    """Hooks on `parameters` that step each one's optimizer during backward. `step()` and
-    `zero_grad()` are no-ops for the loop's shape; the state is each parameter's
-    optimizer's, in parameter order (a checkpoint of this mode loads only into it)."""
+    """Hooks on `parameters` that step each one's optimizer during backward; the loop
+    only calls backward. Its state is saved and loaded in one `torch.optim` optimizer's
+    form (see `state_dict`)."""
 
     def __init__(self, parameters: Iterable[nn.Parameter], make: MakeOptimizer,
                  clip_value: float | None = None) -> None:
@@ -38,9 +38,8 @@ class BackwardFused:
         self.optimizers = [make([p]) for p in self.params]
         self.clip_value = clip_value
         self.updates = 0  # parameter updates made (a test sees every hook fire)
-        self._handles = [p.register_post_accumulate_grad_hook(  # type: ignore[no-untyped-call]
-                             self._hook(opt))
-                         for p, opt in zip(self.params, self.optimizers, strict=True)]
+        for p, opt in zip(self.params, self.optimizers, strict=True):
+            p.register_post_accumulate_grad_hook(self._hook(opt))  # type: ignore[no-untyped-call]
 
     def _hook(self, opt: torch.optim.Optimizer) -> Callable[[Tensor], None]:
         def update(param: Tensor) -> None:
@@ -52,12 +51,6 @@ class BackwardFused:
             opt.zero_grad(set_to_none=True)  # its memory goes back at once
             self.updates += 1
         return update
-
-    def zero_grad(self, set_to_none: bool = True) -> None:
-        """Nothing to do: each gradient is freed as its update runs."""
-
-    def step(self) -> None:
-        """Nothing to do: the updates ran during backward."""
 
     def state_dict(self) -> dict[str, Any]:
         """In the form one `torch.optim` optimizer over every parameter gives: a
@@ -81,9 +74,3 @@ class BackwardFused:
         for i, opt in enumerate(self.optimizers):
             opt.load_state_dict({"state": {0: per[i]} if i in per else {},
                                  "param_groups": [{**groups[0], "params": [0]}]})
-
-    def remove(self) -> None:
-        """Take the hooks off (the parameters train normally again)."""
-        for h in self._handles:
-            h.remove()
-        self._handles = []

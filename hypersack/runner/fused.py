@@ -106,7 +106,6 @@ class FusedGroup:
         self._velocity = [torch.zeros_like(p) for p in self.params.values()]
         self._second = ([torch.zeros_like(p) for p in self.params.values()]
                         if optimizer != "sgd" else [])
-        self.steps = 0
 
     @property
     def width(self) -> int:
@@ -192,10 +191,11 @@ class FusedGroup:
         names = list(self.params)
         g = [grads[n] for n in names]
         k = self.width
-        p_shape = [(k,) + (1,) * (t.dim() - 1) for t in g]
+        # Each member's slice of a stacked tensor: its factors broadcast along it.
+        shape = [(k,) + (1,) * (t.dim() - 1) for t in g]
         if self.scales.enabled:  # the true gradients, as GradScaler.unscale_ gives them
             inv = (1.0 / self.scales.scale).to(g[0].dtype)
-            torch._foreach_mul_(g, [inv.view(s) for s in p_shape])
+            torch._foreach_mul_(g, [inv.view(s) for s in shape])
         # Each member's gradient norm over all its parameters: clipping and the NaN check
         # are per member.
         # In the gradients' own precision, as torch.nn.utils.clip_grad_norm_ takes it
@@ -228,7 +228,6 @@ class FusedGroup:
         plain = bool(stepping.all()) and not self._clipping
         with torch.no_grad():
             p = [self.params[n] for n in names]
-            shape = [(k,) + (1,) * (t.dim() - 1) for t in p]
             if not plain:
                 g = [torch.nan_to_num(t, nan=0.0, posinf=0.0, neginf=0.0) for t in g]
                 torch._foreach_mul_(g, [scale.view(s) for s in shape])
@@ -239,7 +238,6 @@ class FusedGroup:
                 self._sgd(p, g, shape, live)
             else:
                 self._adam(p, g, shape, live)
-        self.steps += 1
         out: Tensor = losses.detach().clone()
         out[~self.alive] = math.nan
         return out

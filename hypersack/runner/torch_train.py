@@ -30,12 +30,11 @@ from hypersack import __version__
 from hypersack.core import optim
 from hypersack.core.errors import InvalidInput
 from hypersack.core.train_options import TrainOptions
-from hypersack.runner import datasets, sdk, zoo
+from hypersack.runner import amp, datasets, sdk, zoo
 from hypersack.runner.backward import BackwardFused
 from hypersack.runner.loop import Epochs
 from hypersack.runner.sdk import checkpoint_path, save_checkpoint
 
-PRECISIONS = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}
 EVAL_PROBE_BATCHES = 3
 CHECKPOINT = ".pt"  # `checkpoint.pt` in the trial's checkpoint folder (the fused trainer's too)
 
@@ -150,9 +149,9 @@ def train(model_name: str, params: dict[str, Any], epochs: float, opts: TrainOpt
         zoo.init_scale(model)
     model.to(device)
     precision = str(params.get("precision", "fp32"))
-    if precision not in PRECISIONS:
-        raise InvalidInput(f"unknown precision {precision!r}; valid: {', '.join(PRECISIONS)}")
-    dtype = PRECISIONS[precision]
+    if precision not in amp.DTYPES:  # the one table of precisions (the fused groups' too)
+        raise InvalidInput(f"unknown precision {precision!r}; valid: {', '.join(amp.DTYPES)}")
+    dtype = amp.DTYPES[precision]
     scaler = torch.amp.GradScaler(device.type, enabled=dtype == torch.float16)
     stepper = Stepper(model, params, opts, scaler)
     optimizer = stepper.optimizer
