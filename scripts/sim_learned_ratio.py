@@ -34,15 +34,15 @@ MODELS = {
     "contention-0.5": Interference(contention=0.5),
 }
 CLUSTER = "1x4xA100-80GB@88,1x2xH100-80GB@96"  # the paper's
+TRUTH = load_profiles(EXAMPLES / "profiles-estimates.yaml")  # read once, for every run
 
 
 def makespan(space_name: str, model: Interference, ratios: dict[str, float],
              learner: RatioLearner | None = None) -> tuple[float, Simulation]:
     """One run; a learner samples each GPU every 2 s of virtual time (a trial reports
     its iteration time each epoch; the studies here last minutes)."""
-    truth = load_profiles(EXAMPLES / "profiles-estimates.yaml")
     space = load_space(str(EXAMPLES / f"{space_name}.yaml"))
-    sim = Simulation(space, parse_shorthand(CLUSTER), truth,
+    sim = Simulation(space, parse_shorthand(CLUSTER), TRUTH,
                      config=OrchestratorConfig(oversubscription=ratios, fusion=False,
                                                policy="wfd"),
                      interference=model, learner=learner, sample_every_s=2.0)

@@ -47,12 +47,9 @@ def fit(samples: Sequence[tuple[float, int, float]]) -> Fit | None:
     if not usable:
         return None
     best: tuple[float, float, float] | None = None  # (sse, S, c)
+    den = sum((n - 1) ** 2 for _, n, _ in usable)  # the same for every S
     for sat in SATURATION_GRID:
-        num = den = 0.0
-        for load, n, s in usable:
-            y = s / max(1.0, load / sat)
-            num += (y - 1.0) * (n - 1)
-            den += (n - 1) ** 2
+        num = sum((s / max(1.0, load / sat) - 1.0) * (n - 1) for load, n, s in usable)
         c = max(0.0, num / den) if den > 0 else 0.0
         sse = sum((math.log(s) - math.log((1 + c * (n - 1)) * max(1.0, load / sat))) ** 2
                   for load, n, s in usable)

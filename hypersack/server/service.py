@@ -666,14 +666,14 @@ class SchedulerService:
     def next_batch(self, wait_s: float = 0.2) -> list[Queued]:
         """The messages one batch applies: every report waiting (up to 5,000), after at
         most BEATS_PER_BATCH heartbeats (more if they waited BEAT_WAIT_MAX_S), the
-        oldest first. A heartbeat is a node's whole
-        list of what runs, so a newer one from the same node replaces one still waiting;
-        the rest wait for the next batches, except a node's heartbeat older than a
-        report of its own in the batch, which goes with it: each node's messages are
-        applied in the order it sent them (only other nodes' heartbeats wait). A
-        thousand agents' heartbeats arriving together (their timers started together)
-        cost hundreds of milliseconds to apply, and an exit behind them waited for all:
-        now its trial's successor is decided in the first batch."""
+        oldest first. A heartbeat is a node's whole list of what runs, so a newer one
+        from the same node replaces one still waiting; the rest wait for the next
+        batches, except a node's heartbeat older than a report of its own in the batch,
+        which goes with it: each node's messages are applied in the order it sent them
+        (only other nodes' heartbeats wait). A thousand agents' heartbeats arriving
+        together (their timers started together) cost hundreds of milliseconds to
+        apply, and an exit behind them waited for all: now its trial's successor is
+        decided in the first batch."""
         items: list[Queued] = []
         try:
             items.append(self._inbox.get(timeout=0 if self._beats else wait_s))

@@ -430,7 +430,7 @@ class Simulation:
     def _active(self, study_id: str) -> bool:
         return self.orchestrator.study(study_id).state == StudyState.ACTIVE
 
-    def _update_rates(self, running: dict[str, _Running], now: float = 0.0) -> None:
+    def _update_rates(self, running: dict[str, _Running], now: float) -> None:
         by_gpu: dict[tuple[str, int], list[_Running]] = {}
         by_node: dict[str, list[SharedTrial]] = {}
         for r in running.values():
