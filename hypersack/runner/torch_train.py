@@ -96,12 +96,13 @@ class Stepper:
             return
         self.optimizer.zero_grad(set_to_none=True)
         self.scaler.scale(loss).backward()
-        if self.opts.clip_grad_norm is not None or self.opts.clip_grad_value is not None:
+        norm, value = self.opts.clip_grad_norm, self.opts.clip_grad_value
+        if norm is not None or value is not None:
             self.scaler.unscale_(self.optimizer)  # clip the true gradients
-            if self.opts.clip_grad_norm is not None:
-                nn.utils.clip_grad_norm_(self.params, self.opts.clip_grad_norm)
-            else:
-                nn.utils.clip_grad_value_(self.params, float(self.opts.clip_grad_value or 0))
+            if norm is not None:
+                nn.utils.clip_grad_norm_(self.params, norm)
+            elif value is not None:
+                nn.utils.clip_grad_value_(self.params, value)
         self.scaler.step(self.optimizer)
         self.scaler.update()
 
