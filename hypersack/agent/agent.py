@@ -840,9 +840,11 @@ class Agent:
     @staticmethod
     def _metrics_message(job: Job) -> pb.AgentMessage:
         """A trial's latest metrics, with each step's own since the last message."""
+        iter_s, window_s = job.take_timing()
         return pb.AgentMessage(metrics=pb.TrialMetrics(
             trial_id=job.id, step=job.step, metrics=job.metrics, attempt=job.attempt,
-            steps=[pb.StepMetrics(step=k, metrics=v) for k, v in job.take_steps().items()]))
+            steps=[pb.StepMetrics(step=k, metrics=v) for k, v in job.take_steps().items()],
+            iter_time_s=iter_s, iter_window_s=window_s))
 
     def _profile_result(self, job: Job, code: int) -> pb.AgentMessage:
         m = self._profile_keys.pop(job.id)

@@ -32,6 +32,7 @@ from hypersack.agent.procs import (
 from hypersack.agent.warm import WarmPool, WarmProcess
 from hypersack.core import optim
 from hypersack.core import trial_env as sdk
+from hypersack.core.bounds import MAX_ITER_S
 from hypersack.core.errors import InvalidInput
 from hypersack.core.trial_env import as_text
 from hypersack.core.types import WorkloadKey
@@ -128,6 +129,10 @@ class Job:
     step: int = 0
     # Each step's own metrics since they last went to the server (its learning curve).
     unsent: dict[int, dict[str, float]] = field(default_factory=dict)
+    # Seconds per iteration the trial last said it saw, over a window of seconds (the
+    # SDK's report; 0: not measured since the last message).
+    iter_time_s: float = 0.0
+    iter_window_s: float = 0.0
     peak_memory_mib: int = 0  # observed by the device backend while it ran; 0: not measured
     peak_util_pct: float = 0.0
     memory_mib: int = 0  # as last observed
@@ -343,6 +348,9 @@ class Job:
                 values = rec.get("metrics", {})
                 if rec.get("step") is not None:
                     self.step = int(rec["step"])
+                timing = _timing(rec.get("iter_s"), rec.get("iter_window_s"))
+                if timing is not None:
+                    self.iter_time_s, self.iter_window_s = timing
                 at_step = self.unsent.setdefault(self.step, {})
                 for k, v in values.items():
                     name = str(k)
@@ -364,6 +372,12 @@ class Job:
         steps = {k: v for k, v in self.unsent.items() if v}
         self.unsent = {}
         return steps
+
+    def take_timing(self) -> tuple[float, float]:
+        """Seconds per iteration and their window, if reported since the last call."""
+        timing = self.iter_time_s, self.iter_window_s
+        self.iter_time_s = self.iter_window_s = 0.0
+        return timing
 
     def last_metrics(self) -> None:
         """At the trial's end: read what is left of its metrics file, up to
@@ -577,3 +591,14 @@ def safe_part(name: str) -> str:
     """A name as one path component: safe characters, never `.`, `..` or hidden."""
     part = _SAFE_NAME.sub("_", name)[:200]
     return "_" + part if not part or part.startswith(".") else part
+
+
+
+def _timing(iter_s: object, window_s: object) -> tuple[float, float] | None:
+    """A report's seconds per iteration and window, if both are plausible numbers."""
+    if not isinstance(iter_s, (int, float)) or not isinstance(window_s, (int, float)) \
+            or isinstance(iter_s, bool) or isinstance(window_s, bool):
+        return None
+    if not (0 < iter_s <= MAX_ITER_S and 0 < window_s <= 100 * MAX_ITER_S):
+        return None  # NaN fails both
+    return float(iter_s), float(window_s)

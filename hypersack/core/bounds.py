@@ -29,6 +29,8 @@ MAX_SECONDS = 1.0e9  # about 31 years: any duration, time stamp offset or timeou
 MAX_TIMESTAMP_S = 1.0e11  # seconds since the Unix epoch (year 5138)
 MAX_BATCH_SIZE = INT32_MAX
 MAX_RATIO = 1_000.0  # oversubscription
+# A trial's reported seconds per iteration above a day are not a measurement.
+MAX_ITER_S = 86_400.0
 MAX_PRIORITY = 1_000  # a study's priority lies in [-MAX_PRIORITY, MAX_PRIORITY]
 MAX_WEIGHT = 1.0e6  # a study's or user's fair-share weight
 MAX_GPUS_PER_NODE = 256

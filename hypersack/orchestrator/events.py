@@ -91,6 +91,10 @@ class TrialProgress:
     # Each step reported since the last progress event, with that step's own metrics
     # (its learning curve; `metrics` is the latest value of each).
     steps: tuple[tuple[int, dict[str, float]], ...] = ()
+    # Seconds per iteration the trial saw over the last `iter_window_s` seconds (0: not
+    # measured): the learned sharing level's sample (orchestrator/learned.py).
+    iter_time_s: float = 0.0
+    iter_window_s: float = 0.0
 
 
 @dataclass(frozen=True)

@@ -9,7 +9,9 @@ needs no network and nothing is lost if the agent reconnects meanwhile:
   `$HYPERSACK_PROFILE_FILE`), it times the iterations after the warm-up ones and,
   once enough are measured, writes seconds per iteration, the share spent loading
   data and the iterations per epoch to that file and ends the process (exit 0). A
-  program that ends first is measured on what it ran.
+  program that ends first is measured on what it ran. In a trial's own run, each
+  `report()` carries the median seconds per iteration since the last one (how much
+  sharing its GPU slows it down, which the server learns its packing from).
 - `out_of_memory()` ends the process with the exit code the agent reports as an
   out-of-memory death, so the scheduler retries with a larger memory demand.
 - Early stopping: `checkpoint_dir()` is a folder that every attempt of the trial on this
@@ -22,6 +24,7 @@ needs no network and nothing is lost if the agent reconnects meanwhile:
 from __future__ import annotations
 
 import atexit
+import itertools
 import json
 import math
 import os
@@ -68,6 +71,35 @@ def epochs(default: float = 1.0) -> float:
 
 _reported = {"step": 0}  # the last epoch reported
 
+MAX_TIMED = 1024  # iteration ends a report window keeps (the latest)
+
+
+class _Timing:
+    """Outside a profile run: the ends of the iterations marked since the last report,
+    so that each report says the seconds per iteration the trial sees (the server
+    compares them with its solo profile: how much sharing its GPU slows it down)."""
+
+    def __init__(self) -> None:
+        self.marks: list[float] = []
+
+    def mark(self) -> None:
+        self.marks.append(time.perf_counter())
+        if len(self.marks) > 2 * MAX_TIMED:
+            del self.marks[:-MAX_TIMED]
+
+    def take(self) -> dict[str, float]:
+        """The median seconds per iteration since the last report, and the window they
+        span; the last mark starts the next window."""
+        marks = self.marks[-MAX_TIMED:]
+        self.marks = marks[-1:]
+        if len(marks) < 2:
+            return {}
+        times = [b - a for a, b in itertools.pairwise(marks)]
+        return {"iter_s": statistics.median(times), "iter_window_s": marks[-1] - marks[0]}
+
+
+_timing = _Timing()
+
 
 def report(step: int | None = None, **metrics: float) -> None:
     """Send metrics to the agent. Call it once per epoch (or more often); `step`: the
@@ -76,7 +108,8 @@ def report(step: int | None = None, **metrics: float) -> None:
         _reported["step"] = step
     path = os.environ.get(ENV_METRICS)
     values = {k: float(v) for k, v in metrics.items()}
-    line = json.dumps({"t": time.time(), "step": step, "metrics": values})
+    line = json.dumps({"t": time.time(), "step": step, "metrics": values,
+                       **_timing.take()})
     fd = _inherited(ENV_METRICS_FD)
     if fd is not None:  # the agent's channel: one write, appended whole
         _write_all(fd, (line + "\n").encode())
@@ -200,7 +233,8 @@ def set_profile_info(**info: Any) -> None:
 
 def iteration(data_s: float = 0.0, iters_per_epoch: int = 1) -> None:
     """Mark the end of one training iteration (`data_s`: seconds of it spent loading
-    data). Does nothing outside a profile run.
+    data). Outside a profile run it only notes the time: the next `report()` says the
+    median seconds per iteration since the last one.
 
     In a profile run the first `$HYPERSACK_PROFILE_WARMUP` iterations (default 1: the
     pipeline set-up) are not timed; the next `$HYPERSACK_PROFILE_ITERATIONS` (default
@@ -211,6 +245,7 @@ def iteration(data_s: float = 0.0, iters_per_epoch: int = 1) -> None:
     result says how many): a profile is never longer than the trial itself."""
     path = os.environ.get(ENV_PROFILE)
     if path is None:
+        _timing.mark()
         return
     p = _profile
     if not p.marks:

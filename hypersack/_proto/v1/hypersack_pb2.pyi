@@ -179,10 +179,34 @@ class ListNodesRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class ListNodesResponse(_message.Message):
-    __slots__ = ("nodes",)
+    __slots__ = ("nodes", "sharing")
     NODES_FIELD_NUMBER: _ClassVar[int]
+    SHARING_FIELD_NUMBER: _ClassVar[int]
     nodes: _containers.RepeatedCompositeFieldContainer[Node]
-    def __init__(self, nodes: _Optional[_Iterable[_Union[Node, _Mapping]]] = ...) -> None: ...
+    sharing: _containers.RepeatedCompositeFieldContainer[SharingLevel]
+    def __init__(self, nodes: _Optional[_Iterable[_Union[Node, _Mapping]]] = ..., sharing: _Optional[_Iterable[_Union[SharingLevel, _Mapping]]] = ...) -> None: ...
+
+class SharingLevel(_message.Message):
+    __slots__ = ("arch", "configured", "ratio", "learning", "samples", "needed", "contention", "saturation_pct", "moves")
+    ARCH_FIELD_NUMBER: _ClassVar[int]
+    CONFIGURED_FIELD_NUMBER: _ClassVar[int]
+    RATIO_FIELD_NUMBER: _ClassVar[int]
+    LEARNING_FIELD_NUMBER: _ClassVar[int]
+    SAMPLES_FIELD_NUMBER: _ClassVar[int]
+    NEEDED_FIELD_NUMBER: _ClassVar[int]
+    CONTENTION_FIELD_NUMBER: _ClassVar[int]
+    SATURATION_PCT_FIELD_NUMBER: _ClassVar[int]
+    MOVES_FIELD_NUMBER: _ClassVar[int]
+    arch: str
+    configured: float
+    ratio: float
+    learning: bool
+    samples: int
+    needed: int
+    contention: float
+    saturation_pct: float
+    moves: int
+    def __init__(self, arch: _Optional[str] = ..., configured: _Optional[float] = ..., ratio: _Optional[float] = ..., learning: bool = ..., samples: _Optional[int] = ..., needed: _Optional[int] = ..., contention: _Optional[float] = ..., saturation_pct: _Optional[float] = ..., moves: _Optional[int] = ...) -> None: ...
 
 class DrainNodeRequest(_message.Message):
     __slots__ = ("node",)
@@ -563,7 +587,7 @@ class StepMetrics(_message.Message):
     def __init__(self, step: _Optional[int] = ..., metrics: _Optional[_Mapping[str, float]] = ...) -> None: ...
 
 class TrialMetrics(_message.Message):
-    __slots__ = ("trial_id", "step", "metrics", "attempt", "steps")
+    __slots__ = ("trial_id", "step", "metrics", "attempt", "steps", "iter_time_s", "iter_window_s")
     class MetricsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -576,12 +600,16 @@ class TrialMetrics(_message.Message):
     METRICS_FIELD_NUMBER: _ClassVar[int]
     ATTEMPT_FIELD_NUMBER: _ClassVar[int]
     STEPS_FIELD_NUMBER: _ClassVar[int]
+    ITER_TIME_S_FIELD_NUMBER: _ClassVar[int]
+    ITER_WINDOW_S_FIELD_NUMBER: _ClassVar[int]
     trial_id: str
     step: int
     metrics: _containers.ScalarMap[str, float]
     attempt: int
     steps: _containers.RepeatedCompositeFieldContainer[StepMetrics]
-    def __init__(self, trial_id: _Optional[str] = ..., step: _Optional[int] = ..., metrics: _Optional[_Mapping[str, float]] = ..., attempt: _Optional[int] = ..., steps: _Optional[_Iterable[_Union[StepMetrics, _Mapping]]] = ...) -> None: ...
+    iter_time_s: float
+    iter_window_s: float
+    def __init__(self, trial_id: _Optional[str] = ..., step: _Optional[int] = ..., metrics: _Optional[_Mapping[str, float]] = ..., attempt: _Optional[int] = ..., steps: _Optional[_Iterable[_Union[StepMetrics, _Mapping]]] = ..., iter_time_s: _Optional[float] = ..., iter_window_s: _Optional[float] = ...) -> None: ...
 
 class TrialExited(_message.Message):
     __slots__ = ("trial_id", "exit_code", "log_tail", "metrics", "out_of_memory", "peak_memory_mib", "attempt", "fenced", "killed")
