@@ -145,7 +145,11 @@ class Client:
             study_id=study_id, trials=trials))
 
     def nodes(self) -> list[pb.Node]:
-        return list(self._call("ListNodes", pb.ListNodesRequest()).nodes)
+        return list(self.cluster().nodes)
+
+    def cluster(self) -> pb.ListNodesResponse:
+        """The nodes, and how far each architecture is packed."""
+        return self._call("ListNodes", pb.ListNodesRequest())  # type: ignore[no-any-return]
 
     def drain(self, node: str) -> pb.Node:
         return self._call("DrainNode", pb.DrainNodeRequest(node=node))  # type: ignore[no-any-return]

@@ -30,6 +30,7 @@ from hypersack.core.bounds import MAX_EXTEND
 from hypersack.core.errors import InvalidInput
 from hypersack.core.types import TrialState
 from hypersack.grid.space import read_space_file
+from hypersack.orchestrator.sharing import SharingLevel
 
 TERMINAL = tuple(s.value for s in TrialState if s.terminal)
 EXIT_CODES = ("exit status: 0 when the study completed and every trial completed (or was "
@@ -81,7 +82,8 @@ def add_parsers(sub: Any) -> None:
     p.add_argument("study")
     add_server_flag(p)
 
-    p = sub.add_parser("nodes", help="nodes and GPUs: connection, trials, occupancy")
+    p = sub.add_parser("nodes", help="nodes and GPUs: connection, trials, occupancy; how "
+                       "far each GPU architecture is packed (configured or learned)")
     add_server_flag(p)
 
     p = sub.add_parser("drain", help="stop placing trials on a node; running ones finish")
@@ -201,7 +203,9 @@ def run_control(args: argparse.Namespace) -> int:
             console.print(f"{safe(study.id)}: {safe(study.state)}")
             return 0
         if cmd == "nodes":
-            print_nodes(client.nodes(), console)
+            listing = client.cluster()
+            print_nodes(list(listing.nodes), console)
+            print_sharing(list(listing.sharing), console)
             return 0
         if cmd == "drain":
             node = client.drain(args.node)
@@ -344,6 +348,14 @@ def print_outcome(study: pb.Study, console: Console) -> None:
                       "diverged: hypersack logs TRIAL)")
     for warning in study.warnings:
         console.print(f"[yellow]warning:[/] {safe(warning)}")
+
+
+def print_sharing(levels: list[pb.SharingLevel], console: Console) -> None:
+    """How far each architecture is packed: configured, or learned and from what."""
+    for lv in levels:
+        level = SharingLevel(lv.arch, lv.configured, lv.ratio, lv.learning, lv.samples,
+                             lv.needed, lv.contention, lv.saturation_pct, lv.moves)
+        console.print(safe(level.describe()))
 
 
 def print_nodes(nodes: list[pb.Node], console: Console) -> None:

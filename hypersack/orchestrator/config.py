@@ -53,6 +53,15 @@ class OrchestratorConfig:
     # Fair share, quotas and the highest priority each user may ask for, by user name
     # ("*": everyone not named); see `shares`.
     shares: Mapping[str, UserShare] = field(default_factory=dict)
+    # Learn each architecture's ratio from the slowdown running trials report
+    # (orchestrator/learned.py), between 1 and this (or the configured ratio, if
+    # higher); at most one sample per GPU every so many seconds, and one decision per
+    # architecture every so many seconds.
+    learn_ratio: bool = False
+    learn_ratio_max: float = 4.0
+    learn_sample_every_s: float = 30.0
+    learn_decide_every_s: float = 60.0
+    learn_min_samples: int = 40  # samples before a ratio moves, and between two moves
 
     def share_rule(self, user: str) -> UserShare:
         rule = self.shares.get(user) or self.shares.get("*")

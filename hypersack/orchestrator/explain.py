@@ -22,6 +22,7 @@ from hypersack.orchestrator.cluster import (
     Node,
 )
 from hypersack.orchestrator.decide import Decider
+from hypersack.orchestrator.learned import LearnedSharing
 from hypersack.orchestrator.profiling import Profiling
 from hypersack.orchestrator.state import CoreState
 from hypersack.policies.base import (
@@ -38,8 +39,10 @@ MAX_EXPLAINED_GPUS = 64  # `hypersack why` lists at most this many GPUs
 
 
 class Explainer:
-    def __init__(self, s: CoreState, book: Book, profiling: Profiling, decider: Decider) -> None:
+    def __init__(self, s: CoreState, book: Book, profiling: Profiling, decider: Decider,
+                 sharing: LearnedSharing) -> None:
         self.s = s
+        self.sharing = sharing
         self.book = book
         self.profiling = profiling
         self.decider = decider
@@ -52,8 +55,10 @@ class Explainer:
         study = self.s.studies[t.study_id]
         head = f"{t.id} is {t.state.value}"
         if t.state == TrialState.RUNNING:
+            gpu = self.s.cluster.gpu(t.node, t.gpu_index)
             return [f"{head} on {t.node}:{t.gpu_index} (attempt {t.launches})"
-                    + (f", fused group {t.group} of {t.group_width}" if t.group else "")]
+                    + (f", fused group {t.group} of {t.group_width}" if t.group else ""),
+                    *self.ratio_lines(t, [gpu.arch] if gpu else [])]
         if t.state == TrialState.PAUSED:
             return [f"{head} at epoch {t.done_epochs:g}, waiting for the rung's other "
                     "trials: the pruner promotes the best of each rung and prunes the rest",
@@ -78,8 +83,17 @@ class Explainer:
                        "waiting for its workload's profile there (each workload is "
                        "profiled once per architecture)"))
         out += self.explain_gpus(t, open_nodes, needs)
+        out += self.ratio_lines(t, sorted(needs))
         out += self.explain_queue(t, others)
         return out
+
+    def ratio_lines(self, t: TrialRecord, archs: list[str]) -> list[str]:
+        """How far each architecture is packed for this trial's study, and why."""
+        own = self.s.spaces[t.study_id].settings.oversubscription
+        mine = [f"{a}: ratio {own[a]:g} (its study's settings.oversubscription)"
+                for a in archs if a in own]
+        return mine + [lv.describe() for lv in self.sharing.levels(
+            [a for a in archs if a not in own]) if lv.arch in archs]
 
     def explain_gpus(self, t: TrialRecord, open_nodes: list[Node],
                       needs: Mapping[str, Need]) -> list[str]:

@@ -67,6 +67,7 @@ from hypersack.orchestrator.events import (
 )
 from hypersack.orchestrator.explain import Explainer
 from hypersack.orchestrator.journal import JournaledLog
+from hypersack.orchestrator.learned import LearnedSharing
 from hypersack.orchestrator.membership import Membership
 from hypersack.orchestrator.preempt import Preemption
 from hypersack.orchestrator.profiling import Profiling
@@ -108,10 +109,12 @@ class Orchestrator:
         self.membership = Membership(s, self.book, self.profiling)
         self.decider = Decider(s, self.book, self.pruning, self.profiling)
         self.preemption = Preemption(s, self.book, self.decider)
-        self.explainer = Explainer(s, self.book, self.profiling, self.decider)
+        self.sharing = LearnedSharing(s)
+        self.book.on_transition.append(self.sharing.transition)
+        self.explainer = Explainer(s, self.book, self.profiling, self.decider, self.sharing)
         self.curves = Curves(s, self.book)
         self.trial_events = TrialEvents(s, self.book, self.pruning, self.profiling,
-                                        self.curves)
+                                        self.curves, self.sharing)
         self.study_events = StudyEvents(s, self.book, self.pruning)
         # Event dispatch: one handler per event type.
         t, m, p, st = self.trial_events, self.membership, self.profiling, self.study_events
@@ -203,6 +206,7 @@ class Orchestrator:
         if self.s.dirty:
             with self.s.store.transaction():
                 self.book.flush()
+        self.sharing.restore()
         log.info("restored %d studies, %d trials, %d nodes, %d profiles", len(self.s.studies),
                  len(self.s.trials), len(self.s.cluster), len(self.s.profiles))
 
@@ -331,6 +335,7 @@ class Orchestrator:
             raise
         finally:
             self.s.journal.end()
+        self.sharing.commit()
         return result
 
     def _guarded(self, event: Event | None, result: BatchResult) -> None:

@@ -13,9 +13,10 @@ second; the ratio chosen maximizes that within [low, high].
 
 Acting on an estimate needs `min_samples` samples; S is only known once some samples
 lie past it (otherwise the best ratio is at least the load seen, and the ratio steps up
-only if GPUs were packed to 80 % of it). Each decision moves a ratio by at most `step`, so a
+only if GPUs were packed as far as it lets: to 80 % of it, or with no room for one more
+trial). Each decision moves a ratio by at most `step`, so a
 bad estimate cannot swing the cluster. Pure: the caller feeds samples and applies the
-ratios it returns (the simulator today; the server's wiring is still to come).
+ratios it returns (the simulator; the server through orchestrator/learned.py).
 """
 
 from __future__ import annotations
@@ -23,7 +24,8 @@ from __future__ import annotations
 import math
 from collections import deque
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import astuple, dataclass, fields, replace
+from typing import Any
 
 SATURATION_GRID = tuple(float(s) for s in range(50, 1005, 5))  # percent
 
@@ -38,30 +40,43 @@ class Fit:
     mean_share_pct: float  # a trial's mean solo compute share (L / n)
 
 
+# A saturation point is believed only where it explains the samples clearly better than
+# contention alone: its residual at most this share of contention alone's, and smaller
+# by at least SATURATION_GAIN per sample. Samples at one load are explained as well by
+# either; taking them for saturation would keep a ratio set too low from ever rising.
+SATURATION_RESIDUAL = 0.7
+SATURATION_GAIN = 1e-3
+
+
 def fit(samples: Sequence[tuple[float, int, float]]) -> Fit | None:
     """Least squares on log slowdown over a grid of S, c in closed form for each (the
-    smallest S among equally good ones: none past it means only 'at least the load
-    seen', which `past_saturation` says)."""
+    smallest S among equally good ones), against contention alone (no saturation): S is
+    only 'at least the largest load seen' unless saturation explains the samples clearly
+    better, and then `past_saturation` counts the samples past it."""
     usable = [(load, n, s) for load, n, s in samples
               if n >= 1 and load > 0 and s > 0 and math.isfinite(s) and math.isfinite(load)]
     if not usable:
         return None
-    best: tuple[float, float, float] | None = None  # (sse, S, c)
     den = sum((n - 1) ** 2 for _, n, _ in usable)  # the same for every S
-    for sat in SATURATION_GRID:
+
+    def at(sat: float) -> tuple[float, float, float]:
         num = sum((s / max(1.0, load / sat) - 1.0) * (n - 1) for load, n, s in usable)
         c = max(0.0, num / den) if den > 0 else 0.0
         sse = sum((math.log(s) - math.log((1 + c * (n - 1)) * max(1.0, load / sat))) ** 2
                   for load, n, s in usable)
-        if best is None or sse < best[0] - 1e-12:
-            best = (sse, sat, c)
-    assert best is not None
-    _, sat, c = best
+        return sse, sat, c
+
+    best = at(SATURATION_GRID[0])
+    for sat in SATURATION_GRID[1:]:
+        tried = at(sat)
+        if tried[0] < best[0] - 1e-12:
+            best = tried
+    sse, sat, c = best
     max_load = max(load for load, _, _ in usable)
+    free_sse, _, free_c = at(math.inf)
+    if sse > SATURATION_RESIDUAL * free_sse or free_sse - sse < SATURATION_GAIN * len(usable):
+        sat, c = max_load, free_c
     past = sum(1 for load, _, _ in usable if load > sat)
-    # With no sample past it, the fit's S is only 'at least the largest load seen'.
-    if past == 0:
-        sat = max(sat, max_load)
     share = sum(load / n for load, n, _ in usable) / len(usable)
     return Fit(c, sat, len(usable), past, max_load, share)
 
@@ -88,20 +103,32 @@ class RatioLearner:
         self.window = window
         self._new: dict[str, int] = {}
         self.fits: dict[str, Fit] = {}  # the latest, shown with the ratio
+        self.moves: dict[str, int] = {}
 
     def observe(self, arch: str, load_pct: float, n: int, slowdown: float) -> float | None:
         """One sample; the architecture's new ratio when this one moved it."""
-        if arch not in self.ratios or n < 1 or not (slowdown > 0 and math.isfinite(slowdown)):
-            return None
+        if self.add(arch, load_pct, n, slowdown) and self.due(arch):
+            return self.decide(arch)
+        return None
+
+    def add(self, arch: str, load_pct: float, n: int, slowdown: float) -> bool:
+        """Keep one sample (False: not a usable one, or an architecture not learned)."""
+        if arch not in self.ratios or n < 1 or not (slowdown > 0 and math.isfinite(slowdown)) \
+                or not (load_pct > 0 and math.isfinite(load_pct)):
+            return False
         q = self.samples.setdefault(arch, deque(maxlen=self.window))
-        q.append((load_pct, n, slowdown))
+        q.append((float(load_pct), int(n), float(slowdown)))
         self._new[arch] = self._new.get(arch, 0) + 1
-        if self._new[arch] < self.every:
-            return None
-        self._new[arch] = 0
-        return self.decide(arch)
+        return True
+
+    def due(self, arch: str) -> bool:
+        """Whether `every` samples came since the architecture's last decision."""
+        return self._new.get(arch, 0) >= self.every
 
     def decide(self, arch: str) -> float | None:
+        """Fit the architecture's samples and step its ratio toward the best; the new
+        ratio when it moved."""
+        self._new[arch] = 0
         q = self.samples.get(arch, ())
         if len(q) < self.min_samples:
             return None
@@ -114,9 +141,11 @@ class RatioLearner:
             target = max((self.low + i * 0.05 for i in
                           range(round((self.high - self.low) / 0.05) + 1)),
                          key=lambda r: (throughput(r, f), -r))
-        elif f.max_load_pct >= 0.8 * 100.0 * current:
-            # Packed to the ratio and still short of saturation, which lies beyond what
-            # was seen: more pays unless each client costs as much as it adds (c >= 1).
+        elif f.max_load_pct >= 0.8 * 100.0 * current or \
+                f.max_load_pct + f.mean_share_pct > 100.0 * current:
+            # Packed as far as the ratio lets (to 80 % of it, or with no room for one more
+            # trial) and still short of saturation, which lies beyond what was seen: more
+            # pays unless each client costs as much as it adds (c >= 1).
             unsaturated = replace(f, saturation_pct=math.inf)
             target = current + self.step if throughput(current + self.step, unsaturated) > \
                 throughput(current, unsaturated) else current
@@ -127,4 +156,71 @@ class RatioLearner:
         if abs(new - current) < 1e-9:
             return None
         self.ratios[arch] = new
+        self.moves[arch] = self.moves.get(arch, 0) + 1
         return new
+
+    def state(self) -> dict[str, Any]:
+        """What a restarted server needs to decide as this one would (JSON)."""
+        return {"ratios": dict(self.ratios), "moves": dict(self.moves),
+                "new": dict(self._new),
+                "fits": {a: list(astuple(f)) for a, f in self.fits.items()},
+                "samples": {a: [list(x) for x in q] for a, q in self.samples.items()}}
+
+    def load(self, state: Mapping[str, Any], configured: Mapping[str, float]) -> None:
+        """Take back a saved state, for the architectures whose configured ratio is still
+        `configured`'s (one whose configuration changed starts afresh from it). What does
+        not parse is left out."""
+        saved_from = state.get("configured") or {}
+        for arch, ratio in (state.get("ratios") or {}).items():
+            if arch not in self.ratios or not _number(ratio) or \
+                    not _number(saved_from.get(arch)) or \
+                    abs(float(saved_from[arch]) - float(configured.get(arch, -1.0))) > 1e-9:
+                continue
+            self.ratios[arch] = min(self.high, max(self.low, float(ratio)))
+            moves, new = (state.get("moves") or {}).get(arch), (state.get("new") or {}).get(arch)
+            self.moves[arch] = moves if isinstance(moves, int) and moves >= 0 else 0
+            self._new[arch] = new if isinstance(new, int) and new >= 0 else 0
+            q: deque[tuple[float, int, float]] = deque(maxlen=self.window)
+            kept = (state.get("samples") or {}).get(arch)
+            for x in kept[-self.window:] if isinstance(kept, list) else []:
+                if isinstance(x, list) and len(x) == 3 and all(_number(v) for v in x):
+                    q.append((float(x[0]), int(x[1]), float(x[2])))
+            if q:
+                self.samples[arch] = q
+            f = (state.get("fits") or {}).get(arch)
+            if isinstance(f, list) and len(f) == len(fields(Fit)) and all(map(_number, f)):
+                self.fits[arch] = Fit(*f)
+
+
+def _number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and \
+        math.isfinite(value)
+
+
+@dataclass(frozen=True)
+class SharingLevel:
+    """One architecture's ratio, as `hypersack nodes`, `why` and /metrics show it."""
+
+    arch: str
+    configured: float
+    ratio: float
+    learning: bool
+    samples: int = 0
+    needed: int = 0
+    contention: float = 0.0
+    saturation_pct: float = 0.0
+    moves: int = 0
+
+    def describe(self) -> str:
+        if not self.learning:
+            return f"{self.arch}: ratio {self.ratio:g} (configured; learning is off)"
+        head = f"{self.arch}: ratio {self.ratio:g}"
+        if abs(self.ratio - self.configured) > 1e-9:
+            head += f" (learned, {self.moves} moves; configured {self.configured:g})"
+        else:
+            head += " (configured)"
+        if self.samples < self.needed:
+            return head + f"; learning: {self.samples} of {self.needed} samples"
+        fitted = (f"; each extra trial costs {100 * self.contention:.0f} %, kernels queue "
+                  f"past {self.saturation_pct:.0f} % load") if self.saturation_pct else ""
+        return head + f"; from {self.samples} samples{fitted}"

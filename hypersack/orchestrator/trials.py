@@ -27,6 +27,7 @@ from hypersack.orchestrator.events import (
     TrialProgress,
     TrialStarted,
 )
+from hypersack.orchestrator.learned import LearnedSharing
 from hypersack.orchestrator.outcomes import divergence, missing_objective, stops_study
 from hypersack.orchestrator.profiling import Profiling
 from hypersack.orchestrator.pruning import Pruning
@@ -38,9 +39,10 @@ log = logging.getLogger(__name__)
 
 class TrialEvents:
     def __init__(self, s: CoreState, book: Book, pruning: Pruning, profiling: Profiling,
-                 curves: Curves) -> None:
+                 curves: Curves, sharing: LearnedSharing) -> None:
         self.s = s
         self.curves = curves
+        self.sharing = sharing
         self.book = book
         self.pruning = pruning
         self.profiling = profiling
@@ -50,6 +52,7 @@ class TrialEvents:
         if not isinstance(event, TrialProgress):
             return []
         self.curves.progress(t, event)
+        self.sharing.sample(t.id, event)
         settings = self.s.spaces[t.study_id].settings
         why = divergence(settings, event.metrics, event.nonfinite)
         if why is None:

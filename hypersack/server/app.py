@@ -96,7 +96,12 @@ class HyperSackServer:
                                         missing_grace_s=max(
                                             5.0, 3 * settings.heartbeat_interval_s),
                                         policy=settings.policy,
-                                        shares=dict(settings.shares))
+                                        shares=dict(settings.shares),
+                                        learn_ratio=settings.learn_ratio,
+                                        learn_ratio_max=settings.learn_ratio_max,
+                                        learn_sample_every_s=settings.learn_sample_every_s,
+                                        learn_decide_every_s=settings.learn_decide_every_s,
+                                        learn_min_samples=settings.learn_min_samples)
             self.service = SchedulerService(
                 self.store, config, clock=clock,
                 heartbeat_interval_s=settings.heartbeat_interval_s,
@@ -281,6 +286,10 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--ratio", action="append", default=[], metavar="ARCH=R",
                    help="oversubscription ratio per architecture (repeatable); default "
                         "A100=3, H100=2.5")
+    p.add_argument("--no-learn-ratio", dest="learn_ratio", action="store_false",
+                   default=None, help="keep the configured ratios: do not learn them from "
+                   "the slowdown running trials report (learned by default, from the "
+                   "configured ratio, a quarter at a time; `hypersack nodes` shows them)")
     p.add_argument("--heartbeat-timeout-s", type=float,
                    help="a node silent this long is lost and its trials run elsewhere "
                         "(default 30)")
@@ -324,7 +333,7 @@ def settings_from_args(args: argparse.Namespace) -> ServerSettings:
              "heartbeat_timeout_s": args.heartbeat_timeout_s,
              "heartbeat_interval_s": args.heartbeat_interval_s, "retries": args.retries,
              "profiles": args.profiles, "metrics_listen": args.metrics_listen,
-             "reflection": args.reflection,
+             "reflection": args.reflection, "learn_ratio": args.learn_ratio,
              "oversubscription": ({"A100": 3.0, "H100": 2.5} | parse_ratios(args.ratio))
              if args.ratio else None}
     return load_settings(ServerSettings, flags, args.config)

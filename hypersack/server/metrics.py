@@ -89,6 +89,7 @@ class ServerCollector(Collector):
                 last[d.study_id] = d
             stats = dict(service.stats)
             decisions, decision_s = orch.decision_count, orch.decision_time_s
+            levels = orch.sharing.levels(sorted({g.arch for n in nodes for g in n.spec.gpus}))
 
         g = GaugeMetricFamily("hypersack_studies", "Studies by state", labels=["state"])
         per_state = collections.Counter(s.state for s in studies)
@@ -170,6 +171,28 @@ class ServerCollector(Collector):
                     mps.add_metric(labels, int(reported.sharing == "mps"))
                     restarts.add_metric(labels, reported.mps_restarts)
         yield from (share, trials, util, used, mps, restarts)
+
+        in_force = GaugeMetricFamily("hypersack_oversubscription_ratio", "The architecture's "
+                                  "ratio in force (learned, or configured)", labels=["arch"])
+        configured = GaugeMetricFamily("hypersack_oversubscription_ratio_configured", "The "
+                                       "architecture's configured ratio", labels=["arch"])
+        samples = GaugeMetricFamily("hypersack_oversubscription_samples", "Slowdown samples "
+                                    "behind the learned ratio (0 when learning is off)",
+                                    labels=["arch"])
+        moves = CounterMetricFamily("hypersack_oversubscription_moves", "Times the learned "
+                                    "ratio moved", labels=["arch"])
+        fitted = GaugeMetricFamily("hypersack_oversubscription_fit", "The learned slowdown "
+                                   "model: contention (per extra trial) and saturation_pct",
+                                   labels=["arch", "parameter"])
+        for lv in levels:
+            in_force.add_metric([lv.arch], lv.ratio)
+            configured.add_metric([lv.arch], lv.configured)
+            samples.add_metric([lv.arch], lv.samples)
+            moves.add_metric([lv.arch], lv.moves)
+            if lv.saturation_pct:
+                fitted.add_metric([lv.arch, "contention"], lv.contention)
+                fitted.add_metric([lv.arch, "saturation_pct"], lv.saturation_pct)
+        yield from (in_force, configured, samples, moves, fitted)
 
         yield CounterMetricFamily("hypersack_decisions", "Policy runs", value=decisions)
         yield CounterMetricFamily("hypersack_decision_solve_seconds", "Time spent in "

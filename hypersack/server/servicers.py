@@ -291,7 +291,8 @@ class SchedulerServicer(pb_grpc.SchedulerServicer):
     def ListNodes(self, request: pb.ListNodesRequest, context: grpc.ServicerContext
                   ) -> pb.ListNodesResponse:
         self._who(context)
-        return pb.ListNodesResponse(nodes=node_messages(self._s))
+        return pb.ListNodesResponse(nodes=node_messages(self._s),
+                                    sharing=sharing_messages(self._s))
 
     @translated
     def DrainNode(self, request: pb.DrainNodeRequest, context: grpc.ServicerContext) -> pb.Node:
@@ -397,6 +398,17 @@ def node_messages(service: SchedulerService) -> list[pb.Node]:
                            last_seen_s=service.since(s.last_seen) if s else -1.0,
                            gpus=gpus, backend=s.backend if s else ""))
     return out
+
+
+def sharing_messages(service: SchedulerService) -> list[pb.SharingLevel]:
+    """Each architecture's oversubscription ratio in force, and what it was learned from."""
+    with service.locked():
+        archs = sorted({g.arch for rec in service.orch.nodes() for g in rec.spec.gpus})
+        levels = service.orch.sharing.levels(archs)
+    return [pb.SharingLevel(arch=lv.arch, configured=lv.configured, ratio=lv.ratio,
+                            learning=lv.learning, samples=lv.samples, needed=lv.needed,
+                            contention=lv.contention, saturation_pct=lv.saturation_pct,
+                            moves=lv.moves) for lv in levels]
 
 
 class AgentLinkServicer(pb_grpc.AgentLinkServicer):

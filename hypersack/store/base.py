@@ -108,6 +108,14 @@ class Store(ABC):
         """By name."""
 
     @abstractmethod
+    def put_setting(self, key: str, value: str) -> None:
+        """Insert or replace a server-wide setting the server learned (JSON text)."""
+
+    @abstractmethod
+    def get_setting(self, key: str) -> str | None:
+        """The setting of that key, None if never put."""
+
+    @abstractmethod
     def put_token(self, token: TokenRecord) -> None:
         """Insert or replace the token of that id (a revocation replaces it)."""
 

@@ -32,6 +32,7 @@ class MemoryStore(Store):
         self._profiles: dict[tuple[WorkloadKey, str], Profile] = {}
         self._users: dict[str, UserRecord] = {}
         self._tokens: dict[str, TokenRecord] = {}
+        self._settings: dict[str, str] = {}
         self._history: dict[str, dict[int, HistoryStep]] = {}
         self._spans: dict[tuple[str, int], Span] = {}
         self._undo: list[tuple[dict[Any, Any], Any, Any]] | None = None
@@ -165,6 +166,12 @@ class MemoryStore(Store):
 
     def list_users(self) -> list[UserRecord]:
         return sorted(self._users.values(), key=lambda u: u.name)
+
+    def put_setting(self, key: str, value: str) -> None:
+        self._set(self._settings, key, value)
+
+    def get_setting(self, key: str) -> str | None:
+        return self._settings.get(key)
 
     def put_token(self, token: TokenRecord) -> None:
         self._set(self._tokens, token.id, token)

@@ -365,6 +365,17 @@ class SqliteStore(Store):
             rows = self._db.execute("SELECT doc FROM users ORDER BY name").fetchall()
         return [UserRecord.model_validate_json(r[0]) for r in rows]
 
+    def put_setting(self, key: str, value: str) -> None:
+        with self.transaction():
+            self._db.execute("INSERT OR REPLACE INTO meta VALUES (?, ?)",
+                             ("setting:" + key, value))
+
+    def get_setting(self, key: str) -> str | None:
+        with self._lock:
+            row = self._db.execute("SELECT value FROM meta WHERE key=?",
+                                   ("setting:" + key,)).fetchone()
+        return None if row is None else str(row[0])
+
     def put_token(self, token: TokenRecord) -> None:
         with self.transaction():
             self._db.execute("INSERT OR REPLACE INTO tokens VALUES (?, ?)",

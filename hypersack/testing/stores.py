@@ -126,6 +126,13 @@ class FailingStore(Store):
     def list_users(self) -> list[UserRecord]:
         return self.inner.list_users()
 
+    def put_setting(self, key: str, value: str) -> None:
+        with self.transaction():  # fails as a commit does (fail_commits)
+            self.inner.put_setting(key, value)
+
+    def get_setting(self, key: str) -> str | None:
+        return self.inner.get_setting(key)
+
     def put_token(self, token: TokenRecord) -> None:
         self.inner.put_token(token)
 

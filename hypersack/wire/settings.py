@@ -74,6 +74,18 @@ class ServerSettings(BaseSettings):
         default_factory=lambda: {"A100": 3.0, "H100": 2.5},
         description="oversubscription ratio per GPU architecture")
     default_ratio: Ratio = 1.0
+    learn_ratio: bool = Field(default=True, description="learn each architecture's ratio "
+                              "from the slowdown running trials report (from the "
+                              "configured one, a quarter at a time; off: the configured "
+                              "ratios stay)")
+    learn_ratio_max: Ratio = Field(default=4.0, description="the highest ratio learning "
+                                   "may reach (or the configured one, if higher)")
+    learn_sample_every_s: PositiveSeconds = Field(default=30.0, description="at most one "
+                                                  "slowdown sample per GPU this often")
+    learn_decide_every_s: PositiveSeconds = Field(default=60.0, description="at most one "
+                                                  "learned move per architecture this often")
+    learn_min_samples: int = Field(default=40, ge=3, le=100_000, description="slowdown "
+                                   "samples before a learned ratio moves, and between moves")
     heartbeat_interval_s: PositiveSeconds = 5.0
     heartbeat_timeout_s: PositiveSeconds = 30.0
     tick_interval_s: PositiveSeconds = 1.0

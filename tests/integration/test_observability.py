@@ -52,7 +52,10 @@ def _value(samples: dict[str, list[Any]], name: str, **labels: str) -> float:
 
 def _running_cluster(c: Cluster) -> tuple[str, int, int]:
     server_port, agent_port = free_port(), free_port()
-    c.start_server("--metrics-listen", f"127.0.0.1:{server_port}")
+    # Slowdown samples every half second per GPU: the metrics show them arriving.
+    config = c.tmp / "server.yaml"
+    config.write_text("learn_sample_every_s: 0.5\n")
+    c.start_server("--metrics-listen", f"127.0.0.1:{server_port}", "--config", str(config))
     c.start_agent("n1", "1xA100-80GB@48", "--metrics-listen", f"127.0.0.1:{agent_port}")
     study = _submit(c, space_yaml("observed", seconds_per_epoch=3.0, epochs=3))
     wait_for("trials running", lambda: any(t.state == "RUNNING" for t in _trials(c, study)))
@@ -82,6 +85,12 @@ def test_metrics_over_https_need_a_client_certificate(cluster: Cluster) -> None:
     assert _value(s, "hypersack_decision_seconds_count") >= 1
     assert 0 <= _value(s, "hypersack_node_heartbeat_age_seconds", node="n1") < 30
     assert _value(s, "hypersack_trial_reserved_memory_mib", study=study) > 0
+    assert _value(s, "hypersack_oversubscription_ratio_configured", arch="A100") == 3
+    assert 1 <= _value(s, "hypersack_oversubscription_ratio", arch="A100") <= 4
+    # The trials' own iteration times reached the server as slowdown samples.
+    wait_for("a slowdown sample", lambda: _value(_scrape(server, ctx),
+                                                  "hypersack_oversubscription_samples",
+                                                  arch="A100") >= 1, 30)
     a = _scrape(agent, ctx)
     assert _value(a, "hypersack_agent_up", node="n1") == 1
     assert _value(a, "hypersack_agent_trials_running", node="n1") >= 1

@@ -94,6 +94,9 @@ def test_agent_stream_launch_finish_and_stale_events(server: HyperSackServer) ->
         assert c.trial(failed).failures == 1 and "retry 1 of 1" in c.trial(failed).reason
         (node,) = c.nodes()
         assert node.name == "n1" and node.connected and node.gpus[0].trials == 3
+        (level,) = c.cluster().sharing  # the cluster's one architecture
+        assert (level.arch, level.configured, level.ratio, level.learning) == \
+            ("A100", 3.0, 3.0, True)
     agent.close()
 
 

@@ -1,0 +1,208 @@
+"""The learned sharing level on the server (issue 38): running trials' slowdown sampled
+from their progress, the learner's ratios (orchestrator/sharing.py) put in force, and
+kept in the store so that a restarted server decides as this one would.
+
+A sample is one plain (unfused) trial's reported seconds per iteration over its solo
+profile's, with its GPU's placed load (the sum of its trials' solo compute shares) and
+trial count, taken only when that GPU's set of trials did not change during the window
+the report covers (else the load it saw is not the load now), and at most one per GPU
+every `learn_sample_every_s` seconds. Samples gathered while a batch runs reach the
+learner only once the batch is committed: an undone event leaves none. The learner
+decides at most once per `learn_decide_every_s` per architecture (its fit is the
+costly part), and a moved ratio is kept in the store before it is put in force; if the
+store refuses, the move is taken back, so memory and store agree.
+
+The learned ratio is the server's: a study's own `settings.oversubscription` still wins
+for that study, and trials placed under an older ratio keep running.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+
+from hypersack.core.types import TrialRecord, TrialState
+from hypersack.orchestrator.events import TrialProgress
+from hypersack.orchestrator.journal import journaled
+from hypersack.orchestrator.sharing import RatioLearner, SharingLevel
+from hypersack.orchestrator.state import CoreState
+from hypersack.policies.base import COMPUTE_SCALE
+from hypersack.store.base import Store
+
+log = logging.getLogger(__name__)
+
+SETTING = "sharing.learned"
+# A slowdown outside these bounds is a broken measurement (or a lie), not sharing.
+MIN_SLOWDOWN = 0.5
+MAX_SLOWDOWN = 50.0
+
+
+class LearnedSharing:
+    def __init__(self, s: CoreState) -> None:
+        self.s = s
+        config = s.config
+        self.configured = dict(config.oversubscription)
+        self.learner: RatioLearner | None = None
+        if config.learn_ratio:
+            high = max([config.learn_ratio_max, *self.configured.values()])
+            low = min([1.0, config.default_ratio, *self.configured.values()])
+            self.learner = RatioLearner(self.configured, low=low, high=high,
+                                        min_samples=config.learn_min_samples,
+                                        every=config.learn_min_samples,
+                                        window=10 * config.learn_min_samples)
+        self._pending: list[tuple[str, float, int, float]] = []
+        # An undone event leaves no sample (the others of its batch go too: a few lost
+        # samples only delay a decision).
+        s.journal.on_rollback(self._pending.clear)
+        j = s.journal
+        # Per GPU: when a trial last came or went (first heard of, after a restart), and
+        # when it was last sampled.
+        self._changed: dict[tuple[str, int], float] = journaled(j)
+        self._sampled: dict[tuple[str, int], float] = journaled(j)
+        self._decided: dict[str, float] = {}
+        self._saved_at = -math.inf
+
+    # ---------------------------------------------------------------- samples
+    def sample(self, trial_id: str, event: TrialProgress) -> None:
+        """Note a running trial's reported iteration time, if it makes a sample."""
+        if self.learner is None or event.iter_time_s <= 0 or self.s.config.exclusive:
+            return
+        t = self.s.trials.get(trial_id)
+        if t is None or t.group or t.node is None or t.gpu_index is None:
+            return  # a fused member's time is its group's: not one trial's slowdown
+        gpu = self.s.cluster.gpu(t.node, t.gpu_index)
+        if gpu is None or trial_id not in gpu.trials:
+            return
+        profile = self.s.profiles.get((t.key, gpu.arch))
+        if profile is None or profile.iter_time_s <= 0 or profile.source.startswith("stated"):
+            return  # no solo time measured on this architecture to compare with
+        where = (t.node, t.gpu_index)
+        now = self.s.clock.now()
+        changed = self._changed.get(where)
+        if changed is None:
+            self._changed[where] = now
+            return
+        if now - changed < max(event.iter_window_s, 1.0):
+            return  # its GPU changed within the window the report covers
+        if now - self._sampled.get(where, -math.inf) < self.s.config.learn_sample_every_s:
+            return
+        slowdown = event.iter_time_s / profile.iter_time_s
+        if not MIN_SLOWDOWN <= slowdown <= MAX_SLOWDOWN:
+            return
+        self._sampled[where] = now
+        self._pending.append((gpu.arch, gpu.used_compute / COMPUTE_SCALE, len(gpu.trials),
+                              slowdown))
+
+    def transition(self, old: TrialRecord, new: TrialRecord) -> None:
+        """A trial came to a GPU or left it: that GPU's load changed now (a listener of
+        the book's transitions)."""
+        if old.state == new.state and (old.node, old.gpu_index) == (new.node, new.gpu_index):
+            return
+        now = self.s.clock.now()
+        for t in (old, new):
+            if t.state == TrialState.RUNNING and t.node is not None and \
+                    t.gpu_index is not None:
+                self._changed[t.node, t.gpu_index] = now
+
+    # ---------------------------------------------------------------- decisions
+    def commit(self) -> None:
+        """After a committed batch: hand its samples to the learner, and let it decide
+        for each architecture that is due. A moved ratio is stored, then put in force."""
+        learner = self.learner
+        if learner is None or not self._pending:
+            return
+        pending = list(self._pending)
+        self._pending.clear()
+        archs = []
+        for arch, load, n, slowdown in pending:
+            if arch not in learner.ratios:
+                # An architecture the configuration does not name runs at the default.
+                learner.ratios[arch] = self._configured(arch)
+            if learner.add(arch, load, n, slowdown) and arch not in archs:
+                archs.append(arch)
+        now = self.s.clock.now()
+        every = self.s.config.learn_decide_every_s
+        saved = False
+        for arch in archs:
+            if not learner.due(arch) or now - self._decided.get(arch, -math.inf) < every:
+                continue
+            self._decided[arch] = now
+            before = dict(learner.ratios), dict(learner.moves)
+            moved = learner.decide(arch)
+            saved = self._save(self.s.store, now)
+            if not saved:
+                learner.ratios, learner.moves = before
+                continue
+            if moved is not None:
+                log.info("%s: oversubscription ratio %g -> %g, learned from %d samples",
+                         arch, before[0][arch], moved, len(learner.samples[arch]))
+                self.s.set_ratios(self._in_force())
+                self.s.decide_again = True  # the next tick packs with it
+        if not saved and now - self._saved_at >= every:
+            # The samples since the last decision, kept once in a while too: a restart
+            # loses at most this interval's.
+            self._save(self.s.store, now)
+
+    def _configured(self, arch: str) -> float:
+        return self.configured.get(arch, self.s.config.default_ratio)
+
+    def _in_force(self) -> dict[str, float]:
+        assert self.learner is not None
+        return dict(self.learner.ratios)
+
+    def _save(self, store: Store, now: float) -> bool:
+        assert self.learner is not None
+        self._saved_at = now
+        state = {**self.learner.state(), "configured": {
+            a: self._configured(a) for a in self.learner.ratios}}
+        try:
+            store.put_setting(SETTING, json.dumps(state))
+        except Exception as exc:
+            log.warning("the learned sharing level could not be stored (%s); it stays "
+                        "where it was", str(exc)[:200])
+            return False
+        return True
+
+    def restore(self) -> None:
+        """Take back what the store kept (a restart): the ratios in force and the
+        samples behind them, for architectures configured as they were."""
+        if self.learner is None:
+            return
+        try:
+            text = self.s.store.get_setting(SETTING)
+            state = json.loads(text) if text else None
+        except (ValueError, RecursionError):
+            log.warning("the stored learned sharing level does not parse; learning afresh")
+            return
+        if not isinstance(state, dict):
+            return
+        configured = {**self.configured}
+        saved = state.get("configured")
+        for arch in saved if isinstance(saved, dict) else {}:
+            if arch not in self.learner.ratios and arch not in configured:
+                self.learner.ratios[arch] = configured[arch] = self._configured(arch)
+        self.learner.load(state, configured)
+        self.s.set_ratios(self._in_force())
+
+    # ---------------------------------------------------------------- views
+    def levels(self, archs: list[str]) -> list[SharingLevel]:
+        """The ratio of each architecture named (the cluster's) and of each the learner
+        has samples of."""
+        learner = self.learner
+        names = sorted(set(archs) | {a for a, q in (learner.samples if learner else {}).items()
+                                     if q})
+        out = []
+        for arch in names:
+            configured = self._configured(arch)
+            if learner is None:
+                out.append(SharingLevel(arch, configured, self.s.config.ratio(arch, {}),
+                                        False))
+                continue
+            f = learner.fits.get(arch)
+            out.append(SharingLevel(
+                arch, configured, learner.ratios.get(arch, configured), True,
+                len(learner.samples.get(arch, ())), learner.min_samples,
+                f.contention if f else 0.0, f.saturation_pct if f else 0.0,
+                learner.moves.get(arch, 0)))
+        return out

@@ -1,0 +1,188 @@
+"""The server's learned sharing level (orchestrator/learned.py): samples from running
+trials' reported iteration times, decisions in small steps, the off switch, a study's
+own ratio winning, what a restart keeps, and nothing learned from an undone batch."""
+
+from __future__ import annotations
+
+import itertools
+from typing import Any
+
+import pytest
+
+from hypersack.core.cluster import parse_shorthand
+from hypersack.core.types import TrialState
+from hypersack.grid.space import parse_space
+from hypersack.orchestrator import NodeJoined, StudySubmitted, TrialFinished, TrialProgress
+from hypersack.orchestrator.learned import SETTING
+from hypersack.store import MemoryStore
+from hypersack.testing.core import launches, make, prof
+from hypersack.testing.stores import FailingStore, StoreFailure
+
+SAT, CONTENTION = 150.0, 0.05  # the hidden interference: kernels queue past 150 % load
+
+
+def slowdown(load_pct: float, n: int) -> float:
+    return (1 + CONTENTION * (n - 1)) * max(1.0, load_pct / SAT)
+
+
+def study(n: int, ratio: float | None = None) -> Any:
+    settings: dict[str, Any] = {"policy": "ff", "fusion": "off"}
+    if ratio is not None:
+        settings["oversubscription"] = {"A100": ratio}
+    return parse_space({"name": "s", "models": ["resnet18"],
+                        "hyperparameters": {"batch_size": [64],
+                                            "lr": [round(1e-4 * (i + 1), 6) for i in range(n)]},
+                        "settings": settings})
+
+
+def learning(store: Any = None, **config: Any) -> Any:
+    options = {"learn_ratio": True, "learn_sample_every_s": 1.0, "learn_decide_every_s": 1.0,
+               "heartbeat_timeout_s": 1e6, **config}
+    orch, store, clock = make(store=store, profiles=[prof("resnet18", 64, compute=50.0)],
+                              **options)
+    return orch, store, clock
+
+
+def report_round(orch: Any, clock: Any, scale: float = 1.0) -> int:
+    """Every running trial reports the iteration time the hidden model gives its GPU."""
+    clock.advance(2.0)
+    sent = 0
+    for (node, idx), (n, _) in orch.gpu_load().items():
+        if not n:
+            continue
+        load = n * 50.0
+        for tid in orch.gpu_trials(node, idx):
+            orch.handle(TrialProgress(tid, node, 1, {"loss": 1.0},
+                                      iter_time_s=0.1 * slowdown(load, n) * scale,
+                                      iter_window_s=1.0))
+            sent += 1
+    return sent
+
+
+def per_gpu(orch: Any) -> list[int]:
+    return [n for (_, _), (n, _) in sorted(orch.gpu_load().items())]
+
+
+def test_the_ratio_steps_toward_the_hidden_saturation_and_packing_follows() -> None:
+    orch, _, clock = learning()
+    orch.handle(NodeJoined(parse_shorthand("1x4xA100-80GB").nodes[0]))
+    # 14 trials at A100's configured ratio 3 (6 of 50 % per GPU): 6, 6, 2, 0.
+    orch.handle(StudySubmitted(study(14)))
+    assert per_gpu(orch) == [6, 6, 2, 0]
+    ratios = [orch.s.config.ratio("A100", {})]
+    for _ in range(60):
+        report_round(orch, clock)
+        ratios.append(orch.s.config.ratio("A100", {}))
+    moves = [b - a for a, b in itertools.pairwise(ratios) if b != a]
+    # Down from 3 toward 1.5 (the best for this model), a quarter at a time.
+    assert moves and all(-0.25 - 1e-9 <= m < 0 for m in moves)
+    assert 1.25 <= ratios[-1] <= 2.0
+    level = {lv.arch: lv for lv in orch.sharing.levels(["A100"])}["A100"]
+    assert level.learning and level.configured == 3.0 and level.ratio == ratios[-1]
+    assert level.samples >= 40 and level.moves == len(moves)
+    assert abs(level.saturation_pct - SAT) <= 10 and abs(level.contention - CONTENTION) < 0.02
+    assert "learned" in level.describe()
+    # New placements follow the learned ratio: GPU 0, emptied, takes ratio x 2 trials.
+    orch.handle(StudySubmitted(study(20)))
+    for tid in sorted(orch.gpu_trials("node0", 0)):
+        orch.handle(TrialFinished(tid, "node0", {"loss": 0.5}))
+    assert per_gpu(orch)[0] == int(ratios[-1] * 100 // 50)
+
+
+def test_a_gpu_that_changed_during_the_window_gives_no_sample() -> None:
+    orch, _, clock = learning()
+    orch.handle(NodeJoined(parse_shorthand("1x1xA100-80GB").nodes[0]))
+    first = launches(orch.handle(StudySubmitted(study(4))))
+    learner = orch.sharing.learner
+    assert report_round(orch, clock) == 4  # four reports, from one GPU: one sample
+    assert len(learner.samples["A100"]) == 1
+    orch.handle(TrialFinished(first[0].trial_id, "node0", {"loss": 0.5}))  # the set changes
+    clock.advance(0.5)
+    for tid in orch.gpu_trials("node0", 0):
+        orch.handle(TrialProgress(tid, "node0", 1, iter_time_s=0.2, iter_window_s=1.0))
+    assert len(learner.samples["A100"]) == 1
+    # Reports of absurd slowdowns (a broken clock, or a lie) are not samples.
+    clock.advance(5)
+    for tid in orch.gpu_trials("node0", 0):
+        orch.handle(TrialProgress(tid, "node0", 1, iter_time_s=1e4, iter_window_s=1.0))
+    assert len(learner.samples["A100"]) == 1
+
+
+def test_off_switch_and_a_studys_own_ratio_win() -> None:
+    orch, store, clock = make(profiles=[prof("resnet18", 64, compute=50.0)],
+                              learn_sample_every_s=1.0, learn_decide_every_s=1.0)
+    orch.handle(NodeJoined(parse_shorthand("1x4xA100-80GB").nodes[0]))
+    orch.handle(StudySubmitted(study(14)))
+    for _ in range(30):
+        report_round(orch, clock)
+    assert orch.sharing.learner is None and orch.s.config.ratio("A100", {}) == 3.0
+    assert store.get_setting(SETTING) is None
+    assert [lv.describe() for lv in orch.sharing.levels(["A100"])] == [
+        "A100: ratio 3 (configured; learning is off)"]
+    # Learning on, but the study says 3: its GPUs stay packed to 3.
+    orch, _, clock = learning()
+    orch.handle(NodeJoined(parse_shorthand("1x4xA100-80GB").nodes[0]))
+    sid = launches(orch.handle(StudySubmitted(study(14, ratio=3.0))))[0].study_id
+    for _ in range(30):
+        report_round(orch, clock)
+    assert orch.s.config.ratio("A100", {}) < 3.0  # the server's moved
+    orch.handle(StudySubmitted(study(20, ratio=3.0)))
+    for tid in sorted(orch.gpu_trials("node0", 0)):
+        orch.handle(TrialFinished(tid, "node0", {"loss": 0.5}))
+    assert per_gpu(orch)[0] == 6
+    assert orch.counts(sid)[TrialState.COMPLETED] >= 1
+
+
+def test_a_restarted_server_keeps_the_ratio_and_samples_and_decides_the_same() -> None:
+    store = MemoryStore()
+    orch, store, clock = learning(store)
+    orch.handle(NodeJoined(parse_shorthand("1x4xA100-80GB").nodes[0]))
+    orch.handle(StudySubmitted(study(14)))
+    for _ in range(40):
+        report_round(orch, clock)
+    # The state is kept at each decision, and once an interval with new samples: one
+    # more sample a while after the last round keeps them all.
+    clock.advance(2.0)
+    tid = sorted(orch.gpu_trials("node0", 0))[0]
+    orch.handle(TrialProgress(tid, "node0", 1, iter_time_s=0.1 * slowdown(300, 6),
+                              iter_window_s=1.0))
+    moved = orch.s.config.ratio("A100", {})
+    assert moved < 3.0
+    again, _, _ = learning(store, clock=clock)
+    assert again.s.config.ratio("A100", {}) == moved
+    assert again.sharing.levels(["A100"]) == orch.sharing.levels(["A100"])
+    # The same reports from here: both decide the same.
+    for _ in range(15):
+        report_round(orch, clock)
+        report_round(again, clock, 1.0)
+    assert again.s.config.ratio("A100", {}) == orch.s.config.ratio("A100", {})
+    # A server configured otherwise for A100 starts A100 afresh from its configuration.
+    other, _, _ = learning(store, clock=clock, oversubscription={"A100": 2.0})
+    assert other.s.config.ratio("A100", {}) == 2.0
+    assert other.sharing.levels(["A100"])[0].samples == 0
+
+
+def test_an_undone_batch_teaches_nothing_and_a_refused_save_moves_nothing(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    failing = FailingStore(MemoryStore())
+    orch, _, clock = learning(failing)
+    orch.handle(NodeJoined(parse_shorthand("1x4xA100-80GB").nodes[0]))
+    orch.handle(StudySubmitted(study(14)))
+    report_round(orch, clock)
+    learner = orch.sharing.learner
+    before = {a: len(q) for a, q in learner.samples.items()}
+    clock.advance(2.0)
+    tid = next(iter(orch.gpu_trials("node0", 0)))
+    failing.fail_commits = 1
+    with pytest.raises(StoreFailure):
+        orch.handle_batch([TrialProgress(tid, "node0", 1, iter_time_s=0.25,
+                                         iter_window_s=1.0)])
+    assert {a: len(q) for a, q in learner.samples.items()} == before
+    # The store refuses to keep a move: the ratio in force stays where it was.
+    def refuse(key: str, value: str) -> None:
+        raise StoreFailure("disk full (injected)")
+    monkeypatch.setattr(failing, "put_setting", refuse)
+    for _ in range(30):
+        report_round(orch, clock)
+    assert orch.s.config.ratio("A100", {}) == 3.0 and learner.ratios["A100"] == 3.0
+    assert len(learner.samples["A100"]) >= 40
