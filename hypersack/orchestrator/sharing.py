@@ -2,14 +2,18 @@
 
 Samples are (placed load L: the sum of the solo compute shares of the trials on a GPU,
 in percent; n: how many; slowdown: observed iteration time over the solo one). The
-model is the simulator's family (sim/interference.py):
+model is the simulator's family (sim/interference.py), with the share of an iteration
+that queues past saturation:
 
-    slowdown = (1 + c (n - 1)) * max(1, L / S)
+    slowdown = (1 + c (n - 1)) * (1 - a + a max(1, L / S))
 
 c: what each extra client costs; S: the load the architecture absorbs before kernels
-queue. A GPU packed to ratio r holds about n = 100 r / u trials (u: a trial's mean solo
-share) at load 100 r, and progresses sum(1 / slowdown) = n / slowdown solo-seconds per
-second; the ratio chosen maximizes that within [low, high].
+queue; a: the share of each iteration that queues (1: all of it, as in the simulator; a
+trial that also waits on I/O or its host is slowed only in part). A GPU packed to ratio
+r holds about n = 100 r / u trials (u: a trial's mean solo share) at load 100 r, and
+progresses sum(1 / slowdown) = n / slowdown solo-seconds per second; the ratio chosen
+is the smallest within 1 % of the most progress the fit predicts in [low, high] (what
+lies beyond gains too little to pay for longer trials).
 
 Acting on an estimate needs `min_samples` samples; S is only known once some samples
 lie past it (otherwise the best ratio is at least the load seen, and the ratio steps up
@@ -27,7 +31,11 @@ from collections.abc import Mapping, Sequence
 from dataclasses import astuple, dataclass, fields, replace
 from typing import Any
 
+import numpy as np
+
 SATURATION_GRID = tuple(float(s) for s in range(50, 1005, 5))  # percent
+QUEUED_GRID = (0.25, 0.5, 0.75, 1.0)  # the share of an iteration that queues
+KNEE = 0.01  # the ratio chosen: the smallest within this share of the best progress
 
 
 @dataclass(frozen=True)
@@ -38,6 +46,7 @@ class Fit:
     past_saturation: int  # samples whose load is past the saturation found
     max_load_pct: float
     mean_share_pct: float  # a trial's mean solo compute share (L / n)
+    queued: float = 1.0  # a: the share of an iteration that queues past saturation
 
 
 # A saturation point is believed only where it explains the samples clearly better than
@@ -49,42 +58,49 @@ SATURATION_GAIN = 1e-3
 
 
 def fit(samples: Sequence[tuple[float, int, float]]) -> Fit | None:
-    """Least squares on log slowdown over a grid of S, c in closed form for each (the
-    smallest S among equally good ones), against contention alone (no saturation): S is
-    only 'at least the largest load seen' unless saturation explains the samples clearly
-    better, and then `past_saturation` counts the samples past it."""
+    """Least squares on log slowdown over a grid of (S, a), c in closed form for each
+    (among equally good ones the largest a, then the smallest S), against contention
+    alone (no saturation):
+    S is only 'at least the largest load seen' unless saturation explains the samples
+    clearly better, and then `past_saturation` counts the samples past it."""
     usable = [(load, n, s) for load, n, s in samples
               if n >= 1 and load > 0 and s > 0 and math.isfinite(s) and math.isfinite(load)]
     if not usable:
         return None
-    den = sum((n - 1) ** 2 for _, n, _ in usable)  # the same for every S
-
-    def at(sat: float) -> tuple[float, float, float]:
-        num = sum((s / max(1.0, load / sat) - 1.0) * (n - 1) for load, n, s in usable)
-        c = max(0.0, num / den) if den > 0 else 0.0
-        sse = sum((math.log(s) - math.log((1 + c * (n - 1)) * max(1.0, load / sat))) ** 2
-                  for load, n, s in usable)
-        return sse, sat, c
-
-    best = at(SATURATION_GRID[0])
-    for sat in SATURATION_GRID[1:]:
-        tried = at(sat)
-        if tried[0] < best[0] - 1e-12:
-            best = tried
-    sse, sat, c = best
-    max_load = max(load for load, _, _ in usable)
-    free_sse, _, free_c = at(math.inf)
-    if sse > SATURATION_RESIDUAL * free_sse or free_sse - sse < SATURATION_GAIN * len(usable):
-        sat, c = max_load, free_c
-    past = sum(1 for load, _, _ in usable if load > sat)
-    share = sum(load / n for load, n, _ in usable) / len(usable)
-    return Fit(c, sat, len(usable), past, max_load, share)
+    load = np.array([x[0] for x in usable])
+    extra = np.array([x[1] - 1.0 for x in usable])
+    slow = np.array([x[2] for x in usable])
+    den = float(extra @ extra)
+    # Rows by a, the whole of an iteration first (the simulator's family: samples it
+    # explains as well as a smaller share does not need one), then by S, smallest first.
+    queued = np.repeat(np.array(sorted(QUEUED_GRID, reverse=True)), len(SATURATION_GRID))
+    sats = np.tile(np.array(SATURATION_GRID), len(QUEUED_GRID))
+    # One row per (S, a): each sample's queueing factor, c, and the squared error.
+    q = 1.0 - queued[:, None] + queued[:, None] * np.maximum(1.0, load[None, :] /
+                                                             sats[:, None])
+    q = np.vstack([q, np.ones_like(load)])  # the last row: contention alone
+    c = np.maximum(0.0, ((slow / q - 1.0) @ extra) / den) if den > 0 else \
+        np.zeros(len(q))
+    sse = ((np.log(slow) - np.log((1.0 + c[:, None] * extra) * q)) ** 2).sum(axis=1)
+    free_sse = float(sse[-1])
+    # The first of the best, within rounding.
+    i = int(np.flatnonzero(sse[:-1] <= sse[:-1].min() + 1e-12)[0])
+    best_sse, sat, share_queued, cont = float(sse[i]), float(sats[i]), float(queued[i]), \
+        float(c[i])
+    max_load = float(load.max())
+    if best_sse > SATURATION_RESIDUAL * free_sse or \
+            free_sse - best_sse < SATURATION_GAIN * len(usable):
+        sat, share_queued, cont = max_load, 1.0, float(c[-1])
+    past = int((load > sat).sum())
+    share = float((load / (extra + 1.0)).mean())
+    return Fit(cont, sat, len(usable), past, max_load, share, share_queued)
 
 
 def throughput(ratio: float, f: Fit) -> float:
     """Solo-seconds of progress per second of a GPU packed to `ratio` under `f`."""
     n = max(1.0, 100.0 * ratio / max(f.mean_share_pct, 1e-9))
-    return n / ((1 + f.contention * (n - 1)) * max(1.0, 100.0 * ratio / f.saturation_pct))
+    queued = 1.0 - f.queued + f.queued * max(1.0, 100.0 * ratio / f.saturation_pct)
+    return n / ((1 + f.contention * (n - 1)) * queued)
 
 
 class RatioLearner:
@@ -138,9 +154,9 @@ class RatioLearner:
         self.fits[arch] = f
         current = self.ratios[arch]
         if f.past_saturation >= max(3, len(q) // 20):
-            target = max((self.low + i * 0.05 for i in
-                          range(round((self.high - self.low) / 0.05) + 1)),
-                         key=lambda r: (throughput(r, f), -r))
+            grid = [self.low + i * 0.05 for i in range(round((self.high - self.low) / 0.05) + 1)]
+            most = max(throughput(r, f) for r in grid)
+            target = next(r for r in grid if throughput(r, f) >= (1 - KNEE) * most)
         elif f.max_load_pct >= 0.8 * 100.0 * current or \
                 f.max_load_pct + f.mean_share_pct > 100.0 * current:
             # Packed as far as the ratio lets (to 80 % of it, or with no room for one more

@@ -1,6 +1,6 @@
 """The sharing level learned from observed slowdown (issue 38, 1-2, the learner and the
-simulator; the server's wiring is still to come): the fit recovers the interference
-model, the ratio moves only on enough samples and by at most a step, toward saturation
+simulator; the server's wiring: test_learned_ratio.py): the fit recovers the
+interference model (with the share of an iteration that queues), the ratio moves only on enough samples and by at most a step, toward saturation
 when samples lie past it and up when GPUs are packed and unsaturated, within bounds; a
 study's own ratio still wins; and in the simulator a hidden model with half the
 saturation makes it pack less and finish sooner than the configured ratio."""
@@ -17,13 +17,14 @@ from hypersack.orchestrator.sharing import RatioLearner, fit, throughput
 
 
 def _samples(c: float, sat: float, k: int = 300, share: float = 50.0, most: int = 10,
-             seed: int = 0) -> list[tuple[float, int, float]]:
+             seed: int = 0, queued: float = 1.0) -> list[tuple[float, int, float]]:
     rng = random.Random(seed)
     out = []
     for _ in range(k):
         n = rng.randint(1, most)
         load = sum(rng.uniform(0.6 * share, 1.4 * share) for _ in range(n))
-        out.append((load, n, (1 + c * (n - 1)) * max(1.0, load / sat) * rng.uniform(0.97, 1.03)))
+        q = 1 - queued + queued * max(1.0, load / sat)
+        out.append((load, n, (1 + c * (n - 1)) * q * rng.uniform(0.97, 1.03)))
     return out
 
 
@@ -34,6 +35,24 @@ def test_the_fit_recovers_the_interference_model(c: float, sat: float) -> None:
     assert f.contention == pytest.approx(c, abs=0.03)
     assert f.saturation_pct == pytest.approx(sat, rel=0.05)
     assert f.past_saturation > 0
+
+
+def test_a_workload_slowed_only_in_part_is_packed_past_saturation() -> None:
+    """Trials that queue for half of each iteration past saturation (the other half
+    waits on I/O) still gain from more packing past it, less and less: the ratio is the
+    smallest within 1 % of the best progress, past the knee a whole queue would give."""
+    f = fit(_samples(0.01, 200.0, queued=0.5))
+    assert f is not None and f.queued == 0.5
+    assert f.saturation_pct == pytest.approx(200.0, rel=0.05)
+    whole = fit(_samples(0.01, 200.0))
+    assert whole is not None and whole.queued == 1.0
+    learner = RatioLearner({"A100": 2.0}, high=6.0, step=10.0)
+    assert _feed(learner, _samples(0.01, 200.0, k=40, queued=0.5, seed=1)) != []
+    part = learner.ratios["A100"]
+    learner = RatioLearner({"A100": 2.0}, high=6.0, step=10.0)
+    _feed(learner, _samples(0.01, 200.0, k=40, seed=1))
+    assert learner.ratios["A100"] <= 2.05 < part
+    assert throughput(part, f) >= 0.99 * max(throughput(r / 10, f) for r in range(10, 61))
 
 
 def test_unseen_saturation_is_only_a_lower_bound() -> None:
