@@ -68,7 +68,8 @@ def one_run(ratio: float, learn: bool, args: argparse.Namespace) -> dict[str, An
             heartbeat_interval_s=1.0, heartbeat_timeout_s=60.0, tick_interval_s=0.5,
             learn_ratio=learn, learn_ratio_max=args.max_ratio,
             learn_sample_every_s=args.sample_every_s,
-            learn_decide_every_s=args.decide_every_s, learn_min_samples=args.min_samples)
+            learn_decide_every_s=args.decide_every_s, learn_min_samples=args.min_samples,
+            learn_settle_s=args.settle_s)
         server = HyperSackServer(settings)
         server.start()
         agent = Agent(server.address, "local", FakeBackend("1xA100-80GB@48", node="local"),
@@ -135,6 +136,8 @@ def main() -> None:
     p.add_argument("--sample-every-s", type=float, default=1.0)
     p.add_argument("--decide-every-s", type=float, default=3.0)
     p.add_argument("--min-samples", type=int, default=10)
+    p.add_argument("--settle-s", type=float, default=3.0,
+                   help="no sample from the GPU this long after a trial came or went")
     args = p.parse_args()
     logging.basicConfig(level=logging.WARNING)
     print(f"{os.cpu_count()} CPUs; trials: {args.epochs} epochs of {args.epoch_s:g} s solo, "

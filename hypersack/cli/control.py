@@ -354,7 +354,8 @@ def print_sharing(levels: list[pb.SharingLevel], console: Console) -> None:
     """How far each architecture is packed: configured, or learned and from what."""
     for lv in levels:
         level = SharingLevel(lv.arch, lv.configured, lv.ratio, lv.learning, lv.samples,
-                             lv.needed, lv.contention, lv.saturation_pct, lv.moves)
+                             lv.needed, lv.contention, lv.saturation_pct, lv.moves,
+                             lv.queued or 1.0)
         console.print(safe(level.describe()))
 
 

@@ -62,6 +62,7 @@ class OrchestratorConfig:
     learn_sample_every_s: float = 30.0
     learn_decide_every_s: float = 60.0
     learn_min_samples: int = 40  # samples before a ratio moves, and between two moves
+    learn_settle_s: float = 10.0  # no sample from a GPU whose trials changed this lately
 
     def share_rule(self, user: str) -> UserShare:
         rule = self.shares.get(user) or self.shares.get("*")

@@ -83,8 +83,10 @@ class LearnedSharing:
         if changed is None:
             self._changed[where] = now
             return
-        if now - changed < max(event.iter_window_s, 1.0):
-            return  # its GPU changed within the window the report covers
+        if now - changed < max(event.iter_window_s, self.s.config.learn_settle_s):
+            # Its GPU changed within the window the report covers, or too lately for
+            # the trials that came to be past their start (imports, a CUDA context).
+            return
         if now - self._sampled.get(where, -math.inf) < self.s.config.learn_sample_every_s:
             return
         slowdown = event.iter_time_s / profile.iter_time_s
@@ -204,5 +206,5 @@ class LearnedSharing:
                 arch, configured, learner.ratios.get(arch, configured), True,
                 len(learner.samples.get(arch, ())), learner.min_samples,
                 f.contention if f else 0.0, f.saturation_pct if f else 0.0,
-                learner.moves.get(arch, 0)))
+                learner.moves.get(arch, 0), f.queued if f else 1.0))
         return out

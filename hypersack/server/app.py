@@ -101,7 +101,8 @@ class HyperSackServer:
                                         learn_ratio_max=settings.learn_ratio_max,
                                         learn_sample_every_s=settings.learn_sample_every_s,
                                         learn_decide_every_s=settings.learn_decide_every_s,
-                                        learn_min_samples=settings.learn_min_samples)
+                                        learn_min_samples=settings.learn_min_samples,
+                                        learn_settle_s=settings.learn_settle_s)
             self.service = SchedulerService(
                 self.store, config, clock=clock,
                 heartbeat_interval_s=settings.heartbeat_interval_s,

@@ -182,7 +182,8 @@ class ServerCollector(Collector):
         moves = CounterMetricFamily("hypersack_oversubscription_moves", "Times the learned "
                                     "ratio moved", labels=["arch"])
         fitted = GaugeMetricFamily("hypersack_oversubscription_fit", "The learned slowdown "
-                                   "model: contention (per extra trial) and saturation_pct",
+                                   "model: contention (per extra trial), saturation_pct, "
+                                   "and queued (the share of an iteration that queues)",
                                    labels=["arch", "parameter"])
         for lv in levels:
             in_force.add_metric([lv.arch], lv.ratio)
@@ -192,6 +193,7 @@ class ServerCollector(Collector):
             if lv.saturation_pct:
                 fitted.add_metric([lv.arch, "contention"], lv.contention)
                 fitted.add_metric([lv.arch, "saturation_pct"], lv.saturation_pct)
+                fitted.add_metric([lv.arch, "queued"], lv.queued)
         yield from (in_force, configured, samples, moves, fitted)
 
         yield CounterMetricFamily("hypersack_decisions", "Policy runs", value=decisions)

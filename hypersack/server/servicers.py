@@ -408,7 +408,7 @@ def sharing_messages(service: SchedulerService) -> list[pb.SharingLevel]:
     return [pb.SharingLevel(arch=lv.arch, configured=lv.configured, ratio=lv.ratio,
                             learning=lv.learning, samples=lv.samples, needed=lv.needed,
                             contention=lv.contention, saturation_pct=lv.saturation_pct,
-                            moves=lv.moves) for lv in levels]
+                            moves=lv.moves, queued=lv.queued) for lv in levels]
 
 
 class AgentLinkServicer(pb_grpc.AgentLinkServicer):

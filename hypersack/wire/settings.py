@@ -86,6 +86,9 @@ class ServerSettings(BaseSettings):
                                                   "learned move per architecture this often")
     learn_min_samples: int = Field(default=40, ge=3, le=100_000, description="slowdown "
                                    "samples before a learned ratio moves, and between moves")
+    learn_settle_s: PositiveSeconds = Field(default=10.0, description="no slowdown sample "
+                                            "from a GPU whose trials changed this lately "
+                                            "(new trials start: imports, CUDA contexts)")
     heartbeat_interval_s: PositiveSeconds = 5.0
     heartbeat_timeout_s: PositiveSeconds = 30.0
     tick_interval_s: PositiveSeconds = 1.0

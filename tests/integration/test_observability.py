@@ -54,7 +54,7 @@ def _running_cluster(c: Cluster) -> tuple[str, int, int]:
     server_port, agent_port = free_port(), free_port()
     # Slowdown samples every half second per GPU: the metrics show them arriving.
     config = c.tmp / "server.yaml"
-    config.write_text("learn_sample_every_s: 0.5\n")
+    config.write_text("learn_sample_every_s: 0.5\nlearn_settle_s: 0.5\n")
     c.start_server("--metrics-listen", f"127.0.0.1:{server_port}", "--config", str(config))
     c.start_agent("n1", "1xA100-80GB@48", "--metrics-listen", f"127.0.0.1:{agent_port}")
     study = _submit(c, space_yaml("observed", seconds_per_epoch=3.0, epochs=3))

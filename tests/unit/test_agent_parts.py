@@ -99,6 +99,21 @@ def test_profile_run_measures_iterations(tmp_path: Path) -> None:
     assert result["peak_rss_mib"] > 1
 
 
+def test_the_sleep_workloads_busy_fraction_is_spent_computing(tmp_path: Path) -> None:
+    """Half of each 0.1 s iteration in CPU time, whatever else runs on the machine (the
+    wall time grows under load; the CPU time does not shrink)."""
+    env = {**os.environ, sdk.ENV_PROFILE: str(tmp_path / "p.json"),
+           sdk.ENV_PROFILE_ITERATIONS: "5", sdk.ENV_PROFILE_WARMUP: "1",
+           sdk.ENV_OPTIONS: json.dumps({"seconds_per_epoch": 0.4, "iters_per_epoch": 4,
+                                        "busy_fraction": 0.5}),
+           sdk.ENV_EPOCHS: "100"}
+    subprocess.run([sys.executable, "-m", "hypersack.runner.sleep"], env=env, check=True,
+                   timeout=60, capture_output=True)
+    result = json.loads((tmp_path / "p.json").read_text())
+    cpu_s = result["cpu_cores"] * result["iter_time_mean_s"] * result["iterations"]
+    assert cpu_s >= 0.95 * 5 * 0.05 and result["iter_time_s"] >= 0.099
+
+
 def test_settings_flags_beat_environment_beat_file(tmp_path: Path,
                                                    monkeypatch: pytest.MonkeyPatch) -> None:
     cfg = tmp_path / "server.yaml"

@@ -37,7 +37,7 @@ def study(n: int, ratio: float | None = None) -> Any:
 
 def learning(store: Any = None, **config: Any) -> Any:
     options = {"learn_ratio": True, "learn_sample_every_s": 1.0, "learn_decide_every_s": 1.0,
-               "heartbeat_timeout_s": 1e6, **config}
+               "learn_settle_s": 1.0, "heartbeat_timeout_s": 1e6, **config}
     orch, store, clock = make(store=store, profiles=[prof("resnet18", 64, compute=50.0)],
                               **options)
     return orch, store, clock
@@ -101,6 +101,16 @@ def test_a_gpu_that_changed_during_the_window_gives_no_sample() -> None:
     for tid in orch.gpu_trials("node0", 0):
         orch.handle(TrialProgress(tid, "node0", 1, iter_time_s=0.2, iter_window_s=1.0))
     assert len(learner.samples["A100"]) == 1
+    # Nor a report soon after a change, though its window is short: the trials that came
+    # may still be starting (learn_settle_s).
+    settled, _, clock2 = learning(learn_settle_s=10.0)
+    settled.handle(NodeJoined(parse_shorthand("1x1xA100-80GB").nodes[0]))
+    settled.handle(StudySubmitted(study(4)))
+    for _ in range(4):  # 2, 4, 6 and 8 s after the launches
+        report_round(settled, clock2)
+    assert settled.sharing.learner.samples.get("A100") is None
+    report_round(settled, clock2)
+    assert len(settled.sharing.learner.samples["A100"]) == 1
     # Reports of absurd slowdowns (a broken clock, or a lie) are not samples.
     clock.advance(5)
     for tid in orch.gpu_trials("node0", 0):

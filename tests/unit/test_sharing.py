@@ -1,8 +1,9 @@
 """The sharing level learned from observed slowdown (issue 38, 1-2, the learner and the
 simulator; the server's wiring: test_learned_ratio.py): the fit recovers the
-interference model (with the share of an iteration that queues), the ratio moves only on enough samples and by at most a step, toward saturation
-when samples lie past it and up when GPUs are packed and unsaturated, within bounds; a
-study's own ratio still wins; and in the simulator a hidden model with half the
+interference model (with the share of an iteration that queues), the ratio moves only
+on enough samples and by at most a step, toward saturation when samples lie past it
+and up when GPUs are packed and unsaturated, within bounds; a study's own ratio still
+wins; and in the simulator a hidden model with half the
 saturation makes it pack less and finish sooner than the configured ratio."""
 
 from __future__ import annotations
@@ -39,8 +40,8 @@ def test_the_fit_recovers_the_interference_model(c: float, sat: float) -> None:
 
 def test_a_workload_slowed_only_in_part_is_packed_past_saturation() -> None:
     """Trials that queue for half of each iteration past saturation (the other half
-    waits on I/O) still gain from more packing past it, less and less: the ratio is the
-    smallest within 1 % of the best progress, past the knee a whole queue would give."""
+    waits on I/O) still gain from more packing past it, less and less: the ratio goes
+    past the knee a whole queue would stop at, to the most progress."""
     f = fit(_samples(0.01, 200.0, queued=0.5))
     assert f is not None and f.queued == 0.5
     assert f.saturation_pct == pytest.approx(200.0, rel=0.05)

@@ -187,7 +187,7 @@ class ListNodesResponse(_message.Message):
     def __init__(self, nodes: _Optional[_Iterable[_Union[Node, _Mapping]]] = ..., sharing: _Optional[_Iterable[_Union[SharingLevel, _Mapping]]] = ...) -> None: ...
 
 class SharingLevel(_message.Message):
-    __slots__ = ("arch", "configured", "ratio", "learning", "samples", "needed", "contention", "saturation_pct", "moves")
+    __slots__ = ("arch", "configured", "ratio", "learning", "samples", "needed", "contention", "saturation_pct", "moves", "queued")
     ARCH_FIELD_NUMBER: _ClassVar[int]
     CONFIGURED_FIELD_NUMBER: _ClassVar[int]
     RATIO_FIELD_NUMBER: _ClassVar[int]
@@ -197,6 +197,7 @@ class SharingLevel(_message.Message):
     CONTENTION_FIELD_NUMBER: _ClassVar[int]
     SATURATION_PCT_FIELD_NUMBER: _ClassVar[int]
     MOVES_FIELD_NUMBER: _ClassVar[int]
+    QUEUED_FIELD_NUMBER: _ClassVar[int]
     arch: str
     configured: float
     ratio: float
@@ -206,7 +207,8 @@ class SharingLevel(_message.Message):
     contention: float
     saturation_pct: float
     moves: int
-    def __init__(self, arch: _Optional[str] = ..., configured: _Optional[float] = ..., ratio: _Optional[float] = ..., learning: bool = ..., samples: _Optional[int] = ..., needed: _Optional[int] = ..., contention: _Optional[float] = ..., saturation_pct: _Optional[float] = ..., moves: _Optional[int] = ...) -> None: ...
+    queued: float
+    def __init__(self, arch: _Optional[str] = ..., configured: _Optional[float] = ..., ratio: _Optional[float] = ..., learning: bool = ..., samples: _Optional[int] = ..., needed: _Optional[int] = ..., contention: _Optional[float] = ..., saturation_pct: _Optional[float] = ..., moves: _Optional[int] = ..., queued: _Optional[float] = ...) -> None: ...
 
 class DrainNodeRequest(_message.Message):
     __slots__ = ("node",)
