@@ -51,10 +51,8 @@ class LearnedSharing:
                                         min_samples=config.learn_min_samples,
                                         every=config.learn_min_samples,
                                         window=10 * config.learn_min_samples)
-        self._pending: list[tuple[str, float, int, float]] = []
-        # An undone event leaves no sample (the others of its batch go too: a few lost
-        # samples only delay a decision).
-        s.journal.on_rollback(self._pending.clear)
+        # The batch's samples; an undone event's go with it (the journal truncates).
+        self._pending = _Samples()
         j = s.journal
         # Per GPU: when a trial last came or went (first heard of, after a restart), and
         # when it was last sampled.
@@ -93,6 +91,8 @@ class LearnedSharing:
         if not MIN_SLOWDOWN <= slowdown <= MAX_SLOWDOWN:
             return
         self._sampled[where] = now
+        if self.s.journal.open:
+            self.s.journal.record(self._pending, None, len(self._pending))
         self._pending.append((gpu.arch, gpu.used_compute / COMPUTE_SCALE, len(gpu.trials),
                               slowdown))
 
@@ -208,3 +208,14 @@ class LearnedSharing:
                 f.contention if f else 0.0, f.saturation_pct if f else 0.0,
                 learner.moves.get(arch, 0), f.queued if f else 1.0))
         return out
+
+
+class _Samples(list[tuple[str, float, int, float]]):
+    """Samples (arch, load, trials, slowdown) of the batch being handled; the journal
+    undoes an append by truncating back to the length before it."""
+
+    def save(self) -> int:
+        return len(self)
+
+    def restore(self, length: int) -> None:
+        del self[length:]

@@ -188,6 +188,12 @@ def test_an_undone_batch_teaches_nothing_and_a_refused_save_moves_nothing(
         orch.handle_batch([TrialProgress(tid, "node0", 1, iter_time_s=0.25,
                                          iter_window_s=1.0)])
     assert {a: len(q) for a, q in learner.samples.items()} == before
+    # An event of the batch that is undone (here a stale one) takes only its own.
+    result = orch.handle_batch([TrialProgress(tid, "node0", 1, iter_time_s=0.25,
+                                              iter_window_s=1.0),
+                                TrialFinished("s-1-t99999", "node0")])
+    assert len(result.stale) == 1
+    assert len(learner.samples["A100"]) == before["A100"] + 1
     # The store refuses to keep a move: the ratio in force stays where it was.
     def refuse(key: str, value: str) -> None:
         raise StoreFailure("disk full (injected)")

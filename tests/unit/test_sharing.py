@@ -41,7 +41,7 @@ def test_the_fit_recovers_the_interference_model(c: float, sat: float) -> None:
 def test_a_workload_slowed_only_in_part_is_packed_past_saturation() -> None:
     """Trials that queue for half of each iteration past saturation (the other half
     waits on I/O) still gain from more packing past it, less and less: the ratio goes
-    past the knee a whole queue would stop at, to the most progress."""
+    past the knee a whole queue would stop at, within 1 % of the most progress."""
     f = fit(_samples(0.01, 200.0, queued=0.5))
     assert f is not None and f.queued == 0.5
     assert f.saturation_pct == pytest.approx(200.0, rel=0.05)
@@ -52,7 +52,7 @@ def test_a_workload_slowed_only_in_part_is_packed_past_saturation() -> None:
     part = learner.ratios["A100"]
     learner = RatioLearner({"A100": 2.0}, high=6.0, step=10.0)
     _feed(learner, _samples(0.01, 200.0, k=40, seed=1))
-    assert learner.ratios["A100"] <= 2.05 < part
+    assert learner.ratios["A100"] <= 2.5 < 4.0 <= part  # one trial past the knee, at most
     assert throughput(part, f) >= 0.99 * max(throughput(r / 10, f) for r in range(10, 61))
 
 
