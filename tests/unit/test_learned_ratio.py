@@ -82,6 +82,8 @@ def test_the_ratio_steps_toward_the_hidden_saturation_and_packing_follows() -> N
     assert level.samples >= 40 and level.moves == len(moves)
     assert abs(level.saturation_pct - SAT) <= 10 and abs(level.contention - CONTENTION) < 0.02
     assert "learned" in level.describe()
+    running = sorted(orch.gpu_trials("node0", 0))[0]
+    assert level.describe() in orch.explain(running)  # hypersack why
     # New placements follow the learned ratio: GPU 0, emptied, takes ratio x 2 trials.
     orch.handle(StudySubmitted(study(20)))
     for tid in sorted(orch.gpu_trials("node0", 0)):
@@ -141,6 +143,8 @@ def test_off_switch_and_a_studys_own_ratio_win() -> None:
         orch.handle(TrialFinished(tid, "node0", {"loss": 0.5}))
     assert per_gpu(orch)[0] == 6
     assert orch.counts(sid)[TrialState.COMPLETED] >= 1
+    running = sorted(orch.gpu_trials("node0", 0))[0]
+    assert "A100: ratio 3 (its study's settings.oversubscription)" in orch.explain(running)
 
 
 def test_a_restarted_server_keeps_the_ratio_and_samples_and_decides_the_same() -> None:
@@ -202,3 +206,21 @@ def test_an_undone_batch_teaches_nothing_and_a_refused_save_moves_nothing(
         report_round(orch, clock)
     assert orch.s.config.ratio("A100", {}) == 3.0 and learner.ratios["A100"] == 3.0
     assert len(learner.samples["A100"]) >= 40
+
+
+def test_hypersack_nodes_prints_each_architectures_ratio_and_why() -> None:
+    from rich.console import Console
+
+    from hypersack._proto.v1 import hypersack_pb2 as pb
+    from hypersack.cli.control import print_sharing
+
+    console = Console(record=True, width=300)
+    print_sharing([pb.SharingLevel(arch="A100", configured=3, ratio=2.5, learning=True,
+                                   samples=120, needed=40, contention=0.05,
+                                   saturation_pct=150, moves=2, queued=0.5),
+                   pb.SharingLevel(arch="H100", configured=2.5, ratio=2.5, learning=True,
+                                   samples=7, needed=40)], console)
+    assert console.export_text().splitlines() == [
+        "A100: ratio 2.5 (learned, 2 moves; configured 3); from 120 samples; each extra "
+        "trial costs 5 %, kernels queue past 150 % load for 50 % of an iteration",
+        "H100: ratio 2.5 (configured); learning: 7 of 40 samples"]
