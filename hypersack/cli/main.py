@@ -141,10 +141,12 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _validate(args: argparse.Namespace) -> int:
+    from hypersack.grid.runnable import check_runnable
     from hypersack.grid.space import load_space
     from hypersack.policies.registry import policy_names
 
     space = load_space(args.space, policy_names())
+    check_runnable(space, str(args.space))  # what submission refuses, refused here too
     axes = {name: values for name, values in space.axes()}
     conditions = space.conditions()
     if args.json:

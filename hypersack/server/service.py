@@ -24,7 +24,6 @@ from pydantic import ValidationError
 
 from hypersack._proto.v1 import hypersack_pb2 as pb
 from hypersack.core.bounds import clamp
-from hypersack.core.catalog import MODELS
 from hypersack.core.clock import Clock, SystemClock
 from hypersack.core.errors import (
     AlreadyExists,
@@ -36,7 +35,6 @@ from hypersack.core.errors import (
     StoreUnavailable,
 )
 from hypersack.core.files import load_yaml
-from hypersack.core.train_options import dataset_for, parse_train_options
 from hypersack.core.types import (
     NodeRecord,
     NodeSpec,
@@ -45,7 +43,8 @@ from hypersack.core.types import (
     TrialRecord,
 )
 from hypersack.core.validation import format_validation_error
-from hypersack.grid.space import SearchSpace, parse_space
+from hypersack.grid.runnable import check_runnable
+from hypersack.grid.space import parse_space
 from hypersack.orchestrator import Orchestrator, OrchestratorConfig
 from hypersack.orchestrator.commands import (
     Command,
@@ -800,21 +799,3 @@ def _reason(result: BatchResult, source: str) -> HyperSackError:
         return exc
     return HyperSackError(f"{source}: the server failed to handle it ({type(exc).__name__}: "
                           f"{str(exc)[:200]}); its log has the traceback")
-
-
-def check_runnable(space: SearchSpace, source: str) -> None:
-    """A study the built-in trainer can run: valid options, and a dataset each model
-    trains on. Whether a node can train a model (torch, the dataset on its disk) shows
-    when the model is profiled there: a profile that fails fails its trials."""
-    if space.program.builtin == "train":
-        opts = parse_train_options(space.program.options, f"{source}: program.options")
-        numpy_models = [m for m in space.models if m in MODELS and not MODELS[m].needs_torch]
-        if opts.torch_only() and numpy_models:
-            raise InvalidInput(
-                f"{source}: program.options: {', '.join(opts.torch_only())} apply to the "
-                f"PyTorch models only; {', '.join(numpy_models)} trains with NumPy")
-        for model in space.models:
-            try:
-                dataset_for(model, opts)
-            except InvalidInput as exc:
-                raise InvalidInput(f"{source}: program.options.dataset: {exc}") from None

@@ -145,8 +145,8 @@ def test_what_backward_fusion_cannot_take_is_refused_with_the_way_out() -> None:
 
 
 def test_the_server_refuses_these_options_for_a_numpy_model() -> None:
+    from hypersack.grid.runnable import check_runnable
     from hypersack.grid.space import parse_space
-    from hypersack.server.service import check_runnable
 
     space = parse_space({"name": "s", "models": ["digits_mlp"],
                          "hyperparameters": {"lr": [0.1], "batch_size": [32]},

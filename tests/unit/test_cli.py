@@ -105,9 +105,16 @@ def test_bad_input_is_one_clear_line_and_exit_2(capsys: Any, tmp_path: Path) -> 
         assert err.startswith("error: ") and fragment in err and "Traceback" not in err
 
 
-def test_validate_and_console_script(capsys: Any) -> None:
+def test_validate_and_console_script(capsys: Any, tmp_path: Path) -> None:
     assert main(["validate", str(EXAMPLES / "sp4.yaml")]) == 0
     assert "sp4: 384 trials (grid search)" in capsys.readouterr().out
+    # What submission refuses, validate refuses too: options a NumPy model cannot take.
+    bad = tmp_path / "numpy-clip.yaml"
+    bad.write_text("name: s\nmodels: [digits_mlp]\nhyperparameters: {batch_size: [32], lr: [0.1]}\n"
+                   "program: {builtin: train, options: {clip_grad_norm: 1.0}}\n")
+    assert main(["validate", str(bad)]) == 2
+    err = capsys.readouterr().err
+    assert "clip_grad_norm" in err and "NumPy" in err and "Traceback" not in err
     done = subprocess.run([sys.executable, "-m", "hypersack.cli.main", "--help"],
                           capture_output=True, text=True, check=True)
     for command in ("validate", "plan", "simulate"):
