@@ -32,7 +32,7 @@ from hypersack.agent.procs import (
 from hypersack.agent.warm import WarmPool, WarmProcess
 from hypersack.core import optim
 from hypersack.core import trial_env as sdk
-from hypersack.core.bounds import MAX_ITER_S
+from hypersack.core.bounds import iteration_timing
 from hypersack.core.errors import InvalidInput
 from hypersack.core.trial_env import as_text
 from hypersack.core.types import WorkloadKey
@@ -348,7 +348,7 @@ class Job:
                 values = rec.get("metrics", {})
                 if rec.get("step") is not None:
                     self.step = int(rec["step"])
-                timing = _timing(rec.get("iter_s"), rec.get("iter_window_s"))
+                timing = iteration_timing(rec.get("iter_s"), rec.get("iter_window_s"))
                 if timing is not None:
                     self.iter_time_s, self.iter_window_s = timing
                 at_step = self.unsent.setdefault(self.step, {})
@@ -591,14 +591,3 @@ def safe_part(name: str) -> str:
     """A name as one path component: safe characters, never `.`, `..` or hidden."""
     part = _SAFE_NAME.sub("_", name)[:200]
     return "_" + part if not part or part.startswith(".") else part
-
-
-
-def _timing(iter_s: object, window_s: object) -> tuple[float, float] | None:
-    """A report's seconds per iteration and window, if both are plausible numbers."""
-    if not isinstance(iter_s, (int, float)) or not isinstance(window_s, (int, float)) \
-            or isinstance(iter_s, bool) or isinstance(window_s, bool):
-        return None
-    if not (0 < iter_s <= MAX_ITER_S and 0 < window_s <= 100 * MAX_ITER_S):
-        return None  # NaN fails both
-    return float(iter_s), float(window_s)

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import math
 import re
-from typing import Annotated
+from typing import Annotated, TypeGuard
 
 from pydantic import Field
 
@@ -74,6 +74,28 @@ def finite(value: float, what: str, low: float, high: float) -> float:
     if not math.isfinite(number) or not low <= number <= high:
         raise InvalidInput(f"{what}: {value!r} is not a finite number in [{low:g}, {high:g}]")
     return number
+
+
+def is_number(value: object) -> TypeGuard[float]:
+    """A finite int or float, not a bool (what a JSON document or a peer says); an int
+    past a float's range is not one."""
+    if not isinstance(value, (int, float)) or isinstance(value, bool):
+        return False
+    try:
+        return math.isfinite(value)
+    except OverflowError:
+        return False
+
+
+def iteration_timing(iter_s: object, window_s: object) -> tuple[float, float] | None:
+    """A trial's reported seconds per iteration and the window they span, if both are
+    measurements (positive numbers, at most MAX_ITER_S per iteration and a hundred times
+    that for the window); None otherwise. The agent and the server both ask it."""
+    if not is_number(iter_s) or not is_number(window_s):
+        return None
+    if not (0 < iter_s <= MAX_ITER_S and 0 < window_s <= 100 * MAX_ITER_S):
+        return None
+    return float(iter_s), float(window_s)
 
 
 def clamp(value: float, low: float, high: float, default: float) -> float:

@@ -32,6 +32,8 @@ from typing import Any
 
 import numpy as np
 
+from hypersack.core.bounds import is_number
+
 SATURATION_GRID = tuple(float(s) for s in range(50, 1005, 5))  # percent
 QUEUED_GRID = (0.25, 0.5, 0.75, 1.0)  # the share of an iteration that queues
 # The ratio chosen: the largest within this share of the most progress the fit
@@ -194,29 +196,24 @@ class RatioLearner:
         not parse is left out."""
         saved_from = state.get("configured") or {}
         for arch, ratio in (state.get("ratios") or {}).items():
-            if arch not in self.ratios or not _number(ratio) or \
-                    not _number(saved_from.get(arch)) or \
+            if arch not in self.ratios or not is_number(ratio) or \
+                    not is_number(saved_from.get(arch)) or \
                     abs(float(saved_from[arch]) - float(configured.get(arch, -1.0))) > 1e-9:
                 continue
             self.ratios[arch] = min(self.high, max(self.low, float(ratio)))
             moves, new = (state.get("moves") or {}).get(arch), (state.get("new") or {}).get(arch)
-            self.moves[arch] = moves if isinstance(moves, int) and moves >= 0 else 0
-            self._new[arch] = new if isinstance(new, int) and new >= 0 else 0
+            self.moves[arch] = moves if type(moves) is int and moves >= 0 else 0  # not a bool
+            self._new[arch] = new if type(new) is int and new >= 0 else 0
             q: deque[tuple[float, int, float]] = deque(maxlen=self.window)
             kept = (state.get("samples") or {}).get(arch)
             for x in kept[-self.window:] if isinstance(kept, list) else []:
-                if isinstance(x, list) and len(x) == 3 and all(_number(v) for v in x):
+                if isinstance(x, list) and len(x) == 3 and all(is_number(v) for v in x):
                     q.append((float(x[0]), int(x[1]), float(x[2])))
             if q:
                 self.samples[arch] = q
             f = (state.get("fits") or {}).get(arch)
-            if isinstance(f, list) and len(f) == len(fields(Fit)) and all(map(_number, f)):
+            if isinstance(f, list) and len(f) == len(fields(Fit)) and all(map(is_number, f)):
                 self.fits[arch] = Fit(*f)
-
-
-def _number(value: Any) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool) and \
-        math.isfinite(value)
 
 
 @dataclass(frozen=True)

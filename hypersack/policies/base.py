@@ -22,6 +22,7 @@ from dataclasses import dataclass, field, replace
 from types import MappingProxyType
 from typing import NamedTuple, Protocol
 
+from hypersack.core.bounds import is_number
 from hypersack.core.types import Demand, ceil_units, floor_units
 
 COMPUTE_SCALE = 100  # units per compute percent
@@ -374,8 +375,7 @@ def check_plan(items: Sequence[Item], cluster: ClusterView, plan: Plan) -> None:
     if not isinstance(plan.status, str):
         raise PlanError(f"status {plan.status!r} is not a string")
     t = plan.solve_time_s
-    if not (isinstance(t, (int, float)) and not isinstance(t, bool) and math.isfinite(t)
-            and t >= 0):
+    if not (is_number(t) and t >= 0):
         raise PlanError(f"solve time {t!r} is not a finite number of seconds")
     by_id = {it.id: it for it in items}
     if len(by_id) != len(items):

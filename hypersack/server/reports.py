@@ -6,7 +6,7 @@ from __future__ import annotations
 from pydantic import ValidationError
 
 from hypersack._proto.v1 import hypersack_pb2 as pb
-from hypersack.core.bounds import MAX_ITER_S
+from hypersack.core.bounds import iteration_timing
 from hypersack.core.errors import InvalidInput
 from hypersack.core.trial_env import OOM_EXIT_CODE
 from hypersack.core.validation import format_validation_error
@@ -37,10 +37,9 @@ def progress_event(node: str, m: pb.TrialMetrics) -> TrialProgress:
     latest MAX_STEPS_PER_MESSAGE, each step's metrics cleaned as the latest are)."""
     steps = tuple((int(s.step), clean_metrics(s.metrics))
                   for s in list(m.steps)[-MAX_STEPS_PER_MESSAGE:])
-    timed = 0 < m.iter_time_s <= MAX_ITER_S and 0 < m.iter_window_s <= 100 * MAX_ITER_S
+    iter_s, window_s = iteration_timing(m.iter_time_s, m.iter_window_s) or (0.0, 0.0)
     return TrialProgress(m.trial_id, node, int(m.step), clean_metrics(m.metrics), m.attempt,
-                         nonfinite_names(m.metrics), steps,
-                         m.iter_time_s if timed else 0.0, m.iter_window_s if timed else 0.0)
+                         nonfinite_names(m.metrics), steps, iter_s, window_s)
 
 
 def exit_event(node: str, e: pb.TrialExited) -> Event:

@@ -13,6 +13,7 @@ import pytest
 from hypersack._proto.v1 import hypersack_pb2 as pb
 from hypersack.agent import launcher
 from hypersack.agent.agent import Agent
+from hypersack.core.bounds import iteration_timing
 from hypersack.runner import sdk
 from hypersack.server.reports import progress_event
 
@@ -45,7 +46,7 @@ def test_reports_carry_the_median_seconds_per_iteration_since_the_last(
     (math.inf, 2.0), (1e6, 2.0), (10**400, 2.0), (1.0, -2.0), ([1.0], 2.0)])
 def test_the_agent_drops_timings_that_are_not_measurements(iter_s: object,
                                                            window_s: object) -> None:
-    assert launcher._timing(iter_s, window_s) is None
+    assert iteration_timing(iter_s, window_s) is None
 
 
 def test_the_agent_reads_a_timing_from_the_metrics_line_and_sends_it_once(

@@ -148,3 +148,18 @@ def test_in_the_simulator_half_the_saturation_is_learned_and_pays() -> None:
     assert learner.ratios["A100"] < 2.0 and learner.ratios["H100"] < 2.0
     warm = run(dict(learner.ratios), learner)
     assert warm < 0.8 * configured
+
+
+def test_a_saved_state_that_does_not_parse_is_left_out() -> None:
+    """What the store gave back is checked as a peer's input is: numbers past a float's
+    range, bools, NaN and wrong shapes are left out, not raised on."""
+    learner = RatioLearner({"A100": 3.0, "H100": 2.5})
+    learner.load({"configured": {"A100": 3.0, "H100": 2.5},
+                  "ratios": {"A100": 10**400, "H100": 2.0},
+                  "moves": {"H100": True}, "samples": {"H100": [[1e400, 2, 1.0],
+                                                                [100.0, 2, math.nan],
+                                                                [100.0, 2, 1.1], "x"]},
+                  "fits": {"H100": [1.0, 2.0]}}, {"A100": 3.0, "H100": 2.5})
+    assert learner.ratios == {"A100": 3.0, "H100": 2.0}
+    assert list(learner.samples["H100"]) == [(100.0, 2, 1.1)]
+    assert learner.moves["H100"] == 0 and "H100" not in learner.fits
