@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+from dataclasses import fields
 from pathlib import Path
 from typing import Any
 
@@ -353,9 +354,8 @@ def print_outcome(study: pb.Study, console: Console) -> None:
 def print_sharing(levels: list[pb.SharingLevel], console: Console) -> None:
     """How far each architecture is packed: configured, or learned and from what."""
     for lv in levels:
-        level = SharingLevel(lv.arch, lv.configured, lv.ratio, lv.learning, lv.samples,
-                             lv.needed, lv.contention, lv.saturation_pct, lv.moves,
-                             lv.queued or 1.0)
+        said = {f.name: getattr(lv, f.name) for f in fields(SharingLevel)}
+        level = SharingLevel(**{**said, "queued": lv.queued or 1.0})  # 0: an older server
         console.print(safe(level.describe()))
 
 

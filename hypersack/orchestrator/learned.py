@@ -28,7 +28,6 @@ from hypersack.orchestrator.journal import journaled
 from hypersack.orchestrator.sharing import RatioLearner, SharingLevel
 from hypersack.orchestrator.state import CoreState
 from hypersack.policies.base import COMPUTE_SCALE
-from hypersack.store.base import Store
 
 log = logging.getLogger(__name__)
 
@@ -99,8 +98,9 @@ class LearnedSharing:
     def transition(self, old: TrialRecord, new: TrialRecord) -> None:
         """A trial came to a GPU or left it: that GPU's load changed now (a listener of
         the book's transitions)."""
-        if old.state == new.state and (old.node, old.gpu_index) == (new.node, new.gpu_index):
-            return
+        if self.learner is None or (old.state == new.state and
+                                    (old.node, old.gpu_index) == (new.node, new.gpu_index)):
+            return  # learning off (nothing reads it), or nothing came or went
         now = self.s.clock.now()
         for t in (old, new):
             if t.state == TrialState.RUNNING and t.node is not None and \
@@ -132,7 +132,7 @@ class LearnedSharing:
             self._decided[arch] = now
             before = dict(learner.ratios), dict(learner.moves)
             moved = learner.decide(arch)
-            saved = self._save(self.s.store, now)
+            saved = self._save(now)
             if not saved:
                 learner.ratios, learner.moves = before
                 continue
@@ -144,7 +144,7 @@ class LearnedSharing:
         if not saved and now - self._saved_at >= every:
             # The samples since the last decision, kept once in a while too: a restart
             # loses at most this interval's.
-            self._save(self.s.store, now)
+            self._save(now)
 
     def _configured(self, arch: str) -> float:
         return self.configured.get(arch, self.s.config.default_ratio)
@@ -153,13 +153,13 @@ class LearnedSharing:
         assert self.learner is not None
         return dict(self.learner.ratios)
 
-    def _save(self, store: Store, now: float) -> bool:
+    def _save(self, now: float) -> bool:
         assert self.learner is not None
         self._saved_at = now
         state = {**self.learner.state(), "configured": {
             a: self._configured(a) for a in self.learner.ratios}}
         try:
-            store.put_setting(SETTING, json.dumps(state))
+            self.s.store.put_setting(SETTING, json.dumps(state))
         except Exception as exc:
             log.warning("the learned sharing level could not be stored (%s); it stays "
                         "where it was", str(exc)[:200])
@@ -188,11 +188,12 @@ class LearnedSharing:
         self.s.set_ratios(self._in_force())
 
     # ---------------------------------------------------------------- views
-    def levels(self, archs: list[str]) -> list[SharingLevel]:
-        """The ratio of each architecture named (the cluster's) and of each the learner
-        has samples of."""
+    def levels(self, archs: list[str] | None = None) -> list[SharingLevel]:
+        """The ratio of each architecture named (default: the cluster's) and of each the
+        learner has samples of."""
         learner = self.learner
-        names = sorted(set(archs) | {a for a, q in (learner.samples if learner else {}).items()
+        named = self.s.cluster.archs_of(list(self.s.cluster)) if archs is None else archs
+        names = sorted(set(named) | {a for a, q in (learner.samples if learner else {}).items()
                                      if q})
         out = []
         for arch in names:

@@ -17,8 +17,8 @@ is the largest within 1 % of the most progress the fit predicts in [low, high].
 Acting on an estimate needs `min_samples` samples; S is only known once some samples
 lie past it (otherwise the best ratio is at least the load seen, and the ratio steps up
 only if GPUs were packed as far as it lets: to 80 % of it, or with no room for one more
-trial). Each decision moves a ratio by at most `step`, so a
-bad estimate cannot swing the cluster. Pure: the caller feeds samples and applies the
+trial). Each decision moves a ratio by at most `step`, so a bad estimate cannot swing
+the cluster. Pure: the caller feeds samples and applies the
 ratios it returns (the simulator; the server through orchestrator/learned.py).
 """
 
@@ -68,9 +68,9 @@ SATURATION_GAIN = 1e-3
 def fit(samples: Sequence[tuple[float, int, float]]) -> Fit | None:
     """Least squares on log slowdown over a grid of (S, a), c in closed form for each
     (among equally good ones the largest a, then the smallest S), against contention
-    alone (no saturation):
-    S is only 'at least the largest load seen' unless saturation explains the samples
-    clearly better, and then `past_saturation` counts the samples past it."""
+    alone (no saturation): S is only 'at least the largest load seen' unless saturation
+    explains the samples clearly better, and then `past_saturation` counts the samples
+    past it."""
     usable = [(load, n, s) for load, n, s in samples
               if n >= 1 and load > 0 and s > 0 and math.isfinite(s) and math.isfinite(load)]
     if not usable:
@@ -163,8 +163,9 @@ class RatioLearner:
         current = self.ratios[arch]
         if f.past_saturation >= max(3, len(q) // 20):
             grid = [self.low + i * 0.05 for i in range(round((self.high - self.low) / 0.05) + 1)]
-            most = max(throughput(r, f) for r in grid)
-            target = max(r for r in grid if throughput(r, f) >= (1 - KNEE) * most)
+            progress = [throughput(r, f) for r in grid]
+            most = max(progress)
+            target = max(r for r, p in zip(grid, progress, strict=True) if p >= (1 - KNEE) * most)
         elif f.max_load_pct >= 0.8 * 100.0 * current or \
                 f.max_load_pct + f.mean_share_pct > 100.0 * current:
             # Packed as far as the ratio lets (to 80 % of it, or with no room for one more

@@ -89,7 +89,7 @@ class ServerCollector(Collector):
                 last[d.study_id] = d
             stats = dict(service.stats)
             decisions, decision_s = orch.decision_count, orch.decision_time_s
-            levels = orch.sharing.levels(sorted({g.arch for n in nodes for g in n.spec.gpus}))
+            levels = orch.sharing.levels()
 
         g = GaugeMetricFamily("hypersack_studies", "Studies by state", labels=["state"])
         per_state = collections.Counter(s.state for s in studies)

@@ -8,6 +8,7 @@ import json
 import logging
 from collections.abc import AsyncIterator, Callable, Iterator
 from concurrent import futures
+from dataclasses import asdict
 from functools import partial, wraps
 from typing import Any, TypeVar
 
@@ -403,12 +404,8 @@ def node_messages(service: SchedulerService) -> list[pb.Node]:
 def sharing_messages(service: SchedulerService) -> list[pb.SharingLevel]:
     """Each architecture's oversubscription ratio in force, and what it was learned from."""
     with service.locked():
-        archs = sorted({g.arch for rec in service.orch.nodes() for g in rec.spec.gpus})
-        levels = service.orch.sharing.levels(archs)
-    return [pb.SharingLevel(arch=lv.arch, configured=lv.configured, ratio=lv.ratio,
-                            learning=lv.learning, samples=lv.samples, needed=lv.needed,
-                            contention=lv.contention, saturation_pct=lv.saturation_pct,
-                            moves=lv.moves, queued=lv.queued) for lv in levels]
+        levels = service.orch.sharing.levels()
+    return [pb.SharingLevel(**asdict(lv)) for lv in levels]
 
 
 class AgentLinkServicer(pb_grpc.AgentLinkServicer):
