@@ -60,7 +60,8 @@ def done_epochs(server: HyperSackServer, study: str) -> float:
         return float(sum(h.step for h in server.service.orch.last_steps(study).values()))
 
 
-def one_run(ratio: float, learn: bool, args: argparse.Namespace) -> dict[str, Any]:
+def one_run(ratio: float, learn: bool, seconds: float, args: argparse.Namespace
+            ) -> dict[str, Any]:
     with tempfile.TemporaryDirectory(prefix="hs-learn-") as tmp:
         state = Path(tmp)
         settings = ServerSettings(
@@ -78,7 +79,10 @@ def one_run(ratio: float, learn: bool, args: argparse.Namespace) -> dict[str, An
         thread = threading.Thread(target=agent.run, daemon=True)
         thread.start()
         try:
+            deadline = time.monotonic() + 60.0
             while not ((s := server.service.sessions().get("local")) and s.connected):
+                if time.monotonic() > deadline or not thread.is_alive():
+                    raise SystemExit("the local agent did not register in 60 s")
                 time.sleep(0.05)
             lrs = [round(1e-4 * (i + 1), 6) for i in range(args.trials)]
             space = SPACE.format(lrs=json.dumps(lrs), epochs=args.epochs,
@@ -88,7 +92,7 @@ def one_run(ratio: float, learn: bool, args: argparse.Namespace) -> dict[str, An
                 start = time.monotonic()
                 timeline: list[tuple[float, float, int, float]] = []
                 at_warmup = None
-                while (elapsed := time.monotonic() - start) < args.seconds:
+                while (elapsed := time.monotonic() - start) < seconds:
                     counts = client.study(study).counts
                     with server.service.locked():
                         in_force = server.service.orch.s.config.ratio("A100", {})
@@ -98,7 +102,6 @@ def one_run(ratio: float, learn: bool, args: argparse.Namespace) -> dict[str, An
                         at_warmup = (elapsed, epochs)
                     time.sleep(2.0)
                 end = (time.monotonic() - start, done_epochs(server, study))
-                completed = client.study(study).counts.get("COMPLETED", 0)
                 levels = list(client.cluster().sharing)
                 client.cancel(study)
         finally:
@@ -114,10 +117,10 @@ def one_run(ratio: float, learn: bool, args: argparse.Namespace) -> dict[str, An
     running = [r for t, _, r, _ in timeline if t >= args.warmup]
     level = next((lv for lv in levels if lv.arch == "A100"), None)
     return {"start": ratio, "learn": learn, "per_min": per_min,
-            "completed": completed, "mean_running": sum(running) / max(1, len(running)),
+            "mean_running": sum(running) / max(1, len(running)),
             "final_ratio": timeline[-1][3], "timeline": timeline,
             "samples": level.samples if level else 0,
-            "fit": (level.contention, level.saturation_pct) if level else None}
+            "fit": (level.contention, level.saturation_pct, level.queued) if level else None}
 
 
 def main() -> None:
@@ -144,22 +147,20 @@ def main() -> None:
           f"{100 * args.busy:.0f} % computing; one fake A100 (48 declared cores)", flush=True)
     rows = []
     for r in args.sweep:
-        row = one_run(r, False, args)
+        row = one_run(r, False, args.seconds, args)
         rows.append(row)
         print(f"fixed {r:g}: {row['per_min']:.1f} trials/min, {row['mean_running']:.1f} "
               f"running on average", flush=True)
     best = max(rows, key=lambda x: x["per_min"]) if rows else None
-    seconds = args.seconds
-    args.seconds = args.learn_seconds
     for r in args.learn:
-        row = one_run(r, True, args)
+        row = one_run(r, True, args.learn_seconds, args)
         rows.append(row)
         path = " ".join(f"{t:.0f}s:{q:g}" for t, _, _, q in row["timeline"][::10])
         print(f"learned from {r:g}: {row['per_min']:.1f} trials/min after "
               f"{args.warmup:g} s, final ratio {row['final_ratio']:g} "
-              f"({row['samples']} samples, fit {row['fit']}); ratio over time: {path}",
+              f"({row['samples']} samples, fit (c, S, a) {row['fit']}); ratio over time: "
+              f"{path}",
               flush=True)
-    args.seconds = seconds
     if best is not None:
         print(f"\nbest fixed ratio {best['start']:g}: {best['per_min']:.1f} trials/min")
         for row in rows:
