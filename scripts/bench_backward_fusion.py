@@ -5,6 +5,7 @@ ratio fused / standard measured in the same run (rounds alternate, the median is
 
     python scripts/bench_backward_fusion.py
     python scripts/bench_backward_fusion.py --models resnet18 --optimizers adam --steps 20
+    python scripts/bench_backward_fusion.py --device cuda --precision bf16 --batch 128
 """
 
 from __future__ import annotations
@@ -36,18 +37,25 @@ def _batch(model: str, batch: int) -> tuple[torch.Tensor, torch.Tensor]:
             torch.randint(0, 10, (batch,), generator=g))
 
 
-def step_time(model_name: str, optimizer: str, fusion: str, batch: int, steps: int) -> float:
-    """Median seconds per training step (forward, backward, update)."""
+def step_time(model_name: str, optimizer: str, fusion: str, batch: int, steps: int,
+              device: torch.device, dtype: torch.dtype | None = None) -> float:
+    """Median seconds per training step (forward, backward, update; on a GPU, until the
+    device has finished it)."""
     torch.manual_seed(0)
-    model = zoo.build(model_name).train()
+    model = zoo.build(model_name).to(device).train()
     params: dict[str, Any] = {"optimizer": optimizer, "lr": 1e-3}
     stepper = Stepper(model, params, TrainOptions(optimizer_fusion=fusion),  # type: ignore[arg-type]
-                      torch.amp.GradScaler("cpu", enabled=False))
-    x, y = _batch(model_name, batch)
+                      torch.amp.GradScaler(device.type, enabled=False))
+    x, y = (t.to(device) for t in _batch(model_name, batch))
     times = []
     for i in range(steps + 2):
         t0 = time.perf_counter()
-        stepper.step(nn.functional.cross_entropy(model(x), y))
+        with torch.autocast(device.type, dtype=dtype or torch.bfloat16,
+                            enabled=dtype is not None):
+            out = model(x)
+        stepper.step(nn.functional.cross_entropy(out.float(), y))
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
         if i >= 2:  # two warm-up steps
             times.append(time.perf_counter() - t0)
     return statistics.median(times)
@@ -62,18 +70,27 @@ def main() -> int:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--threads", type=int, default=1,
                     help="torch threads (1: a trial sharing a node's cores)")
+    ap.add_argument("--device", default="cpu", help="cpu, or cuda (the first GPU)")
+    ap.add_argument("--precision", choices=["fp32", "bf16"], default="fp32",
+                    help="the forward pass under autocast in bf16, as the trainer runs it "
+                         "(fp16 is refused with backward fusion)")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
-    print(f"torch {torch.__version__}, {args.threads} thread(s), batch {args.batch}, "
-          f"median of {args.steps} steps, best round of {args.rounds}")
+    device = torch.device(args.device)
+    dtype = torch.bfloat16 if args.precision == "bf16" else None
+    where = torch.cuda.get_device_name(device) if device.type == "cuda" else "CPU"
+    print(f"torch {torch.__version__} on {where}, {args.precision}, {args.threads} thread(s), "
+          f"batch {args.batch}, median of {args.steps} steps, best round of {args.rounds}")
     print(f"{'model':<14}{'optimizer':<10}{'standard ms':>12}{'backward ms':>13}"
           f"{'ratio':>8}")
     for model in args.models.split(","):
         for opt in args.optimizers.split(","):
             std, bwd = [], []
             for _ in range(args.rounds):  # alternating: drift hits both the same
-                std.append(step_time(model, opt, "none", args.batch, args.steps))
-                bwd.append(step_time(model, opt, "backward", args.batch, args.steps))
+                std.append(step_time(model, opt, "none", args.batch, args.steps, device,
+                                     dtype))
+                bwd.append(step_time(model, opt, "backward", args.batch, args.steps, device,
+                                     dtype))
             s, b = min(std), min(bwd)
             print(f"{model:<14}{opt:<10}{1000 * s:>12.1f}{1000 * b:>13.1f}{b / s:>8.3f}")
     return 0

@@ -48,17 +48,18 @@ MLP = textwrap.dedent("""
     ap.add_argument("--epochs", type=int, default=9)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--samples", type=int, default=512)
+    ap.add_argument("--device", default="cpu")
     a = ap.parse_args()
 
-    def run(lr, epochs, seed, report, samples=512):
+    def run(lr, epochs, seed, report, samples=512, device="cpu"):
         g = torch.Generator().manual_seed(seed)
-        x = torch.randn(samples, 32, generator=g)
+        x = torch.randn(samples, 32, generator=g).to(device)
         y = (x[:, :4].sum(1) > 0).long()
-        vx = torch.randn(256, 32, generator=g)
+        vx = torch.randn(256, 32, generator=g).to(device)
         vy = (vx[:, :4].sum(1) > 0).long()
         torch.manual_seed(seed)
         model = torch.nn.Sequential(torch.nn.Linear(32, 256), torch.nn.ReLU(),
-                                    torch.nn.Linear(256, 2))
+                                    torch.nn.Linear(256, 2)).to(device)
         opt = torch.optim.SGD(model.parameters(), lr=lr, momentum=0.9)
         loss_fn = torch.nn.CrossEntropyLoss()
         for epoch in range(1, epochs + 1):
@@ -77,7 +78,7 @@ MLP = textwrap.dedent("""
 
     if __name__ == "__main__":
         run(a.lr, a.epochs, a.seed, lambda e, v: sdk.report(step=e, val_loss=v) and False,
-            a.samples)
+            a.samples, a.device)
 """)
 
 PLAIN = "from hypersack.runner import sdk\nsdk.report(step=1, loss=1.0)\n"
@@ -100,16 +101,16 @@ def first_report_s(job: Job, timeout_s: float = 60.0) -> float:
     raise RuntimeError(f"{job.id}: no report in {timeout_s} s")
 
 
-def part_start(repeats: int) -> None:
+def part_start(repeats: int, device: str = "cpu") -> None:
     print("time from launch to the first reported iteration (median of "
-          f"{repeats}), s")
+          f"{repeats}), s; the MLP on {device}")
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
         (root / "mlp.py").write_text(MLP)
         (root / "plain.py").write_text(PLAIN)
         for name, script, preload in (("torch MLP", "mlp.py", ("torch",)),
                                       ("plain Python", "plain.py", ())):
-            argv = [sys.executable, str(root / script), "--epochs", "1"] \
+            argv = [sys.executable, str(root / script), "--epochs", "1", "--device", device] \
                 if script == "mlp.py" else [sys.executable, str(root / script)]
             times: dict[str, list[float]] = {"cold": [], "warm": []}
             pool = WarmPool(root / "warm", str(root), None)
@@ -245,12 +246,14 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--trials", type=int, default=1000)
     ap.add_argument("--slots", type=int, default=48)
+    ap.add_argument("--device", default="cpu",
+                    help="where the start part's MLP trains (cuda: a CUDA context per trial)")
     ap.add_argument("--samples", type=int, default=16384,
                     help="training samples an epoch of the TPE + ASHA part's MLP")
     args = ap.parse_args()
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     if args.part in ("start", "all"):
-        part_start(args.repeats)
+        part_start(args.repeats, args.device)
     if args.part in ("tpe", "all"):
         part_tpe(args.seed, args.samples)
     if args.part in ("sleep", "all"):

@@ -28,12 +28,14 @@ import os
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from hypersack.agent.agent import Agent
-from hypersack.agent.devices import FakeBackend
+from hypersack.agent.devices import DeviceBackend, FakeBackend
 from hypersack.agent.guard import CommandPolicy
+from hypersack.agent.mps import MpsControl
 from hypersack.cli.client import Client
 from hypersack.server.app import HyperSackServer
 from hypersack.wire.settings import ServerSettings
@@ -60,12 +62,16 @@ def done_epochs(server: HyperSackServer, study: str) -> float:
         return float(sum(h.step for h in server.service.orch.last_steps(study).values()))
 
 
-def one_run(ratio: float, learn: bool, seconds: float, args: argparse.Namespace
-            ) -> dict[str, Any]:
+def one_run(ratio: float, learn: bool, seconds: float, args: argparse.Namespace, *,
+            backend: DeviceBackend | None = None, arch: str = "A100",
+            space: str | None = None, mps: Callable[[Path], MpsControl] | None = None,
+            watch: Callable[[Agent], None] | None = None) -> dict[str, Any]:
+    """One run of `seconds`: the sleep study on a fake A100 by default, or `space` on
+    `backend`'s devices (scripts/gpu_learned_ratio.py: a real GPU, with `mps`)."""
     with tempfile.TemporaryDirectory(prefix="hs-learn-") as tmp:
         state = Path(tmp)
         settings = ServerSettings(
-            listen="127.0.0.1:0", db=state / "run.db", oversubscription={"A100": ratio},
+            listen="127.0.0.1:0", db=state / "run.db", oversubscription={arch: ratio},
             heartbeat_interval_s=1.0, heartbeat_timeout_s=60.0, tick_interval_s=0.5,
             learn_ratio=learn, learn_ratio_max=args.max_ratio,
             learn_sample_every_s=args.sample_every_s,
@@ -73,9 +79,13 @@ def one_run(ratio: float, learn: bool, seconds: float, args: argparse.Namespace
             learn_settle_s=args.settle_s)
         server = HyperSackServer(settings)
         server.start()
-        agent = Agent(server.address, "local", FakeBackend("1xA100-80GB@48", node="local"),
+        backend = backend or FakeBackend("1xA100-80GB@48", node="local")
+        agent = Agent(server.address, "local", backend,
                       state / "work", poll_interval_s=0.1,
-                      commands=CommandPolicy.permissive(), inherit_env=True)
+                      commands=CommandPolicy.permissive(), inherit_env=True,
+                      mps=mps(state / "mps") if mps else None)
+        if watch is not None:
+            watch(agent)
         thread = threading.Thread(target=agent.run, daemon=True)
         thread.start()
         try:
@@ -84,18 +94,19 @@ def one_run(ratio: float, learn: bool, seconds: float, args: argparse.Namespace
                 if time.monotonic() > deadline or not thread.is_alive():
                     raise SystemExit("the local agent did not register in 60 s")
                 time.sleep(0.05)
-            lrs = [round(1e-4 * (i + 1), 6) for i in range(args.trials)]
-            space = SPACE.format(lrs=json.dumps(lrs), epochs=args.epochs,
-                                 epoch_s=args.epoch_s, busy=args.busy)
+            if space is None:
+                lrs = [round(1e-4 * (i + 1), 6) for i in range(args.trials)]
+                space = SPACE.format(lrs=json.dumps(lrs), epochs=args.epochs,
+                                     epoch_s=args.epoch_s, busy=args.busy)
             with Client(server.address) as client:
-                study = client.submit(space, "cpu-share.yaml").id
+                study = client.submit(space, "share.yaml").id
                 start = time.monotonic()
                 timeline: list[tuple[float, float, int, float]] = []
                 at_warmup = None
                 while (elapsed := time.monotonic() - start) < seconds:
                     counts = client.study(study).counts
                     with server.service.locked():
-                        in_force = server.service.orch.s.config.ratio("A100", {})
+                        in_force = server.service.orch.s.config.ratio(arch, {})
                     epochs = done_epochs(server, study)
                     timeline.append((elapsed, epochs, counts.get("RUNNING", 0), in_force))
                     if at_warmup is None and elapsed >= args.warmup:
@@ -115,7 +126,7 @@ def one_run(ratio: float, learn: bool, seconds: float, args: argparse.Namespace
     # trials' worth (a trial is `epochs` epochs).
     per_min = (end[1] - at_warmup[1]) / args.epochs / ((end[0] - at_warmup[0]) / 60.0)
     running = [r for t, _, r, _ in timeline if t >= args.warmup]
-    level = next((lv for lv in levels if lv.arch == "A100"), None)
+    level = next((lv for lv in levels if lv.arch == arch), None)
     return {"start": ratio, "learn": learn, "per_min": per_min,
             "mean_running": sum(running) / max(1, len(running)),
             "final_ratio": timeline[-1][3], "timeline": timeline,
@@ -123,8 +134,9 @@ def one_run(ratio: float, learn: bool, seconds: float, args: argparse.Namespace
             "fit": (level.contention, level.saturation_pct, level.queued) if level else None}
 
 
-def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def parser(doc: str) -> argparse.ArgumentParser:
+    """The runs' settings (scripts/gpu_learned_ratio.py takes the same)."""
+    p = argparse.ArgumentParser(description=doc.split("\n\n")[0])
     p.add_argument("--sweep", type=float, nargs="*", default=[1.0, 1.5, 2.0, 2.5, 3.0, 4.0])
     p.add_argument("--learn", type=float, nargs="*", default=[1.0, 4.0],
                    help="starting ratios of the learned runs")
@@ -141,7 +153,11 @@ def main() -> None:
     p.add_argument("--min-samples", type=int, default=10)
     p.add_argument("--settle-s", type=float, default=3.0,
                    help="no sample from the GPU this long after a trial came or went")
-    args = p.parse_args()
+    return p
+
+
+def main() -> None:
+    args = parser(__doc__).parse_args()
     logging.basicConfig(level=logging.WARNING)
     print(f"{os.cpu_count()} CPUs; trials: {args.epochs} epochs of {args.epoch_s:g} s solo, "
           f"{100 * args.busy:.0f} % computing; one fake A100 (48 declared cores)", flush=True)

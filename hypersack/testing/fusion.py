@@ -4,7 +4,11 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from torch import nn
+import torch
+from torch import Tensor, nn
+
+from hypersack.runner import amp
+from hypersack.runner.fused import Member
 
 
 def without_dropout(build: Callable[[], nn.Module]) -> Callable[[], nn.Module]:
@@ -19,3 +23,44 @@ def without_dropout(build: Callable[[], nn.Module]) -> Callable[[], nn.Module]:
                 m.dropout = 0.0
         return model
     return make
+
+
+def separate_amp_run(make: Callable[[], nn.Module], m: Member,
+                     batches: list[tuple[Tensor, Tensor]], optimizer: str, precision: str,
+                     init_scale: float = amp.INIT_SCALE,
+                     scale_at: dict[int, float] | None = None, device: str = "cpu"
+                     ) -> tuple[list[float], dict[str, Tensor], torch.amp.GradScaler]:
+    """One member trained as the plain trainer trains a trial, for `batches` on `device`:
+    autocast in `precision`, a GradScaler for fp16 (its scale set to `scale_at[i]` before
+    step i). Its losses, final state and scaler."""
+    torch.manual_seed(m.seed)
+    model = make().to(device).train()
+    opt: torch.optim.Optimizer
+    if optimizer == "sgd":
+        opt = torch.optim.SGD(model.parameters(), lr=m.lr, momentum=m.momentum,
+                              weight_decay=m.weight_decay)
+    else:
+        opt = torch.optim.Adam(model.parameters(), lr=m.lr, weight_decay=m.weight_decay)
+    kind = torch.device(device).type
+    scaler = torch.amp.GradScaler(kind, enabled=precision == "fp16", init_scale=init_scale)
+    losses = []
+    for i, (x, y) in enumerate(batches):
+        if scale_at and i in scale_at:
+            scaler.update(new_scale=scale_at[i])
+        opt.zero_grad(set_to_none=True)
+        with torch.autocast(kind, dtype=amp.dtype_of(precision) or torch.bfloat16,
+                            enabled=precision != "fp32"):
+            loss: Tensor = nn.functional.cross_entropy(model(x.to(device)).float(),
+                                                       y.to(device))
+        scaler.scale(loss).backward()
+        scaler.step(opt)
+        scaler.update()
+        losses.append(float(loss.detach()))
+    return losses, model.state_dict(), scaler
+
+
+def weight_gap(a: dict[str, Tensor], b: dict[str, Tensor]) -> float:
+    """The largest difference of any weight of two state dicts (running statistics
+    aside)."""
+    return max(float((a[n].cpu() - b[n].cpu()).abs().max()) for n in b
+               if b[n].is_floating_point() and "running" not in n)

@@ -21,6 +21,7 @@ F = nn.functional
 
 from hypersack.runner import amp, zoo  # noqa: E402
 from hypersack.runner.fused import FusedGroup, Member  # noqa: E402
+from hypersack.testing.fusion import separate_amp_run, weight_gap  # noqa: E402
 
 # The losses: torch.testing's relative tolerance for bf16 (fp16's own, 1e-3, is finer
 # than three steps of reduced precision keep: a separate fp16 run's losses are 1e-2 off
@@ -60,34 +61,6 @@ def _data(name: str) -> list[tuple[Any, Any]]:
             for _ in range(STEPS)]
 
 
-def _separate(make: Any, m: Member, batches: list[tuple[Any, Any]], optimizer: str,
-              precision: str, init_scale: float = amp.INIT_SCALE,
-              scale_at: dict[int, float] | None = None
-              ) -> tuple[list[float], dict[str, Any], Any]:
-    """One trial as the plain trainer runs it: autocast, a GradScaler for fp16 (its
-    scale set to `scale_at[i]` before step i)."""
-    torch.manual_seed(m.seed)
-    model = make().train()
-    if optimizer == "sgd":
-        opt = torch.optim.SGD(model.parameters(), lr=m.lr, momentum=m.momentum,
-                              weight_decay=m.weight_decay)
-    else:
-        opt = torch.optim.Adam(model.parameters(), lr=m.lr, weight_decay=m.weight_decay)
-    scaler = torch.amp.GradScaler("cpu", enabled=precision == "fp16", init_scale=init_scale)
-    losses = []
-    for i, (x, y) in enumerate(batches):
-        if scale_at and i in scale_at:
-            scaler.update(new_scale=scale_at[i])
-        opt.zero_grad(set_to_none=True)
-        with torch.autocast("cpu", dtype=amp.dtype_of(precision), enabled=precision != "fp32"):
-            loss = F.cross_entropy(model(x).float(), y)
-        scaler.scale(loss).backward()
-        scaler.step(opt)
-        scaler.update()
-        losses.append(float(loss.detach()))
-    return losses, model.state_dict(), scaler
-
-
 MEMBERS = [Member("m0", lr=0.02, momentum=0.9, seed=0),
            Member("m1", lr=0.01, momentum=0.5, weight_decay=1e-3, seed=1)]
 
@@ -102,13 +75,13 @@ def test_mixed_precision_members_equal_separate_amp_runs(name: str, optimizer: s
     group = FusedGroup(make, members, optimizer=optimizer, precision=precision)
     fused = [group.step(x, y).tolist() for x, y in batches]
     for k, m in enumerate(members):
-        losses, state, scaler = _separate(make, m, batches, optimizer, precision)
+        losses, state, scaler = separate_amp_run(make, m, batches, optimizer, precision)
         assert [row[k] for row in fused] == pytest.approx(losses, rel=LOSS_RTOL, abs=1e-5)
         # The weights: the fused member is as far from the float32 run as the separate
         # torch.amp run is (the precision's own error), not farther: fusion adds none.
-        _, exact, _ = _separate(make, m, batches, optimizer, "fp32")
-        amp_error = _gap(state, exact)
-        assert 0 < amp_error and _gap(group.member_state(k), exact) <= 1.5 * amp_error, \
+        _, exact, _ = separate_amp_run(make, m, batches, optimizer, "fp32")
+        amp_error = weight_gap(state, exact)
+        assert 0 < amp_error and weight_gap(group.member_state(k), exact) <= 1.5 * amp_error, \
             (name, precision, m.trial_id)
         if precision == "fp16":
             assert group.scales.state_dict(k) == scaler.state_dict()
@@ -144,25 +117,19 @@ def test_an_overflowing_fp16_member_skips_only_its_own_step(optimizer: str) -> N
     # Then it stepped again from its kept state (momentum, Adam's moments and step
     # count), as a separate run whose GradScaler skipped the same step did, and unlike
     # one that never skipped.
-    losses1, skipped, _ = _separate(make, members[1], batches, optimizer, "fp16",
+    losses1, skipped, _ = separate_amp_run(make, members[1], batches, optimizer, "fp16",
                                     scale_at=schedule)
-    _, never, _ = _separate(make, members[1], batches, optimizer, "fp16")
+    _, never, _ = separate_amp_run(make, members[1], batches, optimizer, "fp16")
     assert [row[1] for row in fused] == pytest.approx(losses1, rel=LOSS_RTOL)
     if optimizer == "sgd":
-        assert _gap(group.member_state(1), skipped) < 0.25 * _gap(never, skipped)
+        assert weight_gap(group.member_state(1), skipped) < 0.25 * weight_gap(never, skipped)
     else:  # Adam moves every weight by about lr a step, rounding too: its step counts
         steps = [float(group.member_checkpoint(k)[1][0]["step"]) for k in (0, 1)]
         assert steps == [3.0, 2.0]
     # Member 0 went on as its own separate run, its scale untouched.
-    losses0, _, scaler0 = _separate(make, members[0], batches, optimizer, "fp16")
+    losses0, _, scaler0 = separate_amp_run(make, members[0], batches, optimizer, "fp16")
     assert [row[0] for row in fused] == pytest.approx(losses0, rel=LOSS_RTOL, abs=1e-5)
     assert float(group.scales.scale[0]) == scaler0.get_scale() == amp.INIT_SCALE
-
-
-def _gap(a: dict[str, Any], b: dict[str, Any]) -> float:
-    """The largest difference of any weight (running statistics aside)."""
-    return max(float((a[n] - b[n]).abs().max()) for n in b
-               if b[n].is_floating_point() and "running" not in n)
 
 
 @pytest.mark.parametrize("precision", ["bf16", "fp16"])
@@ -173,7 +140,7 @@ def test_a_diverging_member_is_masked_in_mixed_precision(precision: str) -> None
     for x, y in batches:
         group.step(x, y)
     assert group.diverged == ["wild"] and group.running == ["m0"]
-    losses0, _, _ = _separate(make, MEMBERS[0], batches, "sgd", precision)
+    losses0, _, _ = separate_amp_run(make, MEMBERS[0], batches, "sgd", precision)
     group2 = FusedGroup(make, MEMBERS[:1], precision=precision)
     alone = [group2.step(x, y).tolist()[0] for x, y in batches]
     assert alone == pytest.approx(losses0, rel=LOSS_RTOL, abs=1e-5)

@@ -1,0 +1,86 @@
+#!/usr/bin/env bash
+# The checks that need a real NVIDIA GPU, in one run on a GPU machine, from the
+# repository's root:
+#
+#   bash scripts/gpu_checks.sh                 # every part
+#   bash scripts/gpu_checks.sh tests fused     # some parts
+#
+# Parts, each with its own time limit, each writing its whole output to $OUT/PART.log
+# (default /tmp/hypersack-gpu) and printing its last lines:
+#   env       the GPU, driver, PyTorch, MPS, and HyperSack's NVML backend
+#   tests     the `gpu`-marked tests (tests/gpu): MPS daemons, AMP fused groups, attention,
+#             backward fusion, and a search run through NVML end to end
+#   backward  backward-fused optimizer steps against the standard loop (step time)
+#   start     launch to first iteration of a CUDA trial, cold and warm
+#   fused     fused groups K=1..8 in fp32, bf16 and fp16 against separate processes, under MPS
+#   learned   the learned oversubscription ratio against a fixed 2.5 with MPS, and the
+#             relaunch delay of a real agent
+#
+# Python packages the machine lacks can be placed as wheels in .whl/: they are installed
+# beside its Python (in /tmp/hs-site), nothing else is touched. The GPU's settings are
+# never changed; MPS daemons are started for the parts that need them and stopped after.
+set -u
+cd "$(dirname "$0")/.."
+OUT=${OUT:-/tmp/hypersack-gpu}
+mkdir -p "$OUT"
+export PYTHONUNBUFFERED=1
+PY=${PYTHON:-python3}
+if compgen -G ".whl/*.whl" > /dev/null; then
+    "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+        --target /tmp/hs-site .whl/*.whl || exit 1
+    export PYTHONPATH="/tmp/hs-site:$PWD"
+else
+    export PYTHONPATH="$PWD"
+fi
+
+part() {  # NAME LIMIT_S COMMAND...
+    local name=$1 limit=$2 began=$SECONDS rc
+    shift 2
+    echo "== $name (limit ${limit} s)"
+    timeout -k 10 "$limit" "$@" > "$OUT/$name.log" 2>&1
+    rc=$?
+    tail -n 30 "$OUT/$name.log"
+    echo "== $name: rc=$rc in $((SECONDS - began)) s"
+}
+
+mps_on() {
+    export CUDA_MPS_PIPE_DIRECTORY=/tmp/hs-mps/pipe CUDA_MPS_LOG_DIRECTORY=/tmp/hs-mps/log
+    mkdir -p "$CUDA_MPS_PIPE_DIRECTORY" "$CUDA_MPS_LOG_DIRECTORY"
+    if nvidia-cuda-mps-control -d; then echo "MPS daemon on"; else echo "no MPS daemon"; fi
+}
+
+mps_off() {
+    echo quit | nvidia-cuda-mps-control 2> /dev/null
+    sleep 1
+    unset CUDA_MPS_PIPE_DIRECTORY CUDA_MPS_LOG_DIRECTORY
+}
+
+env_report() {
+    nvidia-smi --query-gpu=name,memory.total,driver_version,compute_mode --format=csv
+    command -v nvidia-cuda-mps-control || echo "nvidia-cuda-mps-control: not found"
+    nproc
+    "$PY" -c "import sys, torch; print(sys.version.split()[0], torch.__version__,
+torch.cuda.is_available(), torch.cuda.get_device_name())"
+    "$PY" -c "import hypersack.server.app, hypersack.agent.app
+from hypersack.agent.nvml import NvmlBackend
+print(NvmlBackend().devices())"
+}
+
+for p in ${*:-env tests backward start fused learned}; do
+    case $p in
+        env) export -f env_report; export PY; part env 60 bash -c env_report ;;
+        tests) part tests 240 "$PY" -m pytest -p no:cacheprovider -o addopts="-q" -rs \
+            --timeout 200 -m gpu tests/gpu ;;
+        backward) part backward 120 "$PY" scripts/bench_backward_fusion.py --device cuda \
+            --models resnet18,bert_tiny --optimizers sgd,adam --batch 64 --steps 20 --rounds 2 ;;
+        start) part start 150 "$PY" scripts/bench_trial_start.py --part start --device cuda \
+            --repeats 5 ;;
+        fused) mps_on
+            part fused 240 "$PY" scripts/bench_fused.py --device cuda --models resnet18 \
+                --precisions fp32,bf16,fp16 --widths 1,2,4,8 --batch 64 --steps 10 --warmup 2
+            mps_off ;;
+        learned) part learned 330 "$PY" scripts/gpu_learned_ratio.py --sweep 2.5 --learn 2.5 \
+            --seconds 90 --learn-seconds 130 --warmup 25 ;;
+        *) echo "unknown part $p (env tests backward start fused learned)"; exit 2 ;;
+    esac
+done
