@@ -6,6 +6,7 @@ ratio fused / standard measured in the same run (rounds alternate, the median is
     python scripts/bench_backward_fusion.py
     python scripts/bench_backward_fusion.py --models resnet18 --optimizers adam --steps 20
     python scripts/bench_backward_fusion.py --device cuda --precision bf16 --batch 128
+    python scripts/bench_backward_fusion.py --buckets 1,4,16   # 1: an optimizer call per parameter
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from torch import nn
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from hypersack.core.train_options import TrainOptions
-from hypersack.runner import zoo
+from hypersack.runner import backward, zoo
 from hypersack.runner.torch_train import Stepper
 
 
@@ -71,6 +72,9 @@ def main() -> int:
     ap.add_argument("--threads", type=int, default=1,
                     help="torch threads (1: a trial sharing a node's cores)")
     ap.add_argument("--device", default="cpu", help="cpu, or cuda (the first GPU)")
+    ap.add_argument("--buckets", default=str(backward.BUCKET_PARAMS),
+                    help="comma-separated parameters per bucket of the backward-fused loop, "
+                         "each timed (1: one optimizer call per parameter)")
     ap.add_argument("--precision", choices=["fp32", "bf16"], default="fp32",
                     help="the forward pass under autocast in bf16, as the trainer runs it "
                          "(fp16 is refused with backward fusion)")
@@ -81,18 +85,24 @@ def main() -> int:
     where = torch.cuda.get_device_name(device) if device.type == "cuda" else "CPU"
     print(f"torch {torch.__version__} on {where}, {args.precision}, {args.threads} thread(s), "
           f"batch {args.batch}, median of {args.steps} steps, best round of {args.rounds}")
-    print(f"{'model':<14}{'optimizer':<10}{'standard ms':>12}{'backward ms':>13}"
-          f"{'ratio':>8}")
+    sizes = [int(b) for b in args.buckets.split(",")]
+    print(f"{'model':<14}{'optimizer':<10}{'standard ms':>12}"
+          + "".join(f"{f'bucket {n} ms':>14}{'ratio':>7}" for n in sizes))
     for model in args.models.split(","):
         for opt in args.optimizers.split(","):
-            std, bwd = [], []
-            for _ in range(args.rounds):  # alternating: drift hits both the same
+            std: list[float] = []
+            bwd: dict[int, list[float]] = {n: [] for n in sizes}
+            for _ in range(args.rounds):  # alternating: drift hits each the same
                 std.append(step_time(model, opt, "none", args.batch, args.steps, device,
                                      dtype))
-                bwd.append(step_time(model, opt, "backward", args.batch, args.steps, device,
-                                     dtype))
-            s, b = min(std), min(bwd)
-            print(f"{model:<14}{opt:<10}{1000 * s:>12.1f}{1000 * b:>13.1f}{b / s:>8.3f}")
+                for n in sizes:
+                    backward.BUCKET_PARAMS = n
+                    bwd[n].append(step_time(model, opt, "backward", args.batch, args.steps,
+                                            device, dtype))
+            s = min(std)
+            print(f"{model:<14}{opt:<10}{1000 * s:>12.1f}"
+                  + "".join(f"{1000 * min(bwd[n]):>14.1f}{min(bwd[n]) / s:>7.3f}"
+                            for n in sizes))
     return 0
 
 

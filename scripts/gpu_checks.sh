@@ -72,7 +72,8 @@ for p in ${*:-env tests backward start fused learned}; do
         tests) part tests 240 "$PY" -m pytest -p no:cacheprovider -o addopts="-q" -rs \
             --timeout 200 -m gpu tests/gpu ;;
         backward) part backward 120 "$PY" scripts/bench_backward_fusion.py --device cuda \
-            --models resnet18,bert_tiny --optimizers sgd,adam --batch 64 --steps 20 --rounds 2 ;;
+            --models resnet18,bert_tiny --optimizers sgd,adam --batch 64 --steps 20 --rounds 2 \
+            --buckets 1,4,16 ;;
         start) part start 150 "$PY" scripts/bench_trial_start.py --part start --device cuda \
             --repeats 5 ;;
         fused) mps_on

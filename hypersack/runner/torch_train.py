@@ -93,6 +93,7 @@ class Stepper:
     def step(self, loss: Tensor) -> None:
         if self.fused is not None:
             loss.backward()  # every parameter is updated on the way
+            self.fused.finish()  # or here, in a bucket that a parameter left open
             return
         self.optimizer.zero_grad(set_to_none=True)
         self.scaler.scale(loss).backward()

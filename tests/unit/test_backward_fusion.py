@@ -92,6 +92,51 @@ def test_backward_fusion_trains_the_weights_the_standard_loop_does(
     assert float((untouched.head.weight - fused.head.weight).detach().abs().max()) > 1e-4
 
 
+class WithUnused(Net):
+    """Net and a layer the loss never reaches: its parameters get no gradient."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.unused = nn.Linear(3, 3)
+
+
+@pytest.mark.parametrize("bucket", [1, 3, 100])
+def test_buckets_update_once_their_gradients_are_final(bucket: int) -> None:
+    from hypersack.runner.backward import BackwardFused
+
+    def adam(params: Any) -> Any:
+        return torch.optim.Adam(params, lr=0.01, weight_decay=1e-3)
+
+    torch.manual_seed(0)
+    ref = WithUnused().double()
+    torch.manual_seed(0)
+    model = WithUnused().double()
+    opt = adam(ref.parameters())
+    fused = BackwardFused(model.parameters(), adam, bucket_params=bucket)
+    used = len(list(Net().parameters()))
+    # The unused layer's two parameters come last: the first bucket backward fills
+    # holds them, and only that bucket waits for finish().
+    waiting = max(0, min(bucket, len(fused.params)) - 2)
+    for x, y in _batches():
+        opt.zero_grad()
+        nn.functional.cross_entropy(ref(x), y).backward()
+        opt.step()
+        before = fused.updates
+        nn.functional.cross_entropy(model(x), y).backward()
+        assert fused.updates - before == used - waiting  # during the backward pass
+        fused.finish()
+        assert fused.updates - before == used
+    assert max(float((a - b).abs().max()) for a, b in
+               zip(ref.state_dict().values(), model.state_dict().values(), strict=True)) <= 1e-9
+    assert all(p.grad is None for p in model.parameters())
+    # Saved in one optimizer's form, which torch.optim and other bucket sizes load.
+    saved = fused.state_dict()
+    assert saved["state"].keys() == opt.state_dict()["state"].keys()
+    other = BackwardFused(WithUnused().double().parameters(), adam, bucket_params=2)
+    other.load_state_dict(saved)
+    assert other.state_dict()["state"].keys() == saved["state"].keys()
+
+
 def test_clip_grad_value_takes_effect() -> None:
     # A tiny bound changes the result, so both loops above really clip.
     free, _ = _train(HYPER["sgd"], {})
