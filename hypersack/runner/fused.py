@@ -86,6 +86,7 @@ class FusedGroup:
         k = len(self.members)
         on = device or torch.device("cpu")
         self.alive = torch.ones(k, dtype=torch.bool, device=on)
+        self._alive_list: list[bool] | None = [True] * k  # the host's copy (None: stale)
         self.device_type = on.type
         self.scales = amp.LossScales(k, precision == "fp16", on)
         # Each member's optimizer steps taken (Adam's bias correction): a member that
@@ -111,21 +112,28 @@ class FusedGroup:
     def width(self) -> int:
         return len(self.members)
 
+    def _alive(self) -> list[bool]:
+        """Which members are live, read from the device only when the last step could
+        not tell (a trial process asks after every step)."""
+        if self._alive_list is None:
+            self._alive_list = [bool(a) for a in self.alive.tolist()]
+        return self._alive_list
+
     @property
     def diverged(self) -> list[str]:
-        return [m.trial_id for m, ok in zip(self.members, self.alive.tolist(), strict=True)
+        return [m.trial_id for m, ok in zip(self.members, self._alive(), strict=True)
                 if not ok and m.trial_id not in self.stopped]
 
     @property
     def running(self) -> list[str]:
-        return [m.trial_id for m, ok in zip(self.members, self.alive.tolist(), strict=True)
-                if ok]
+        return [m.trial_id for m, ok in zip(self.members, self._alive(), strict=True) if ok]
 
     def stop(self, trial_id: str) -> None:
         """Stop one member (early stopping, a cancelled trial): its updates end here and
         the others go on."""
         index = next(i for i, m in enumerate(self.members) if m.trial_id == trial_id)
         self.alive[index] = False
+        self._alive_list = None
         self.stopped.add(trial_id)
 
     def evaluate(self, x: Tensor, y: Tensor) -> list[dict[str, float]]:
@@ -213,10 +221,18 @@ class FusedGroup:
         else:
             overflowed = torch.zeros_like(finite_loss)
             self.alive &= finite_loss & finite_grads
-        with torch.no_grad():
-            for n, saved in before.items():
-                self.buffers[n][~self.alive] = saved[~self.alive]
         stepping = self.alive & ~overflowed
+        # The step's one wait for the device: does every member step? (A boolean mask
+        # as an index waits too, once per tensor: on a GPU each wait stops the host
+        # from queueing work ahead, so masks below are applied with torch.where.)
+        every = bool(stepping.all())
+        self._alive_list = [True] * k if every else None
+        if not every:
+            with torch.no_grad():
+                for n, saved in before.items():
+                    buf = self.buffers[n]
+                    keep = self.alive.view((k,) + (1,) * (buf.dim() - 1))
+                    buf.copy_(torch.where(keep, buf, saved))
         self.scales.update(overflowed, self.alive)
         self._t += stepping.to(self._t.dtype)
         live = stepping.to(g[0].dtype)
@@ -225,7 +241,7 @@ class FusedGroup:
         scale = torch.where(stepping, scale, torch.zeros_like(scale))
         # Every member steps with finite gradients (a finite norm says so), no norm to
         # clip: nothing to mask or scale, and a pass over every gradient saved.
-        plain = bool(stepping.all()) and not self._clipping
+        plain = every and not self._clipping
         with torch.no_grad():
             p = [self.params[n] for n in names]
             if not plain:
@@ -235,20 +251,19 @@ class FusedGroup:
                 for t in g:
                     t.clamp_(-self.clip_value, self.clip_value)
             if self.optimizer == "sgd":
-                self._sgd(p, g, shape, live)
+                self._sgd(p, g, shape, live, every)
             else:
-                self._adam(p, g, shape, live)
-        out: Tensor = losses.detach().clone()
-        out[~self.alive] = math.nan
-        return out
+                self._adam(p, g, shape, live, every)
+        out: Tensor = losses.detach()
+        return torch.where(self.alive, out, torch.full_like(out, math.nan))
 
     def _sgd(self, p: list[Tensor], g: list[Tensor], shape: list[tuple[int, ...]],
-             live: Tensor) -> None:
+             live: Tensor, every: bool) -> None:
         # SGD with momentum and weight decay, as torch.optim.SGD does it, with each
         # member's factors broadcast along its slice: d = g + wd p; v = m v + d;
         # p -= lr v. A member that does not step has lr 0, a zero gradient and its
         # velocity kept (torch.amp skips the whole step).
-        if self._decaying or not bool(live.all()):  # else it adds zeros
+        if self._decaying or not every:  # else it adds zeros
             torch._foreach_add_(g, torch._foreach_mul(p, [(self._decay * live).view(s)
                                                           for s in shape]))
         keep = self._momentum * live + (1 - live)
@@ -258,7 +273,7 @@ class FusedGroup:
                                                   [(self._lr * live).view(s) for s in shape]))
 
     def _adam(self, p: list[Tensor], g: list[Tensor], shape: list[tuple[int, ...]],
-              live: Tensor) -> None:
+              live: Tensor, every: bool) -> None:
         # Adam and AdamW as torch.optim computes them (not amsgrad), per member:
         #   adam:  g += wd p          adamw: p *= 1 - lr wd
         #   m = b1 m + (1 - b1) g;  v = b2 v + (1 - b2) g^2
@@ -266,7 +281,7 @@ class FusedGroup:
         # A masked member's moments stay as they were and its step is 0.
         t = self._t.to(self._beta1.dtype)
         decay = self._decay * live
-        if not self._decaying and bool(live.all()):
+        if not self._decaying and every:
             pass  # no decay: it would add zeros, or multiply by ones
         elif self.optimizer == "adam":
             torch._foreach_add_(g, torch._foreach_mul(p, [decay.view(s) for s in shape]))

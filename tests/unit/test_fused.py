@@ -188,6 +188,24 @@ def test_a_nan_member_is_masked_and_the_others_go_on(float64: None) -> None:
     assert torch.isfinite(group.params[other][1]).all()
 
 
+def test_a_diverged_members_batch_norm_statistics_stay_as_they_were(float64: None) -> None:
+    """Its running statistics are put back after the step it diverged in and every
+    later one (it still rides along in the vmapped pass); the others' keep moving."""
+    make, batches = no_dropout("resnet18"), data("resnet18")
+    group = FusedGroup(make, MEMBERS[:2])
+    group.step(*batches[0])
+    kept = {n: t[1].clone() for n, t in group.buffers.items()}
+    moving = {n: t[0].clone() for n, t in group.buffers.items()}
+    name = next(iter(group.params))
+    group.params[name][1].fill_(math.nan)
+    for x, y in batches[1:]:
+        group.step(x, y)
+    assert group.diverged == ["t1"]
+    assert all(torch.equal(group.buffers[n][1], v) for n, v in kept.items())
+    stats = [n for n in kept if "running_mean" in n]
+    assert stats and all(not torch.equal(group.buffers[n][0], moving[n]) for n in stats)
+
+
 def test_members_stop_alone_and_evaluate_like_separate_models(float64: None) -> None:
     make, batches = no_dropout("resnet18"), data("resnet18")
     group = FusedGroup(make, MEMBERS[:3])
