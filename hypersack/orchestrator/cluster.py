@@ -111,6 +111,11 @@ class ClusterState:
         self._nodes: dict[str, Node] = journaled(journal)
         # node name -> (the Node object, its version, its GPUs' scaled capacities, its bins)
         self._bins: dict[str, tuple[Node, int, tuple[int, ...], NodeBin]] = {}
+        # The open nodes by name and their architectures: asked by every decision cycle
+        # (hundreds a second at a thousand nodes), changed only when a node joins,
+        # leaves or drains, or a batch is undone.
+        self._open: tuple[list[Node], frozenset[str], int] | None = None
+        journal.on_rollback(self._membership_changed)
 
     # ----------------------------------------------------------------- membership
     def __contains__(self, name: object) -> bool:
@@ -138,6 +143,7 @@ class ClusterState:
 
     def add(self, record: NodeRecord, last_seen: float) -> Node:
         node = self._nodes[record.spec.name] = Node.of(record, last_seen)
+        self._membership_changed()
         return node
 
     def remove(self, name: str) -> Node:
@@ -145,7 +151,16 @@ class ClusterState:
         self.touch(node)
         del self._nodes[name]
         self._bins.pop(name, None)
+        self._membership_changed()
         return node
+
+    def set_draining(self, node: Node, draining: bool) -> None:
+        self.touch(node)
+        node.draining = draining
+        self._membership_changed()
+
+    def _membership_changed(self) -> None:
+        self._open = None
 
     def touch(self, node: Node) -> None:
         """Call before changing a node in place."""
@@ -165,9 +180,23 @@ class ClusterState:
         """The GPU architectures these nodes have."""
         return frozenset().union(*[n.archs() for n in nodes])
 
+    def _opened(self) -> tuple[list[Node], frozenset[str], int]:
+        if self._open is None:
+            nodes = [n for _, n in sorted(self._nodes.items()) if not n.draining]
+            self._open = nodes, self.archs_of(nodes), sum(len(n.gpus) for n in nodes)
+        return self._open
+
     def open_nodes(self) -> list[Node]:
-        """Nodes that take new work, by name."""
-        return [n for _, n in sorted(self._nodes.items()) if not n.draining]
+        """Nodes that take new work, by name (a list of the caller's own)."""
+        return list(self._opened()[0])
+
+    def open_archs(self) -> frozenset[str]:
+        """The open nodes' GPU architectures."""
+        return self._opened()[1]
+
+    def open_gpus(self) -> int:
+        """How many GPUs the open nodes have."""
+        return self._opened()[2]
 
     def largest_memory_mib(self) -> int:
         return max((g.memory_mib for n in self._nodes.values() for g in n.gpus.values()),

@@ -63,7 +63,7 @@ class Decider:
         commands: list[Command] = []
         claims, quotas = self.claims(active)
         cycle = CycleState(claims, quotas)
-        capacity = float(sum(len(n.gpus) for n in open_nodes))
+        capacity = float(self.s.cluster.open_gpus())  # open_nodes' GPUs, counted once
         above = 0.0  # what studies of higher priority hold
         reserved = cycle.reserved
 
@@ -207,13 +207,13 @@ class Decider:
         share (`room`, GPU-equivalents; None: no bound) or its user's quota wait. Returns
         the launches and whether the share stopped them short. `closed`: GPUs reserved
         for other studies, where it places nothing."""
+        pending = self.book.pending_of(claim.study_id)
+        if not pending:  # before the view: at a thousand nodes that costs milliseconds
+            claim.pending = False
+            return [], False
         space = self.s.spaces[claim.study_id]
         open_nodes = self.s.nodes_for(claim.study_id, open_nodes)
         view = _closed(self.s.cluster.view(open_nodes, space.settings.oversubscription), closed)
-        pending = self.book.pending_of(claim.study_id)
-        if not pending:
-            claim.pending = False
-            return [], False
         fused: dict[str, _Fused] = {}
         alone = pending
         if self.s.fusion_on(space):

@@ -59,8 +59,7 @@ class Membership:
 
     def on_drained(self, event: NodeDrained) -> list[Command]:
         node = self.s.cluster.live(event.node)
-        self.s.cluster.touch(node)
-        node.draining = event.draining
+        self.s.cluster.set_draining(node, event.draining)
         self.s.store.put_node(node.record())
         return [] if event.draining else self.s.decide()
 

@@ -395,7 +395,7 @@ class Orchestrator:
         s.decide_again = False
         commands: list[Command] = []
         open_nodes = s.cluster.open_nodes()
-        archs = s.cluster.archs_of(open_nodes)
+        archs = s.cluster.open_archs()
         active = [study for study in self.book.studies() if study.state == StudyState.ACTIVE]
         if open_nodes:
             self.searches.ask(active, open_nodes, archs)

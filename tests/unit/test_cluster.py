@@ -79,3 +79,38 @@ def test_the_cached_view_follows_every_change_rollback_and_ratio() -> None:
     assert free({"A100": 2.0})[0][0] == 20000 - 4000 and free()[0][0] == 30000 - 4000
     state.seen(node, 5.0)  # a heartbeat changes nothing the view shows
     assert free() == after
+
+
+def test_the_open_nodes_follow_joins_leaves_drains_and_rollbacks() -> None:
+    # Kept between decision cycles (a thousand nodes sorted hundreds of times a second
+    # cost a third of the server's core): never stale after a change or an undo.
+    from hypersack.core.types import NodeRecord
+    from hypersack.orchestrator.cluster import ClusterState
+    from hypersack.orchestrator.journal import Journal
+
+    journal = Journal()
+    state = ClusterState(journal, lambda arch, study: study.get(arch, 3.0))
+    a, b = parse_shorthand("1x2xA100-80GB@16,1x2xH100-80GB@16").nodes
+
+    def names() -> list[str]:
+        return [n.name for n in state.open_nodes()]
+
+    state.add(NodeRecord(spec=b), 0.0)
+    assert names() == ["node1"] and state.open_archs() == {"H100"}
+    state.add(NodeRecord(spec=a), 0.0)
+    assert names() == ["node0", "node1"] and state.open_archs() == {"A100", "H100"}
+    assert state.open_gpus() == 4
+    state.open_nodes().clear()  # the caller's own list
+    assert names() == ["node0", "node1"]
+    journal.begin()
+    mark = journal.mark()
+    state.set_draining(state.live("node1"), True)
+    assert names() == ["node0"] and state.open_archs() == {"A100"} and state.open_gpus() == 2
+    journal.rollback_to(mark)  # the batch that drained it is undone
+    assert names() == ["node0", "node1"] and state.open_archs() == {"A100", "H100"}
+    mark = journal.mark()
+    state.remove("node0")
+    assert names() == ["node1"]
+    journal.rollback_to(mark)
+    journal.end()
+    assert names() == ["node0", "node1"]

@@ -66,3 +66,49 @@ def test_a_launch_on_its_way_is_not_missing_and_a_lost_one_is(tmp_path: Path,
     finally:
         svc.stop()
         store.close()
+
+
+def test_a_repeated_heartbeat_list_is_cleaned_once_and_a_changed_one_is_read(
+        tmp_path: Path) -> None:
+    """Heartbeats repeat a node's list (a thousand nodes send a thousand a second): its
+    cleaned form is reused while the list's bytes repeat, whatever the GPU readings and
+    the sequence number say; a list that changes (a higher peak) is read again."""
+    clock = ManualClock(1000.0)
+    store = profiled_store(tmp_path / "s.db")
+    svc = SchedulerService(store, OrchestratorConfig(), clock=clock, tick_interval_s=0.05)
+    svc.start()
+    beats = [0]
+
+    def beat(peak_mib: int, util: float) -> None:
+        beats[0] += 1
+        svc.agent_message(session, pb.AgentMessage(heartbeat=pb.Heartbeat(
+            seq=beats[0], processed=session.queued,
+            gpus=[pb.GpuState(index=0, utilization_pct=util, memory_used_mib=peak_mib)],
+            running=[pb.RunningTrial(trial_id=tid, gpu_index=0, attempt=1,
+                                     peak_memory_mib=peak_mib, peak_utilization_pct=20.0)])))
+        wait(lambda: svc.stats["heartbeats"] >= beats[0])
+
+    try:
+        session = svc.register(ONE_A100)
+        svc.submit(SPACE, "tiny.yaml")
+        wait(lambda: session.queued >= 2)
+        with svc.locked():
+            (t,) = svc.orch.trials()
+        tid = t.id
+        beat(1000, 10.0)
+        first = session.beat_running
+        assert [r.peak_memory_mib for r in first] == [1000]
+        beat(1000, 90.0)  # other GPU readings and sequence number, the same list
+        assert session.beat_running is first
+        beat(3000, 90.0)  # a higher peak: read again, and the server sees it
+        assert [r.peak_memory_mib for r in session.beat_running] == [3000]
+
+        def observed() -> int:
+            with svc.locked():
+                seen = svc.orch.s.observed.get(tid)
+            return seen[1] if seen else 0
+
+        wait(lambda: observed() == 3000)
+    finally:
+        svc.stop()
+        store.close()
