@@ -59,6 +59,10 @@ class Node:
     # view keeps each node's bins until it changes.
     version: int = 0
     _archs: tuple[str, ...] | None = None
+    # Its last heartbeat that changed nothing and found nothing missing, and its version
+    # then: the same list again, with the node unchanged, would change nothing either
+    # (see Membership.reconcile).
+    quiet: tuple[int, tuple[Any, ...]] | None = None
 
     def save(self) -> tuple[Any, ...]:
         """What the journal keeps to undo changes made in place. Not `last_seen`: that a

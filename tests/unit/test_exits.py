@@ -94,6 +94,41 @@ def test_a_trial_left_out_of_heartbeats_past_the_grace_runs_again() -> None:
     assert orch.trial(b).state == TrialState.RUNNING
 
 
+def test_a_repeated_quiet_heartbeat_is_skipped_and_any_change_is_reconciled() -> None:
+    """A node's heartbeat that repeats its last list, with nothing changed on the node
+    since, is not reconciled again (a thousand a second at a thousand nodes); a change
+    on either side is: a trial the server thinks runs there, a trial it does not know,
+    and what another event changed on the node."""
+    clock = ManualClock(100.0)
+    orch = _orchestrator(clock, grace_s=10.0)
+    a, b = (c.trial_id for c in launched(orch.handle(StudySubmitted(_space(n=2)))))
+    both = (RunningTrial(a, 0, attempt=1), RunningTrial(b, 0, attempt=1))
+    node = orch.s.cluster.live("node0")
+    assert orch.handle(Heartbeat("node0", both)) == []
+    quiet = node.quiet
+    assert quiet is not None and quiet[1] == both
+    assert orch.handle(Heartbeat("node0", both)) == []
+    assert node.quiet == quiet  # skipped: nothing to do, nothing recomputed
+    # The node changes (b fails and runs again, attempt 2, there): the same list is
+    # reconciled again, and b's first attempt, listed still, is killed.
+    orch.handle(TrialFailed(b, "node0", 1, "boom", attempt=1))
+    assert orch.trial(b).launches == 2
+    kills = orch.handle(Heartbeat("node0", both))
+    assert [(k.trial_id, k.attempt) for k in kills] == [(b, 1)]
+    # An unknown trial listed: killed, and killed again at each heartbeat that lists it.
+    ghost = both[:1] + (RunningTrial(b, 0, attempt=2), RunningTrial("ghost", 0, attempt=1))
+    for _ in range(2):
+        kills = orch.handle(Heartbeat("node0", ghost))
+        assert [k.trial_id for k in kills] == ["ghost"]
+    # b's second attempt, which the node then leaves out, is found missing past the
+    # grace, however alike the heartbeats are.
+    for _ in range(3):
+        assert orch.handle(Heartbeat("node0", both[:1])) == []
+    clock.advance(10.5)
+    orch.handle(Heartbeat("node0", both[:1]))
+    assert orch.trial(b).launches == 3
+
+
 def _until(what: Callable[[], object]) -> None:
     wait(what, 30.0)
 
