@@ -605,9 +605,12 @@ class Agent:
                 trial_id=m.trial_id, exit_code=127, log_tail=f"cannot launch: {exc}",
                 attempt=m.attempt)), m.gpu_index)
             return
+        # Its fence first: until the watchdog runs, an agent frozen now (SIGSTOP, a
+        # stalled disk under the record's write) would leave the trial running unfenced
+        # while the server runs it elsewhere.
+        self._guard(job)
         if job.proc is not None:
             self.records.add(job.key, job.proc.pid, job.attempt)
-        self._guard(job)
         with self.jobs_lock:
             self.jobs[job.key] = job
         log.info("launched %s (attempt %d) on device %d%s: %s", m.trial_id, m.attempt,
@@ -694,9 +697,9 @@ class Agent:
                     trial_id=m.trial_id, exit_code=127, log_tail=f"cannot launch: {exc}",
                     attempt=m.attempt)), g.gpu_index)
             return
+        self._guard(process)  # its fence first, as a trial's (_launch)
         if process.proc is not None:
             self.records.add(process.key, process.proc.pid, 0)
-        self._guard(process)
         with self.jobs_lock:
             self.groups[process.key] = process
             for j in jobs:
