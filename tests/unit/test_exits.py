@@ -116,7 +116,7 @@ def test_a_repeated_quiet_heartbeat_is_skipped_and_any_change_is_reconciled() ->
     kills = orch.handle(Heartbeat("node0", both))
     assert [(k.trial_id, k.attempt) for k in kills] == [(b, 1)]
     # An unknown trial listed: killed, and killed again at each heartbeat that lists it.
-    ghost = both[:1] + (RunningTrial(b, 0, attempt=2), RunningTrial("ghost", 0, attempt=1))
+    ghost = (*both[:1], RunningTrial(b, 0, attempt=2), RunningTrial("ghost", 0, attempt=1))
     for _ in range(2):
         kills = orch.handle(Heartbeat("node0", ghost))
         assert [k.trial_id for k in kills] == ["ghost"]
