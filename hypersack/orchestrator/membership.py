@@ -164,10 +164,12 @@ class Membership:
                         node.spec.name, unknown, UNKNOWN_KILLS_PER_REPORT)
         now = self.s.clock.now()
         requeued = False
+        left_out = False  # a trial of ours it does not list: missing, or requeued now
         for tid in reported & self.s.missing.keys():
             del self.s.missing[tid]
         for gpu in node.gpus.values():
             for tid in sorted(gpu.trials - reported):
+                left_out = True
                 if not joined:
                     since = self.s.missing.setdefault(tid, now)
                     if now - since <= self.s.config.missing_grace_s:
@@ -180,8 +182,7 @@ class Membership:
                 requeued = True
         if requeued and not joined:  # a join decides anyway
             commands += self.s.decide()
-        if not commands and not requeued and not any(
-                tid in self.s.missing for gpu in node.gpus.values() for tid in gpu.trials):
+        if not commands and not left_out:
             node.quiet = (node.version, running)
         return commands
 
