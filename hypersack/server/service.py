@@ -23,7 +23,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from hypersack._proto.v1 import hypersack_pb2 as pb
-from hypersack.core.bounds import MAX_COMPUTE_PCT, MAX_MEMORY_MIB, clamp
+from hypersack.core.bounds import clamp
 from hypersack.core.clock import Clock, SystemClock
 from hypersack.core.errors import (
     AlreadyExists,
@@ -81,6 +81,7 @@ from hypersack.wire.convert import (
     ack_id,
     clean_memory,
     clean_percent,
+    clean_running,
     key_to_pb,
     node_from_register,
     program_to_pb,
@@ -778,15 +779,7 @@ class SchedulerService:
             listed = hb.SerializeToString()  # the list alone
             if listed != session.beat_listed:
                 session.beat_listed = listed
-                # A value in bounds is what clean_memory / clean_percent return for it: those
-                # (all, from a sound agent) skip the calls; the others are cleaned.
-                session.beat_running = tuple([
-                    RunningTrial(r.trial_id, r.gpu_index,
-                                 m if 0 <= (m := r.peak_memory_mib) <= MAX_MEMORY_MIB
-                                 else clean_memory(m),
-                                 u if 0.0 <= (u := r.peak_utilization_pct) <= MAX_COMPUTE_PCT
-                                 else clean_percent(u), r.attempt)
-                    for r in hb.running])
+                session.beat_running = clean_running(hb.running, RunningTrial)
             running = session.beat_running
             # Launches the agent had not yet handled when it listed what runs: on their
             # way, not missing (under load the server's queue to it may lag seconds).

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any, TypeVar
 
 from hypersack._proto.v1 import hypersack_pb2 as pb
 from hypersack.core.bounds import MAX_COMPUTE_PCT, MAX_GPUS_PER_NODE, MAX_MEMORY_MIB, clamp
@@ -23,6 +23,8 @@ from hypersack.core.types import (
 )
 from hypersack.grid.space import Objective, Program
 from hypersack.sampler.profiles import COLUMNS, KEY_COLUMNS, profile_from_row, profile_to_row
+
+T = TypeVar("T")
 
 MAX_METRICS = 64
 MAX_METRIC_NAME = 64
@@ -108,6 +110,19 @@ def clean_percent(value: float) -> float:
 def clean_memory(value: int) -> int:
     """An observed memory peak in MiB, within bounds (negative: not measured)."""
     return int(min(max(0, value), MAX_MEMORY_MIB))
+
+
+def clean_running(entries: Iterable[pb.RunningTrial], make: Callable[..., T]) -> tuple[T, ...]:
+    """A heartbeat's running trials, each made by `make(trial_id, gpu_index, peak MiB,
+    peak %, attempt)` with its peaks cleaned as clean_memory and clean_percent clean
+    them. A thousand nodes list tens of thousands a second: a value already in bounds
+    (every one, from a sound agent) is taken as it is, without the calls."""
+    return tuple([make(r.trial_id, r.gpu_index,
+                       m if 0 <= (m := r.peak_memory_mib) <= MAX_MEMORY_MIB
+                       else clean_memory(m),
+                       u if 0.0 <= (u := r.peak_utilization_pct) <= MAX_COMPUTE_PCT
+                       else clean_percent(u), r.attempt)
+                  for r in entries])
 
 
 def clean_metrics(values: Any) -> dict[str, float]:

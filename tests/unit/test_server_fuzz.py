@@ -145,3 +145,23 @@ def test_random_asked_parameters_are_refused_clearly_or_run(
     channel.close()
     errors = [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR]
     assert errors == []
+
+
+@given(st.lists(st.tuples(st.integers(-2**62, 2**62), numbers), max_size=6))
+def test_a_heartbeats_peaks_are_cleaned_alike_on_the_fast_path_and_off_it(
+        peaks: list[tuple[int, float]]) -> None:
+    """clean_running takes values in bounds as they are and cleans the others: either
+    way what clean_memory and clean_percent give (NaN, infinities, huge and negative
+    numbers included)."""
+    from hypersack.orchestrator import RunningTrial
+    from hypersack.wire.convert import clean_memory, clean_percent, clean_running
+
+    entries = [pb.RunningTrial(trial_id=f"t{i}", gpu_index=i, peak_memory_mib=m,
+                               peak_utilization_pct=u, attempt=1)
+               for i, (m, u) in enumerate(peaks)]
+    got = clean_running(entries, RunningTrial)
+    assert len(got) == len(entries)
+    for r, e in zip(got, entries, strict=True):
+        assert r.peak_memory_mib == clean_memory(e.peak_memory_mib)
+        assert r.peak_utilization_pct == clean_percent(e.peak_utilization_pct)
+        assert (r.trial_id, r.gpu_index, r.attempt) == (e.trial_id, e.gpu_index, 1)
