@@ -234,3 +234,132 @@ def _worst_fit_aware(items: Sequence[Item], order: list[int], flat: Flat, cluste
         if flat.slots[g] > 0:
             heapq.heappush(heaps[flat.arch[g]], (-flat.compute[g] / max(1, full[g]), g))
     return chosen
+
+
+class EarliestFinishPolicy:
+    """`eft`: longest first, each to the GPU where it would end soonest (list scheduling
+    by earliest finish time, as HEFT and LPT on machines of different speeds).
+
+    Its end on a GPU is its expected run time on that GPU's architecture (the run time
+    over its speed there), or, where a longer item was placed on that GPU in this
+    decision, that item's: trials sharing a GPU run at once, so a GPU ends with the
+    longest of its items. Among GPUs where it would end at the same time, the one with
+    the shortest item placed in this decision (none first), then the most free share of
+    its scaled compute (worst fit), then the first. So the longest work goes to the
+    fastest architecture, one item per GPU while any GPU ends it as soon, and a slower
+    GPU takes an item only where that ends it sooner than waiting behind a longer one
+    would. Scaled compute, memory, slots and the node's cores must fit, as for every
+    rule; trials already running are not counted (their remaining time is not known to
+    the decision)."""
+
+    name = "eft"
+
+    def place(self, items: Sequence[Item], cluster: ClusterView) -> Plan:
+        start = time.perf_counter()
+        flat = Flat(cluster)
+        order = _order(items, decreasing=True)
+        chosen = _earliest_finish(items, order, flat, cluster)
+        placements: list[Placement] = []
+        placed: set[int] = set()
+        objective = 0
+        for i, g in chosen:
+            placements.append(flat.placement(items[i].id, g))
+            objective += items[i].value
+            placed.add(i)
+        unplaced = tuple(items[i].id for i in order if i not in placed)
+        return Plan(placements=tuple(placements), unplaced=unplaced,
+                    solve_time_s=time.perf_counter() - start, objective=objective)
+
+
+def _earliest_finish(items: Sequence[Item], order: list[int], flat: Flat,
+                     cluster: ClusterView) -> list[tuple[int, int]]:
+    """Per architecture two heaps: GPUs that took nothing yet in this decision, by free
+    share (most first), and GPUs that did, by (the longest item placed there, free share).
+    An item's end on an untouched GPU is its own run time there; on a touched one, the
+    longer of that and the GPU's longest, so each heap's first GPU that fits is its best
+    (the order of its keys is the order of the ends). A GPU that does not fit is set
+    aside and pushed back after the item, as worst fit does; one that cannot take the
+    decision's smallest need leaves for good, and an architecture none of whose GPUs has
+    the compute or the memory an item needs is not searched for it (the most free of
+    each is kept in a lazy heap), so a decision that fills the cluster does not scan
+    every full GPU for each item left over."""
+    full = [g.full_compute for n in cluster.nodes for g in n.gpus]
+    low = _minimum(items)
+    # (the longest item placed there in this decision, free share negated, GPU)
+    fresh: dict[str, list[tuple[float, float, int]]] = {}
+    used: dict[str, list[tuple[float, float, int]]] = {}
+    most_c: dict[str, list[tuple[int, int]]] = {}  # lazy: (-free compute, GPU)
+    most_m: dict[str, list[tuple[int, int]]] = {}  # lazy: (-free memory, GPU)
+    longest = [0.0] * len(flat)
+
+    def share(g: int) -> float:
+        return -flat.compute[g] / max(1, full[g])
+
+    def open_(g: int) -> bool:
+        return flat.slots[g] > 0 and flat.compute[g] >= low.compute and \
+            flat.memory[g] >= low.memory and flat.node_cores[flat.node_of[g]] >= low.cores
+
+    def most(heaps: dict[str, list[tuple[int, int]]], a: str, free: list[int]) -> int:
+        heap = heaps.get(a)
+        while heap and (-heap[0][0] != free[heap[0][1]] or not open_(heap[0][1])):
+            heapq.heappop(heap)  # stale: that GPU took an item (a fresher entry follows)
+        return -heap[0][0] if heap else -1
+
+    for g in range(len(flat)):
+        if open_(g):
+            a = flat.arch[g]
+            fresh.setdefault(a, []).append((0.0, share(g), g))
+            most_c.setdefault(a, []).append((-flat.compute[g], g))
+            most_m.setdefault(a, []).append((-flat.memory[g], g))
+    for h in fresh.values():
+        heapq.heapify(h)
+    for by_arch in (most_c, most_m):
+        for h2 in by_arch.values():
+            heapq.heapify(h2)
+    chosen: list[tuple[int, int]] = []
+    failed: set[int] = set()  # needs that fitted nowhere (capacity only shrinks)
+    for i in order:
+        it = items[i]
+        needs = it.needs
+        if id(needs) in failed:
+            continue
+        best: tuple[float, float, float, int] | None = None
+        tops: list[tuple[str, bool, tuple[float, float, int]]] = []  # (arch, touched, entry)
+        for a, need in needs.items():
+            if most(most_c, a, flat.compute) < need.compute or \
+                    most(most_m, a, flat.memory) < need.memory:
+                continue  # no GPU of this architecture has room enough
+            run = it.run_time_s / it.speed.get(a, 1.0) if it.speed else it.run_time_s
+            for touched in (False, True):
+                heap = (used if touched else fresh).get(a, [])
+                aside: list[tuple[float, float, int]] = []
+                while heap:
+                    entry = heapq.heappop(heap)
+                    g = entry[-1]
+                    if flat.fits(g, need):
+                        tops.append((a, touched, entry))
+                        key = (max(longest[g], run), longest[g], share(g), g)
+                        if best is None or key < best:
+                            best = key
+                        break
+                    if open_(g):
+                        aside.append(entry)
+                for entry in aside:
+                    heapq.heappush(heap, entry)
+        if best is None:
+            failed.add(id(needs))
+            continue
+        g = best[3]
+        for a, touched, entry in tops:
+            if entry[-1] != g:
+                heapq.heappush((used if touched else fresh)[a], entry)
+        a = flat.arch[g]
+        run = it.run_time_s / it.speed.get(a, 1.0) if it.speed else it.run_time_s
+        flat.take(g, needs[a])
+        longest[g] = max(longest[g], run)
+        chosen.append((i, g))
+        if open_(g):
+            heapq.heappush(used.setdefault(a, []), (longest[g], share(g), g))
+            heapq.heappush(most_c[a], (-flat.compute[g], g))
+            heapq.heappush(most_m[a], (-flat.memory[g], g))
+    return chosen

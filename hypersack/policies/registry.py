@@ -2,7 +2,8 @@
 unknown.
 
 Built in: `auto` (wfd unless pack places clearly more; see `auto`), the
-paper's greedy rules (ff, ffd, wf, wfd; option hetero), `pack` (a composed policy, see
+paper's greedy rules (ff, ffd, wf, wfd; option hetero), `eft` (earliest finish, the
+default; see `greedy.EarliestFinishPolicy`), `pack` (a composed policy, see
 `compose`; options order, score, improve, budget_ms, effort, portfolio, hetero) and
 `optimal` (CP-SAT; options time_limit_s, workers, seed).
 
@@ -37,7 +38,7 @@ from hypersack.core.validation import format_validation_error
 from hypersack.policies.auto import AutoOptions
 from hypersack.policies.base import Policy
 from hypersack.policies.compose import ComposedOptions, ComposedPolicy
-from hypersack.policies.greedy import GreedyOptions, GreedyPolicy
+from hypersack.policies.greedy import EarliestFinishPolicy, GreedyOptions, GreedyPolicy
 
 log = logging.getLogger(__name__)
 
@@ -85,6 +86,7 @@ _REGISTRY: dict[str, _Entry] = {
     "ffd": _Entry(_greedy("ffd", True, False), GreedyOptions),
     "wf": _Entry(_greedy("wf", False, True), GreedyOptions),
     "wfd": _Entry(_greedy("wfd", True, True), GreedyOptions),
+    "eft": _Entry(lambda **o: EarliestFinishPolicy(), NoOptions),
     "pack": _Entry(lambda **o: ComposedPolicy("pack", **o), ComposedOptions),
     "optimal": _Entry(_optimal, OptimalOptions),
 }

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import itertools
+from dataclasses import replace
 from typing import Any
 
 import pytest
 from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from hypersack.core.errors import InvalidInput, UnknownName
 from hypersack.policies import ClusterView, GpuBin, Item, Need, NodeBin, make_policy, policy_names
@@ -161,7 +163,7 @@ def test_why_unplaced_explains() -> None:
 
 def test_registry_fails_loudly() -> None:
     with pytest.raises(UnknownName,
-                       match="unknown policy 'bestfit'; valid: auto, ff, ffd, optimal"):
+                       match="unknown policy 'bestfit'; valid: auto, eft, ff, ffd, optimal"):
         make_policy("bestfit")
     with pytest.raises(InvalidInput, match="has no option 'depth'; valid: time_limit_s"):
         make_policy("optimal", depth=3)
@@ -220,3 +222,74 @@ class TestTheDefaultPolicyKeepsTheContract(PolicyContract):
 
     def make_policy(self) -> Policy:
         return make_policy("auto")
+
+
+def naive_eft(items: list[Item], view: ClusterView) -> list[tuple[str, str, int]]:
+    """`eft` written plainly, O(P x G): longest first, each to the GPU where it would end
+    soonest (its run time there, or the longest placed there in this decision), then the
+    shortest longest there, then the most free share of scaled compute, then the first."""
+    gpus = view.gpus()
+    c = [g.compute for g in gpus]
+    m = [g.memory for g in gpus]
+    s = [1 << 60 if g.slots is None else g.slots for g in gpus]
+    q = {n.name: n.cores for n in view.nodes}
+    longest = [0.0] * len(gpus)
+    out = []
+    for it in sorted(items, key=lambda it: -it.run_time_s):
+        best = None
+        for g, b in enumerate(gpus):
+            need = it.needs.get(b.arch)
+            if need and c[g] >= need.compute and m[g] >= need.memory and s[g] > 0 \
+                    and q[b.node] >= need.cores:
+                run = it.run_time_s / it.speed.get(b.arch, 1.0) if it.speed else it.run_time_s
+                key = (max(longest[g], run), longest[g], -c[g] / max(1, b.full_compute), g)
+                if best is None or key < best[0]:
+                    best = (key, g, run)
+        if best is None:
+            continue
+        _, g, run = best
+        need = it.needs[gpus[g].arch]
+        c[g] -= need.compute
+        m[g] -= need.memory
+        s[g] -= 1
+        q[gpus[g].node] -= need.cores
+        longest[g] = max(longest[g], run)
+        out.append((it.id, gpus[g].node, gpus[g].index))
+    return out
+
+
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(instance=instances(max_items=40), speeds=st.lists(st.floats(1.0, 4.0), min_size=4,
+                                                        max_size=4))
+def test_fast_earliest_finish_decides_exactly_as_the_plain_rule(
+        instance: Any, speeds: list[float]) -> None:
+    items, view = instance
+    archs = sorted({g.arch for g in view.gpus()} | {a for it in items for a in it.needs})
+    # Some items run faster on some architectures (a trial's or a fused group's speed).
+    items = [replace(it, speed={a: speeds[(k + j) % 4] for j, a in enumerate(archs)})
+             if k % 3 else it for k, it in enumerate(items)]
+    plan = make_policy("eft").place(items, view)
+    check_plan(items, view, plan)
+    got = [(p.item_id, p.node, p.gpu_index) for p in plan.placements]
+    assert got == naive_eft(items, view)
+
+
+def test_eft_gives_the_longest_work_to_the_fastest_gpus_and_spreads_it() -> None:
+    # Two H100s (twice as fast) and two A100s, each with room for two items; four long
+    # items (10 s on an A100, 5 s on an H100) and four short ones. The first two long
+    # ones take an H100 each; the next two end at 5 s beside them there and at 10 s on
+    # an empty A100, so they double up on the H100s; the short ones take the A100s.
+    a100 = [gpu("a", i, 20000, arch="A100") for i in range(2)]
+    h100 = [gpu("b", i, 20000, arch="H100") for i in range(2)]
+    view = cluster(("a", 64000, a100), ("b", 64000, h100))
+    speed = {"A100": 1.0, "H100": 2.0}
+    needs = {"A100": Need(10000, 1000, 1000), "H100": Need(10000, 1000, 1000)}
+    items = [Item(f"long{i}", needs, 10.0, speed=speed) for i in range(4)] + \
+        [Item(f"short{i}", needs, 4.0, speed=speed) for i in range(4)]
+    plan = make_policy("eft").place(items, view)
+    where = {p.item_id: p.node for p in plan.placements}
+    assert [where[f"long{i}"] for i in range(4)] == ["b"] * 4
+    assert [where[f"short{i}"] for i in range(4)] == ["a"] * 4
+    # wfd, blind to where an item ends, spreads the long ones over all four GPUs.
+    wfd = {p.item_id: p.node for p in make_policy("wfd").place(items, view).placements}
+    assert sorted(wfd[f"long{i}"] for i in range(4)) == ["a", "a", "b", "b"]
