@@ -338,7 +338,7 @@ class Decider:
         fits = _FitBounds(view)
         for ((key, _, _), _, segment), members in classes.items():
             widths: dict[int, dict[str, Need]] = {}
-            run_times: dict[int, float] = {}
+            run_times: dict[int, dict[str, float]] = {}
             for w in fusion.candidate_widths(space.settings.max_fusion_width, len(members)):
                 needs = {}
                 for arch in sorted(archs & gpus.keys()):
@@ -347,7 +347,7 @@ class Decider:
                     if single is not None and wide is not None and \
                             fusion.useful(single, wide, *gpus[arch]):
                         needs[arch] = Need.of(wide.demand)
-                        run_times[w] = max(run_times.get(w, 0.0), wide.run_time_s(segment))
+                        run_times.setdefault(w, {})[arch] = wide.run_time_s(segment)
                 if needs:
                     widths[w] = needs
             if not widths:
@@ -432,14 +432,21 @@ class _Fused:
 
     members: list[TrialRecord]
     widths: dict[int, dict[str, Need]]
-    run_times: dict[int, float]
+    run_times: dict[int, dict[str, float]]  # width -> expected run time per architecture
     single_value: int  # one member's value alone: the group's is its members' work
 
     @property
     def item(self) -> Item:
         w = len(self.members)
-        return Item(f"fused:{self.members[0].id}", self.widths[w], self.run_times[w],
-                    value=self.single_value * w)
+        times = self.run_times[w]
+        run_time = max(times.values(), default=0.0)
+        # Its speed per architecture, as a trial alone has (`plain_items`): a fused
+        # group runs faster on an H100 too, and the policies that weigh where an item
+        # runs fastest must see it.
+        speed = {a: run_time / s for a, s in times.items() if s > 0} \
+            if len(times) > 1 and run_time > 0 else {}
+        return Item(f"fused:{self.members[0].id}", self.widths[w], run_time,
+                    value=self.single_value * w, speed=speed)
 
 
 class _FitBounds:

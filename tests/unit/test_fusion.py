@@ -125,6 +125,25 @@ def test_fusable_trials_go_out_as_one_group_of_the_widest_width() -> None:
     assert orch.gpu_load()["node0", 0][0] == 8
 
 
+def test_a_fused_group_carries_its_speed_per_architecture() -> None:
+    # Profiled on both architectures, every width twice as fast on the H100: the group's
+    # placement item says so, as a trial alone's does, so the policies that weigh where
+    # an item ends (eft) or gains most see it; before, a group carried only its slowest
+    # run time and looked as fast everywhere.
+    h100 = [p.model_copy(update={"arch": "H100", "iter_time_s": p.iter_time_s / 2})
+            for p in WIDE]
+    orch = make(WIDE + h100)
+    for node in parse_shorthand("1x1xA100-80GB,1x1xH100-80GB").nodes:
+        orch.handle(NodeJoined(node))
+    (g,) = groups(orch.handle(StudySubmitted(space(8, policy="eft"))))
+    assert g.node == "node1"  # the H100, where the group ends sooner
+    (decision,) = [d for d in orch.decisions if d.batch]
+    (item,) = decision.batch
+    assert item.id.startswith("fused:") and item.speed == pytest.approx(
+        {"A100": 1.0, "H100": 2.0})
+    assert item.run_time_s == pytest.approx(0.25 * 100)  # the slowest: one epoch on the A100
+
+
 def test_a_group_too_wide_for_what_is_left_is_cut_narrower() -> None:
     # 4 GB of GPU memory: width 8 (5.2 GB) never fits, width 4 (2.8 GB) once, and the
     # rest go as narrower groups and alone where compute and memory allow.
