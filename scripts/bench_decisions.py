@@ -44,19 +44,19 @@ from hypersack.store.memory import MemoryStore
 MODELS = ["shufflenet", "mobilenet_v2", "vit_tiny", "deit_tiny", "resnet18", "resnet34"]
 
 
-def space(name: str, trials: int, seed: int) -> object:
+def space(name: str, trials: int, seed: int, policy: str = "wfd") -> object:
     return parse_space({
         "name": name, "models": MODELS,
         "hyperparameters": {"batch_size": [64, 128, 256, 512],
                             "lr": {"distribution": "loguniform", "low": 1e-5, "high": 0.1}},
         "search": {"type": "random", "samples": trials, "seed": seed},
-        "settings": {"epochs": 1, "policy": "wfd", "fusion": "off"},
+        "settings": {"epochs": 1, "policy": policy, "fusion": "off"},
         "program": {"builtin": "sleep"},
     })
 
 
-def run(nodes: int, trials: int, studies: int, exits: int, profile: bool
-        ) -> dict[str, float]:
+def run(nodes: int, trials: int, studies: int, exits: int, profile: bool,
+        policy: str = "wfd") -> dict[str, float]:
     store = MemoryStore()
     for p in load_profiles(EXAMPLES / "profiles-estimates.yaml"):
         store.put_profile(p)
@@ -74,7 +74,7 @@ def run(nodes: int, trials: int, studies: int, exits: int, profile: bool
                     started[m.trial_id] = (clock.now(), m.node, m.attempt)
 
     for i in range(studies):
-        note(orch.handle(StudySubmitted(space(f"s{i}", trials // studies, i), owner=f"u{i}")))
+        note(orch.handle(StudySubmitted(space(f"s{i}", trials // studies, i, policy), owner=f"u{i}")))
     keep_out_of_gc()  # as the server does after a submission
     exit_ms: list[float] = []
     tick_ms: list[float] = []
@@ -113,9 +113,12 @@ def main() -> None:
     parser.add_argument("--studies", type=int, default=1)
     parser.add_argument("--exits", type=int, default=400)
     parser.add_argument("--profile", action="store_true")
+    parser.add_argument("--policy", default="wfd",
+                        help="the studies' policy (default wfd, as measured before; the "
+                             "server's default is eft)")
     args = parser.parse_args()
-    base = run(20, 1_000, 1, args.exits, False)
-    big = run(args.nodes, args.trials, args.studies, args.exits, args.profile)
+    base = run(20, 1_000, 1, args.exits, False, args.policy)
+    big = run(args.nodes, args.trials, args.studies, args.exits, args.profile, args.policy)
     print(f"{'':28}{'exit p50':>10}{'exit p99':>10}{'tick p50':>10}{'tick p99':>10}"
           f"{'decisions':>11}{'pending':>9}")
     for label, r in (("20 nodes, 1,000 trials", base),

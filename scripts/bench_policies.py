@@ -29,7 +29,8 @@ from hypersack.policies.base import Item, check_plan
 # at 500 ms) and capped at 5 ms; auto.
 HEURISTICS: tuple[tuple[str, str, dict[str, object]], ...] = (
     ("ff", "ff", {}), ("ffd", "ffd", {}), ("wf", "wf", {}), ("wfd", "wfd", {}),
-    ("eft", "eft", {}), ("pack@5ms", "pack", {"budget_ms": 5.0}), ("pack", "pack", {}), ("auto", "auto", {}))
+    ("eft", "eft", {}), ("pack@5ms", "pack", {"budget_ms": 5.0}), ("pack", "pack", {}),
+    ("auto", "auto", {}))
 
 
 def median_time(policy: object, items: list, view: object, repeats: int) -> float:

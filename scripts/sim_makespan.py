@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
 """Which policy ends studies soonest, beyond the paper's studies: the simulator's
 makespan (the real orchestrator, virtual time, the interference model) of SP1's 96
-trials for every registered greedy policy, `pack` and `auto`, per scenario, and the
-default's (`wfd`) ratio to the best policy's makespan in that scenario.
+trials for every registered greedy policy, `eft`, `pack` and `auto`, per scenario, and
+the default's (`eft`) ratio to the best policy's makespan in that scenario.
 
 Scenarios: cluster x study kind x fusion x seed.
 - clusters: `paper` (4 A100-80GB + 2 H100-80GB), `mixed40` (8 A100-40GB with 32 cores a
@@ -18,7 +18,7 @@ Scenarios: cluster x study kind x fusion x seed.
 hundreds. Prints one row per scenario and the summary: the default's worst and mean
 ratio to the best, and how often each policy was the best.
 
-    python scripts/sim_makespan.py                   # 24 scenarios x 6 policies
+    python scripts/sim_makespan.py                   # 24 scenarios x 7 policies
     python scripts/sim_makespan.py --kinds memory --seeds 1
 """
 
@@ -41,7 +41,7 @@ from hypersack.sim.simulator import Simulation
 CLUSTERS = {"paper": "1x4xA100-80GB@88,1x2xH100-80GB@96",
             "mixed40": "2x4xA100-40GB@32,2x4xH100-80GB@48"}
 KINDS = ("compute", "memory", "cores")
-POLICIES = ("ff", "ffd", "wf", "wfd", "pack", "auto")
+POLICIES = ("ff", "ffd", "wf", "wfd", "eft", "pack", "auto")
 DEFAULT = Settings().policy  # the default policy, whichever it is
 
 

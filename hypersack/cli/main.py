@@ -38,8 +38,8 @@ def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--profiles", required=True,
                    help="profiles file (YAML or CSV) with demands per workload and "
                         "architecture, e.g. examples/profiles-estimates.yaml")
-    p.add_argument("--policy", help="auto, ff, ffd, wf, wfd, pack, optimal or a registered "
-                                    "policy (default: the study's, wfd)")
+    p.add_argument("--policy", help="auto, eft, ff, ffd, wf, wfd, pack, optimal or a "
+                                    "registered policy (default: the study's, eft)")
     p.add_argument("--policy-option", action="append", default=[], metavar="KEY=VALUE",
                    help="policy option, e.g. time_limit_s=5 for optimal (repeatable)")
     p.add_argument("--ratio", action="append", default=[], metavar="ARCH=R",
