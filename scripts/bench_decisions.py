@@ -74,7 +74,8 @@ def run(nodes: int, trials: int, studies: int, exits: int, profile: bool,
                     started[m.trial_id] = (clock.now(), m.node, m.attempt)
 
     for i in range(studies):
-        note(orch.handle(StudySubmitted(space(f"s{i}", trials // studies, i, policy), owner=f"u{i}")))
+        study = space(f"s{i}", trials // studies, i, policy)
+        note(orch.handle(StudySubmitted(study, owner=f"u{i}")))
     keep_out_of_gc()  # as the server does after a submission
     exit_ms: list[float] = []
     tick_ms: list[float] = []
