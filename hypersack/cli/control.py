@@ -31,7 +31,7 @@ from hypersack.core.bounds import MAX_EXTEND
 from hypersack.core.errors import InvalidInput
 from hypersack.core.types import TrialState
 from hypersack.grid.space import read_space_file
-from hypersack.orchestrator.sharing import SharingLevel
+from hypersack.orchestrator.sharing import SharingLevel, WorkloadFit
 
 TERMINAL = tuple(s.value for s in TrialState if s.terminal)
 EXIT_CODES = ("exit status: 0 when the study completed and every trial completed (or was "
@@ -355,7 +355,10 @@ def print_sharing(levels: list[pb.SharingLevel], console: Console) -> None:
     """How far each architecture is packed: configured, or learned and from what."""
     for lv in levels:
         said = {f.name: getattr(lv, f.name) for f in fields(SharingLevel)}
-        level = SharingLevel(**{**said, "queued": lv.queued or 1.0})  # 0: an older server
+        own = tuple(WorkloadFit(w.workload, w.samples, w.contention, w.saturation_pct,
+                                w.queued or 1.0) for w in lv.workloads)
+        level = SharingLevel(**{**said, "queued": lv.queued or 1.0,  # 0: an older server
+                                "workloads": own})
         console.print(safe(level.describe()))
 
 

@@ -63,6 +63,9 @@ class OrchestratorConfig:
     learn_decide_every_s: float = 60.0
     learn_min_samples: int = 40  # samples before a ratio moves, and between two moves
     learn_settle_s: float = 10.0  # no sample from a GPU whose trials changed this lately
+    # A fit per workload (trial's model) where it has learn_min_samples samples, weighed
+    # by the trials running now; False: one fit of every sample.
+    learn_by_workload: bool = True
 
     def share_rule(self, user: str) -> UserShare:
         rule = self.shares.get(user) or self.shares.get("*")

@@ -25,7 +25,7 @@ import math
 from hypersack.core.types import TrialRecord, TrialState
 from hypersack.orchestrator.events import TrialProgress
 from hypersack.orchestrator.journal import journaled
-from hypersack.orchestrator.sharing import RatioLearner, SharingLevel
+from hypersack.orchestrator.sharing import RatioLearner, SharingLevel, WorkloadFit, believed
 from hypersack.orchestrator.state import CoreState
 from hypersack.policies.base import COMPUTE_SCALE
 
@@ -49,7 +49,8 @@ class LearnedSharing:
             self.learner = RatioLearner(self.configured, low=low, high=high,
                                         min_samples=config.learn_min_samples,
                                         every=config.learn_min_samples,
-                                        window=10 * config.learn_min_samples)
+                                        window=10 * config.learn_min_samples,
+                                        by_workload=config.learn_by_workload)
         # The batch's samples; an undone event's go with it (the journal truncates).
         self._pending = _Samples()
         j = s.journal
@@ -93,7 +94,7 @@ class LearnedSharing:
         if self.s.journal.open:
             self.s.journal.record(self._pending, None, len(self._pending))
         self._pending.append((gpu.arch, gpu.used_compute / COMPUTE_SCALE, len(gpu.trials),
-                              slowdown))
+                              slowdown, t.key.model))
 
     def transition(self, old: TrialRecord, new: TrialRecord) -> None:
         """A trial came to a GPU or left it: that GPU's load changed now (a listener of
@@ -117,11 +118,11 @@ class LearnedSharing:
         pending = list(self._pending)
         self._pending.clear()
         archs = []
-        for arch, load, n, slowdown in pending:
+        for arch, load, n, slowdown, workload in pending:
             if arch not in learner.ratios:
                 # An architecture the configuration does not name runs at the default.
                 learner.ratios[arch] = self._configured(arch)
-            if learner.add(arch, load, n, slowdown) and arch not in archs:
+            if learner.add(arch, load, n, slowdown, workload) and arch not in archs:
                 archs.append(arch)
         now = self.s.clock.now()
         every = self.s.config.learn_decide_every_s
@@ -131,7 +132,7 @@ class LearnedSharing:
                 continue
             self._decided[arch] = now
             before = dict(learner.ratios), dict(learner.moves)
-            moved = learner.decide(arch)
+            moved = learner.decide(arch, self._mix(arch) if learner.by_workload else None)
             saved = self._save(now)
             if not saved:
                 learner.ratios, learner.moves = before
@@ -145,6 +146,19 @@ class LearnedSharing:
             # The samples since the last decision, kept once in a while too: a restart
             # loses at most this interval's.
             self._save(now)
+
+    def _mix(self, arch: str) -> dict[str, float]:
+        """The plain trials running on the architecture's GPUs now, by workload."""
+        mix: dict[str, float] = {}
+        for node in self.s.cluster:
+            for gpu in node.gpus.values():
+                if gpu.arch != arch:
+                    continue
+                for tid in gpu.trials:
+                    t = self.s.trials.get(tid)
+                    if t is not None and not t.group:
+                        mix[t.key.model] = mix.get(t.key.model, 0.0) + 1.0
+        return mix
 
     def _configured(self, arch: str) -> float:
         return self.configured.get(arch, self.s.config.default_ratio)
@@ -203,16 +217,19 @@ class LearnedSharing:
                                         False))
                 continue
             f = learner.fits.get(arch)
+            own = tuple(WorkloadFit(w, g.samples, g.contention,
+                                    g.saturation_pct if believed(g) else 0.0, g.queued)
+                        for w, g in sorted(learner.workload_fits.get(arch, {}).items()))
             out.append(SharingLevel(
                 arch, configured, learner.ratios.get(arch, configured), True,
                 len(learner.samples.get(arch, ())), learner.min_samples,
                 f.contention if f else 0.0, f.saturation_pct if f else 0.0,
-                learner.moves.get(arch, 0), f.queued if f else 1.0))
+                learner.moves.get(arch, 0), f.queued if f else 1.0, own))
         return out
 
 
-class _Samples(list[tuple[str, float, int, float]]):
-    """Samples (arch, load, trials, slowdown) of the batch being handled; the journal
+class _Samples(list[tuple[str, float, int, float, str]]):
+    """Samples (arch, load, trials, slowdown, workload) of the batch being handled; the journal
     undoes an append by truncating back to the length before it."""
 
     def save(self) -> int:

@@ -14,6 +14,19 @@ r holds about n = 100 r / u trials (u: a trial's mean solo share) at load 100 r,
 progresses sum(1 / slowdown) = n / slowdown solo-seconds per second; the ratio chosen
 is the largest within 1 % of the most progress the fit predicts in [low, high].
 
+Per workload (a sample's trial's model), where the data supports it: a workload with
+`min_samples` samples of its own in the window gets its own fit, and the decision weighs
+each workload's fit by its share of the trials running on that architecture now (the
+caller's `mix`); the trials of workloads without a fit of their own are weighed by the
+fit of those workloads' samples together, or of every sample, and where they are most of
+what runs and have fewer than `min_samples` samples the ratio holds until they have
+them (a new mix is not packed on the old one's estimate). A decision without a mix uses
+the fit of every sample. So when the mix changes (a study of transformers
+follows one of CNNs), the ratio follows the workloads running, not the window's past
+mix: with two workloads whose kernels queue for all and for a fifth of an iteration, the
+pooled fit's ratio gave 0.84-0.97 of the best progress after the mix moved, the
+per-workload one 0.99-1.00 (tests/unit/test_sharing.py).
+
 Acting on an estimate needs `min_samples` samples; S is only known once some samples
 lie past it (otherwise the best ratio is at least the load seen, and the ratio steps up
 only if GPUs were packed as far as it lets: to 80 % of it, or with no room for one more
@@ -111,12 +124,35 @@ def throughput(ratio: float, f: Fit) -> float:
     return n / ((1 + f.contention * (n - 1)) * queued)
 
 
+def believed(f: Fit) -> bool:
+    """Whether a fit's saturation point explains enough samples past it to act on."""
+    return f.past_saturation >= max(3, f.samples // 20)
+
+
+def mixed_throughput(ratio: float, parts: Sequence[tuple[float, Fit]]) -> float:
+    """Solo-seconds of progress per second of a GPU packed to `ratio` with trials of
+    several workloads, each (weight: its share of the trials, fit) slowed as its own fit
+    says; a fit whose saturation is not believed is taken as contention alone."""
+    total = sum(w for w, _ in parts)
+    if total <= 0:
+        return 0.0
+    share = sum(w * f.mean_share_pct for w, f in parts) / total
+    n = max(1.0, 100.0 * ratio / max(share, 1e-9))
+    load = 100.0 * ratio
+    progress = 0.0
+    for w, f in parts:
+        sat = f.saturation_pct if believed(f) else math.inf
+        queued = 1.0 - f.queued + f.queued * max(1.0, load / sat)
+        progress += (w / total) * n / ((1 + f.contention * (n - 1)) * queued)
+    return progress
+
+
 class RatioLearner:
     """Per architecture: the samples (the latest `window`), and the ratio in force."""
 
     def __init__(self, configured: Mapping[str, float], *, low: float = 1.0,
                  high: float = 4.0, step: float = 0.25, min_samples: int = 40,
-                 every: int = 40, window: int = 400) -> None:
+                 every: int = 40, window: int = 400, by_workload: bool = True) -> None:
         if not 0 < low <= high:
             raise ValueError("ratio bounds: 0 < low <= high")
         self.low, self.high, self.step = low, high, step
@@ -124,24 +160,35 @@ class RatioLearner:
         self.ratios: dict[str, float] = {a: min(high, max(low, r))
                                          for a, r in configured.items()}
         self.samples: dict[str, deque[tuple[float, int, float]]] = {}
+        # Each sample's workload (its trial's model; "" unknown), in step with `samples`.
+        self.labels: dict[str, deque[str]] = {}
         self.window = window
+        self.by_workload = by_workload  # False: one fit of every sample, whatever runs
         self._new: dict[str, int] = {}
         self.fits: dict[str, Fit] = {}  # the latest, shown with the ratio
+        # Per architecture, the latest fits of workloads with samples enough of their own.
+        self.workload_fits: dict[str, dict[str, Fit]] = {}
         self.moves: dict[str, int] = {}
 
-    def observe(self, arch: str, load_pct: float, n: int, slowdown: float) -> float | None:
+    def observe(self, arch: str, load_pct: float, n: int, slowdown: float,
+                workload: str = "", mix: Mapping[str, float] | None = None) -> float | None:
         """One sample; the architecture's new ratio when this one moved it."""
-        if self.add(arch, load_pct, n, slowdown) and self.due(arch):
-            return self.decide(arch)
+        if self.add(arch, load_pct, n, slowdown, workload) and self.due(arch):
+            return self.decide(arch, mix)
         return None
 
-    def add(self, arch: str, load_pct: float, n: int, slowdown: float) -> bool:
+    def add(self, arch: str, load_pct: float, n: int, slowdown: float,
+            workload: str = "") -> bool:
         """Keep one sample (False: not a usable one, or an architecture not learned)."""
         if arch not in self.ratios or n < 1 or not (slowdown > 0 and math.isfinite(slowdown)) \
                 or not (load_pct > 0 and math.isfinite(load_pct)):
             return False
         q = self.samples.setdefault(arch, deque(maxlen=self.window))
+        labels = self.labels.setdefault(arch, deque(maxlen=self.window))
+        while len(labels) < len(q):  # samples kept before labels were (a restored state)
+            labels.appendleft("")
         q.append((float(load_pct), int(n), float(slowdown)))
+        labels.append(workload[:200] if isinstance(workload, str) else "")
         self._new[arch] = self._new.get(arch, 0) + 1
         return True
 
@@ -149,9 +196,10 @@ class RatioLearner:
         """Whether `every` samples came since the architecture's last decision."""
         return self._new.get(arch, 0) >= self.every
 
-    def decide(self, arch: str) -> float | None:
+    def decide(self, arch: str, mix: Mapping[str, float] | None = None) -> float | None:
         """Fit the architecture's samples and step its ratio toward the best; the new
-        ratio when it moved."""
+        ratio when it moved. `mix`: the trials running on the architecture now, counted
+        by workload (the per-workload fits are weighed by it; None: the pooled fit)."""
         self._new[arch] = 0
         q = self.samples.get(arch, ())
         if len(q) < self.min_samples:
@@ -160,10 +208,16 @@ class RatioLearner:
         if f is None:
             return None
         self.fits[arch] = f
+        parts = self._parts(arch, f, mix) if self.by_workload else [(1.0, f)]
+        if parts is None:
+            return None  # most trials running are of workloads with too few samples
         current = self.ratios[arch]
-        if f.past_saturation >= max(3, len(q) // 20):
+        if any(believed(p) for _, p in parts):
             grid = [self.low + i * 0.05 for i in range(round((self.high - self.low) / 0.05) + 1)]
-            progress = [throughput(r, f) for r in grid]
+            if len(parts) == 1:  # one fit: all samples', or the one workload running's
+                progress = [throughput(r, parts[0][1]) for r in grid]
+            else:
+                progress = [mixed_throughput(r, parts) for r in grid]
             most = max(progress)
             target = max(r for r, p in zip(grid, progress, strict=True) if p >= (1 - KNEE) * most)
         elif f.max_load_pct >= 0.8 * 100.0 * current or \
@@ -184,12 +238,51 @@ class RatioLearner:
         self.moves[arch] = self.moves.get(arch, 0) + 1
         return new
 
+    def _parts(self, arch: str, pooled: Fit, mix: Mapping[str, float] | None
+               ) -> list[tuple[float, Fit]] | None:
+        """(weight, fit) for the trials running now: each workload with `min_samples`
+        samples in the window by its own fit; the others together by the fit of their
+        samples if they have that many, else by the fit of every sample, unless they are
+        most of what runs: then None (hold; what runs is mostly new to the learner). One
+        part, the fit of every sample, without a mix or labelled samples."""
+        q = list(self.samples.get(arch, ()))
+        labels = list(self.labels.get(arch, ()))[-len(q):] if q else []
+        labels = [""] * (len(q) - len(labels)) + labels  # kept in step; never longer
+        by: dict[str, list[tuple[float, int, float]]] = {}
+        for sample, label in zip(q, labels, strict=True):
+            if label:
+                by.setdefault(label, []).append(sample)
+        own: dict[str, Fit] = {}
+        for label, xs in by.items():
+            if len(xs) >= self.min_samples:
+                g = fit(xs)
+                if g is not None:
+                    own[label] = g
+        self.workload_fits[arch] = own
+        weights = {w: float(c) for w, c in (mix or {}).items()
+                   if isinstance(w, str) and is_number(c) and 0 < float(c) < math.inf}
+        if not by or not weights:
+            return [(1.0, pooled)]
+        parts = [(c, own[w]) for w, c in weights.items() if w in own]
+        rest = {w: c for w, c in weights.items() if w not in own}
+        if rest:
+            xs = [x for w in rest for x in by.get(w, ())]
+            g = fit(xs) if len(xs) >= self.min_samples else None
+            share = sum(rest.values()) / sum(weights.values())
+            if g is None and share > 0.5:
+                return None
+            parts.append((sum(rest.values()), g if g is not None else pooled))
+        return parts
+
     def state(self) -> dict[str, Any]:
         """What a restarted server needs to decide as this one would (JSON)."""
         return {"ratios": dict(self.ratios), "moves": dict(self.moves),
                 "new": dict(self._new),
                 "fits": {a: list(astuple(f)) for a, f in self.fits.items()},
-                "samples": {a: [list(x) for x in q] for a, q in self.samples.items()}}
+                "samples": {a: [list(x) for x in q] for a, q in self.samples.items()},
+                "labels": {a: list(q) for a, q in self.labels.items()},
+                "workload_fits": {a: {w: list(astuple(f)) for w, f in fs.items()}
+                                  for a, fs in self.workload_fits.items()}}
 
     def load(self, state: Mapping[str, Any], configured: Mapping[str, float]) -> None:
         """Take back a saved state, for the architectures whose configured ratio is still
@@ -206,15 +299,49 @@ class RatioLearner:
             self.moves[arch] = moves if type(moves) is int and moves >= 0 else 0  # not a bool
             self._new[arch] = new if type(new) is int and new >= 0 else 0
             q: deque[tuple[float, int, float]] = deque(maxlen=self.window)
+            labels: deque[str] = deque(maxlen=self.window)
             kept = (state.get("samples") or {}).get(arch)
-            for x in kept[-self.window:] if isinstance(kept, list) else []:
+            kept = kept[-self.window:] if isinstance(kept, list) else []
+            said = (state.get("labels") or {}).get(arch)
+            # A sample's label at the same place from the end (none: a state saved before
+            # labels were kept, or one whose lengths disagree).
+            said = said[-len(kept):] if isinstance(said, list) and len(said) == \
+                len((state.get("samples") or {}).get(arch) or ()) and kept else []
+            for k, x in enumerate(kept):
                 if isinstance(x, list) and len(x) == 3 and all(is_number(v) for v in x):
                     q.append((float(x[0]), int(x[1]), float(x[2])))
+                    label = said[k] if said else ""
+                    labels.append(label[:200] if isinstance(label, str) else "")
             if q:
                 self.samples[arch] = q
+                self.labels[arch] = labels
             f = (state.get("fits") or {}).get(arch)
             if isinstance(f, list) and len(f) == len(fields(Fit)) and all(map(is_number, f)):
                 self.fits[arch] = Fit(*f)
+            own = (state.get("workload_fits") or {}).get(arch) if self.by_workload else None
+            self.workload_fits[arch] = {
+                w[:200]: Fit(*f) for w, f in (own.items() if isinstance(own, dict) else ())
+                if isinstance(w, str) and w and isinstance(f, list)
+                and len(f) == len(fields(Fit)) and all(map(is_number, f))}
+
+
+@dataclass(frozen=True)
+class WorkloadFit:
+    """One workload's own slowdown fit on an architecture (saturation 0: not believed)."""
+
+    workload: str
+    samples: int
+    contention: float
+    saturation_pct: float
+    queued: float = 1.0
+
+    def describe(self) -> str:
+        if not self.saturation_pct:
+            return f"{self.workload} ({self.samples} samples: {100 * self.contention:.0f} % " \
+                "per extra trial, no saturation seen)"
+        part = "" if self.queued >= 1.0 else f" for {100 * self.queued:.0f} % of an iteration"
+        return f"{self.workload} ({self.samples} samples: {100 * self.contention:.0f} % per " \
+            f"extra trial, queues past {self.saturation_pct:.0f} %{part})"
 
 
 @dataclass(frozen=True)
@@ -231,6 +358,8 @@ class SharingLevel:
     saturation_pct: float = 0.0
     moves: int = 0
     queued: float = 1.0
+    # Workloads with samples enough for a fit of their own (weighed by the running mix).
+    workloads: tuple[WorkloadFit, ...] = ()
 
     def describe(self) -> str:
         if not self.learning:
@@ -246,4 +375,6 @@ class SharingLevel:
         fitted = (f"; each extra trial costs {100 * self.contention:.0f} %, kernels queue "
                   f"past {self.saturation_pct:.0f} % load{part}") if self.saturation_pct \
             else ""
-        return head + f"; from {self.samples} samples{fitted}"
+        own = "; by workload: " + ", ".join(w.describe() for w in self.workloads) \
+            if self.workloads else ""
+        return head + f"; from {self.samples} samples{fitted}{own}"

@@ -102,7 +102,8 @@ class HyperSackServer:
                                         learn_sample_every_s=settings.learn_sample_every_s,
                                         learn_decide_every_s=settings.learn_decide_every_s,
                                         learn_min_samples=settings.learn_min_samples,
-                                        learn_settle_s=settings.learn_settle_s)
+                                        learn_settle_s=settings.learn_settle_s,
+                                        learn_by_workload=settings.learn_by_workload)
             self.service = SchedulerService(
                 self.store, config, clock=clock,
                 heartbeat_interval_s=settings.heartbeat_interval_s,

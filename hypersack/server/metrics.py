@@ -185,7 +185,14 @@ class ServerCollector(Collector):
                                    "model: contention (per extra trial), saturation_pct, "
                                    "and queued (the share of an iteration that queues)",
                                    labels=["arch", "parameter"])
+        by_workload = GaugeMetricFamily(
+            "hypersack_oversubscription_workload_fit", "A workload's own learned slowdown "
+            "model (where it has samples enough): samples, contention, saturation_pct (0: "
+            "none believed) and queued", labels=["arch", "workload", "parameter"])
         for lv in levels:
+            for w in lv.workloads:
+                for name in ("samples", "contention", "saturation_pct", "queued"):
+                    by_workload.add_metric([lv.arch, w.workload, name], getattr(w, name))
             in_force.add_metric([lv.arch], lv.ratio)
             configured.add_metric([lv.arch], lv.configured)
             samples.add_metric([lv.arch], lv.samples)
@@ -194,7 +201,7 @@ class ServerCollector(Collector):
                 fitted.add_metric([lv.arch, "contention"], lv.contention)
                 fitted.add_metric([lv.arch, "saturation_pct"], lv.saturation_pct)
                 fitted.add_metric([lv.arch, "queued"], lv.queued)
-        yield from (in_force, configured, samples, moves, fitted)
+        yield from (in_force, configured, samples, moves, fitted, by_workload)
 
         yield CounterMetricFamily("hypersack_decisions", "Policy runs", value=decisions)
         yield CounterMetricFamily("hypersack_decision_solve_seconds", "Time spent in "

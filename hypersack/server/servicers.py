@@ -405,7 +405,8 @@ def sharing_messages(service: SchedulerService) -> list[pb.SharingLevel]:
     """Each architecture's oversubscription ratio in force, and what it was learned from."""
     with service.locked():
         levels = service.orch.sharing.levels()
-    return [pb.SharingLevel(**asdict(lv)) for lv in levels]
+    return [pb.SharingLevel(**{**asdict(lv), "workloads": [
+        pb.WorkloadFit(**asdict(w)) for w in lv.workloads]}) for lv in levels]
 
 
 class AgentLinkServicer(pb_grpc.AgentLinkServicer):

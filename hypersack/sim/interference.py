@@ -41,16 +41,22 @@ class Interference:
         default_factory=lambda: {"A100": 270.0, "H100": 225.0})
     default_saturation_pct: float = 200.0
     contention: float = 0.3
+    # Per model: the share of its GPU time that queues past saturation (1 where not
+    # named: all of it). A model bound by its host or memory copies queues less.
+    queued: Mapping[str, float] = field(default_factory=dict)
 
     def saturation(self, arch: str) -> float:
         return self.saturation_pct.get(arch, self.default_saturation_pct)
 
-    def gpu_slowdown(self, arch: str, trials: list[SharedTrial]) -> float:
+    def gpu_slowdown(self, arch: str, trials: list[SharedTrial], model: str = "") -> float:
+        """The GPU part's slowdown of a trial of `model` among `trials`."""
         n = len(trials)
         if n == 0:
             return 1.0
         load = sum(t.compute_pct for t in trials)
-        return (1.0 + self.contention * (n - 1)) * max(1.0, load / self.saturation(arch))
+        a = self.queued.get(model, 1.0)
+        return (1.0 + self.contention * (n - 1)) * \
+            (1.0 - a + a * max(1.0, load / self.saturation(arch)))
 
     @staticmethod
     def cpu_slowdown(node_cores: float, trials: list[SharedTrial]) -> float:

@@ -437,22 +437,37 @@ class Simulation:
             by_gpu.setdefault((r.node, r.gpu_index), []).append(r)
             by_node.setdefault(r.node, []).append(r.shared)
         cpu = {n: self.interference.cpu_slowdown(self._cores[n], ts) for n, ts in by_node.items()}
+        mixes: dict[str, dict[str, float]] = {}  # per architecture, running by model
+        if self.learner is not None:
+            for (node, idx), rs in by_gpu.items():
+                mix = mixes.setdefault(self._arch[node, idx], {})
+                for r in rs:
+                    mix[r.model] = mix.get(r.model, 0.0) + 1.0
         for (node, idx), rs in by_gpu.items():
-            gpu = self.interference.gpu_slowdown(self._arch[node, idx], [r.shared for r in rs])
+            arch = self._arch[node, idx]
+            shared = [r.shared for r in rs]
+            gpu = self.interference.gpu_slowdown(arch, shared)
             for r in rs:
-                r.rate = self.interference.rate(r.shared, gpu, cpu[node])
+                slow = self.interference.gpu_slowdown(arch, shared, r.model) \
+                    if self.interference.queued else gpu
+                r.rate = self.interference.rate(r.shared, slow, cpu[node])
             if self.learner is not None and \
                     now - self._sampled.get((node, idx), -math.inf) >= self.sample_every_s:
                 self._sampled[node, idx] = now
-                arch = self._arch[node, idx]
                 # What the trials would report: their iteration time over their solo
-                # one, data loading (the node's cores) included.
-                seen = sum(1.0 / r.rate for r in rs) / len(rs)
-                moved = self.learner.observe(arch, sum(r.shared.compute_pct for r in rs),
-                                             len(rs), seen)
-                if moved is not None:
-                    self.ratio_moves.append((now, arch, moved))
-                    self.orchestrator.s.set_ratios(self.learner.ratios)
+                # one, data loading (the node's cores) included; one sample per model
+                # on the GPU, as the server takes one per trial.
+                by_model: dict[str, list[_Running]] = {}
+                for r in rs:
+                    by_model.setdefault(r.model, []).append(r)
+                load = sum(r.shared.compute_pct for r in rs)
+                for model, ms in sorted(by_model.items()):
+                    seen = sum(1.0 / r.rate for r in ms) / len(ms)
+                    moved = self.learner.observe(arch, load, len(rs), seen, model,
+                                                 mixes[arch])
+                    if moved is not None:
+                        self.ratio_moves.append((now, arch, moved))
+                        self.orchestrator.s.set_ratios(self.learner.ratios)
 
     def _held(self, running: dict[str, _Running], live: set[tuple[str, int]]
               ) -> dict[str, float]:

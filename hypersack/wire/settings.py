@@ -89,6 +89,9 @@ class ServerSettings(BaseSettings):
     learn_settle_s: PositiveSeconds = Field(default=10.0, description="no slowdown sample "
                                             "from a GPU whose trials changed this lately "
                                             "(new trials start: imports, CUDA contexts)")
+    learn_by_workload: bool = Field(default=True, description="a slowdown fit per workload "
+                                    "(model) with learn_min_samples samples of its own, "
+                                    "weighed by the trials running; false: one fit of all")
     heartbeat_interval_s: PositiveSeconds = 5.0
     heartbeat_timeout_s: PositiveSeconds = 30.0
     tick_interval_s: PositiveSeconds = 1.0

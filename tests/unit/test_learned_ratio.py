@@ -91,6 +91,30 @@ def test_the_ratio_steps_toward_the_hidden_saturation_and_packing_follows() -> N
     assert per_gpu(orch)[0] == int(ratios[-1] * 100 // 50)
 
 
+@pytest.mark.parametrize("by_workload", [True, False])
+def test_each_workload_gets_its_own_fit_and_the_off_switch(by_workload: bool) -> None:
+    """Samples carry their trial's model; with samples enough the workload has a fit of
+    its own, shown beside the architecture's, and weighed by the trials running (with
+    one workload running, the same ratio as the fit of every sample); off: none."""
+    ratios = {}
+    for on in (True, by_workload):
+        orch, _, clock = learning(learn_by_workload=on)
+        orch.handle(NodeJoined(parse_shorthand("1x4xA100-80GB").nodes[0]))
+        orch.handle(StudySubmitted(study(14)))
+        for _ in range(60):
+            report_round(orch, clock)
+        ratios[on] = orch.s.config.ratio("A100", {})
+        (level,) = orch.sharing.levels(["A100"])
+    assert ratios[True] == ratios[by_workload] < 3.0
+    if by_workload:
+        (own,) = level.workloads
+        assert own.workload == "resnet18" and own.samples >= 40
+        assert abs(own.saturation_pct - SAT) <= 10
+        assert "; by workload: resnet18 (" in level.describe()
+    else:
+        assert level.workloads == () and "by workload" not in level.describe()
+
+
 def test_a_gpu_that_changed_during_the_window_gives_no_sample() -> None:
     orch, _, clock = learning()
     orch.handle(NodeJoined(parse_shorthand("1x1xA100-80GB").nodes[0]))
@@ -217,10 +241,41 @@ def test_hypersack_nodes_prints_each_architectures_ratio_and_why() -> None:
     console = Console(record=True, width=300)
     print_sharing([pb.SharingLevel(arch="A100", configured=3, ratio=2.5, learning=True,
                                    samples=120, needed=40, contention=0.05,
-                                   saturation_pct=150, moves=2, queued=0.5),
+                                   saturation_pct=150, moves=2, queued=0.5,
+                                   workloads=[pb.WorkloadFit(workload="vit_tiny", samples=60,
+                                                             contention=0.1,
+                                                             saturation_pct=150),
+                                              pb.WorkloadFit(workload="resnet18", samples=50,
+                                                             contention=0.02, queued=0.5)]),
                    pb.SharingLevel(arch="H100", configured=2.5, ratio=2.5, learning=True,
                                    samples=7, needed=40)], console)
     assert console.export_text().splitlines() == [
         "A100: ratio 2.5 (learned, 2 moves; configured 3); from 120 samples; each extra "
-        "trial costs 5 %, kernels queue past 150 % load for 50 % of an iteration",
+        "trial costs 5 %, kernels queue past 150 % load for 50 % of an iteration; by "
+        "workload: vit_tiny (60 samples: 10 % per extra trial, queues past 150 %), "
+        "resnet18 (50 samples: 2 % per extra trial, no saturation seen)",
         "H100: ratio 2.5 (configured); learning: 7 of 40 samples"]
+
+
+def test_metrics_and_the_wire_carry_each_workloads_fit(tmp_path: Any,
+                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    """/metrics has a family for the workloads' own fits, and `hypersack nodes` gets them
+    over the wire (sharing_messages)."""
+    from hypersack.orchestrator.sharing import SharingLevel, WorkloadFit
+    from hypersack.server.metrics import ServerCollector
+    from hypersack.server.service import SchedulerService
+    from hypersack.server.servicers import sharing_messages
+    from hypersack.store.sqlite import SqliteStore
+
+    svc = SchedulerService(SqliteStore(tmp_path / "s.db"))
+    level = SharingLevel("A100", 3.0, 2.5, True, 120, 40, 0.05, 150.0, 2, 1.0,
+                         (WorkloadFit("vit_tiny", 60, 0.1, 150.0, 1.0),))
+    monkeypatch.setattr(svc.orch.sharing, "levels", lambda archs=None: [level])
+    families = {m.name: m for m in ServerCollector(svc).collect()}
+    got = {(s.labels["workload"], s.labels["parameter"]): s.value
+           for s in families["hypersack_oversubscription_workload_fit"].samples}
+    assert got == {("vit_tiny", "samples"): 60, ("vit_tiny", "contention"): 0.1,
+                   ("vit_tiny", "saturation_pct"): 150.0, ("vit_tiny", "queued"): 1.0}
+    (msg,) = sharing_messages(svc)
+    assert [(w.workload, w.samples, w.saturation_pct) for w in msg.workloads] == \
+        [("vit_tiny", 60, 150.0)]

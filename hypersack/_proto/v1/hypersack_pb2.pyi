@@ -187,7 +187,7 @@ class ListNodesResponse(_message.Message):
     def __init__(self, nodes: _Optional[_Iterable[_Union[Node, _Mapping]]] = ..., sharing: _Optional[_Iterable[_Union[SharingLevel, _Mapping]]] = ...) -> None: ...
 
 class SharingLevel(_message.Message):
-    __slots__ = ("arch", "configured", "ratio", "learning", "samples", "needed", "contention", "saturation_pct", "moves", "queued")
+    __slots__ = ("arch", "configured", "ratio", "learning", "samples", "needed", "contention", "saturation_pct", "moves", "queued", "workloads")
     ARCH_FIELD_NUMBER: _ClassVar[int]
     CONFIGURED_FIELD_NUMBER: _ClassVar[int]
     RATIO_FIELD_NUMBER: _ClassVar[int]
@@ -198,6 +198,7 @@ class SharingLevel(_message.Message):
     SATURATION_PCT_FIELD_NUMBER: _ClassVar[int]
     MOVES_FIELD_NUMBER: _ClassVar[int]
     QUEUED_FIELD_NUMBER: _ClassVar[int]
+    WORKLOADS_FIELD_NUMBER: _ClassVar[int]
     arch: str
     configured: float
     ratio: float
@@ -208,7 +209,22 @@ class SharingLevel(_message.Message):
     saturation_pct: float
     moves: int
     queued: float
-    def __init__(self, arch: _Optional[str] = ..., configured: _Optional[float] = ..., ratio: _Optional[float] = ..., learning: bool = ..., samples: _Optional[int] = ..., needed: _Optional[int] = ..., contention: _Optional[float] = ..., saturation_pct: _Optional[float] = ..., moves: _Optional[int] = ..., queued: _Optional[float] = ...) -> None: ...
+    workloads: _containers.RepeatedCompositeFieldContainer[WorkloadFit]
+    def __init__(self, arch: _Optional[str] = ..., configured: _Optional[float] = ..., ratio: _Optional[float] = ..., learning: bool = ..., samples: _Optional[int] = ..., needed: _Optional[int] = ..., contention: _Optional[float] = ..., saturation_pct: _Optional[float] = ..., moves: _Optional[int] = ..., queued: _Optional[float] = ..., workloads: _Optional[_Iterable[_Union[WorkloadFit, _Mapping]]] = ...) -> None: ...
+
+class WorkloadFit(_message.Message):
+    __slots__ = ("workload", "samples", "contention", "saturation_pct", "queued")
+    WORKLOAD_FIELD_NUMBER: _ClassVar[int]
+    SAMPLES_FIELD_NUMBER: _ClassVar[int]
+    CONTENTION_FIELD_NUMBER: _ClassVar[int]
+    SATURATION_PCT_FIELD_NUMBER: _ClassVar[int]
+    QUEUED_FIELD_NUMBER: _ClassVar[int]
+    workload: str
+    samples: int
+    contention: float
+    saturation_pct: float
+    queued: float
+    def __init__(self, workload: _Optional[str] = ..., samples: _Optional[int] = ..., contention: _Optional[float] = ..., saturation_pct: _Optional[float] = ..., queued: _Optional[float] = ...) -> None: ...
 
 class DrainNodeRequest(_message.Message):
     __slots__ = ("node",)
