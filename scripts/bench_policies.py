@@ -25,12 +25,12 @@ from _instances import EXAMPLES, MIXES, first_decision, heterogeneous
 from hypersack.policies import make_policy
 from hypersack.policies.base import Item, check_plan
 
-# label, policy, options: pack at its defaults (effort 20,000 nodes per variant, capped
-# at 500 ms) and capped at 5 ms; auto.
+# label, policy, options: pack at its defaults (effort 80,000, capped at 500 ms), capped
+# at 5 ms, and without its compiled LP start (lp: false, the pure-Python portfolio); auto.
 HEURISTICS: tuple[tuple[str, str, dict[str, object]], ...] = (
     ("ff", "ff", {}), ("ffd", "ffd", {}), ("wf", "wf", {}), ("wfd", "wfd", {}),
-    ("eft", "eft", {}), ("pack@5ms", "pack", {"budget_ms": 5.0}), ("pack", "pack", {}),
-    ("auto", "auto", {}))
+    ("eft", "eft", {}), ("pack@5ms", "pack", {"budget_ms": 5.0}),
+    ("pack-nolp", "pack", {"lp": False}), ("pack", "pack", {}), ("auto", "auto", {}))
 
 
 def median_time(policy: object, items: list, view: object, repeats: int) -> float:

@@ -34,6 +34,9 @@
     portfolio  the same for three more (order, score) pairs, each started only if it
              would end within the cap at the pace so far; the plan placing most wins
              (ties: the first, this policy's own order and score)
+    lp       with the portfolio, one more start: the linear relaxation's plan rounded
+             (`relax`, OR-Tools' GLOP), improved the same way; skipped without the
+             solver or past relax.MAX_VARS variables
     hetero   each item first where its comparative advantage is largest (base.arch_aware)
 
 Items with identical needs, value and speeds form a class; a class's GPUs are kept in a heap by
@@ -53,6 +56,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from hypersack.policies import relax
 from hypersack.policies.base import (
     ClusterView,
     Flat,
@@ -80,6 +84,7 @@ class ComposedOptions(BaseModel):
     budget_ms: float = Field(default=500.0, ge=0.0, le=60_000.0)
     effort: int = Field(default=80_000, ge=0, le=100_000_000)
     portfolio: bool = True
+    lp: bool = True
     # Place each item first where it has the most comparative advantage (base.arch_aware;
     # each of the two passes may use half the budget). Off by default: in the simulator
     # the restricted first pass made studies up to 16 % longer on some clusters.
@@ -156,9 +161,11 @@ _PORTFOLIO: tuple[tuple[Order, Score], ...] = (("density", "best"), ("density", 
 class ComposedPolicy:
     def __init__(self, name: str = "pack", *, order: Order = "value", score: Score = "worst",
                  improve: Improve = "repack", budget_ms: float = 500.0,
-                 effort: int = 80_000, portfolio: bool = True, hetero: bool = False) -> None:
+                 effort: int = 80_000, portfolio: bool = True, hetero: bool = False,
+                 lp: bool = True) -> None:
         opts = ComposedOptions(order=order, score=score, improve=improve, budget_ms=budget_ms,
-                               effort=effort, portfolio=portfolio, hetero=hetero)
+                               effort=effort, portfolio=portfolio, hetero=hetero, lp=lp)
+        self.lp = opts.lp
         self.effort = opts.effort
         self.portfolio = opts.portfolio
         self.hetero = opts.hetero
@@ -180,28 +187,39 @@ class ComposedPolicy:
         # Within a class, the longest run first (it starts early and overlaps with the
         # short ones).
         reps, members = classes(items)
-        variants = [(self.order, self.score)]
+        variants: list[tuple[Order, Score] | None] = [(self.order, self.score)]
         if self.portfolio:
             variants += [v for v in _PORTFOLIO if v not in variants]
+            if self.lp and relax.available():
+                variants.append(None)  # the linear relaxation's start
         # The resources' weights depend on the items and the free capacity only: the
         # same for every variant.
         sc = _Scales(cluster, Flat(cluster), items)
         best: tuple[int, Flat, list[dict[int, list[int]]], list[int]] | None = None
         effort = self.effort  # for the whole decision, in the units described above
-        for k, (order_by, score) in enumerate(variants):
+        for k, variant in enumerate(variants):
             # Another variant only while effort is left and, at the pace so far, it would
             # end within the time cap.
             if k and (effort <= 0
                       or start + (time.perf_counter() - start) * (k + 1) / k > deadline):
                 break
             flat = Flat(cluster)
-            order = self._class_order(order_by, reps, members, items, flat, sc)
             on: list[dict[int, list[int]]] = [{} for _ in range(len(flat))]
-            left: list[list[int]] = [[] for _ in reps]
-            scorer = _scorer(score, flat, sc)
-            for c in order:
-                self._greedy(c, reps[c], members[c], flat, scorer, on, left)
-            effort -= len(reps) * len(flat)
+            if variant is None:
+                order = list(range(len(reps)))
+                left = [its[::-1] for its in members]  # pop() gives the longest first
+                solved = relax.lp_start(reps, flat, left, on)
+                if solved is None:
+                    continue
+                effort -= solved
+            else:
+                order_by, score = variant
+                order = self._class_order(order_by, reps, members, items, flat, sc)
+                left = [[] for _ in reps]
+                scorer = _scorer(score, flat, sc)
+                for c in order:
+                    self._greedy(c, reps[c], members[c], flat, scorer, on, left)
+                effort -= len(reps) * len(flat)
             if self.improve in ("swap", "repack") and effort > 0:
                 _swap(reps, flat, on, left, deadline)
                 effort -= len(reps) * len(flat)
