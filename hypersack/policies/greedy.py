@@ -278,7 +278,9 @@ def _earliest_finish(items: Sequence[Item], order: list[int], flat: Flat,
     An item's end on an untouched GPU is its own run time there; on a touched one, the
     longer of that and the GPU's longest, so each heap's first GPU that fits is its best
     (the order of its keys is the order of the ends). A GPU that does not fit is set
-    aside and pushed back after the item, as worst fit does; one that cannot take the
+    aside until an item with other needs comes (capacity only shrinks: it cannot fit
+    the next item of the same needs either, and items of one class come together in the
+    longest-first order); one that cannot take the
     decision's smallest need leaves for good, and an architecture none of whose GPUs has
     the compute or the memory an item needs is not searched for it (the most free of
     each is kept in a lazy heap), so a decision that fills the cluster does not scan
@@ -318,11 +320,23 @@ def _earliest_finish(items: Sequence[Item], order: list[int], flat: Flat,
             heapq.heapify(h2)
     chosen: list[tuple[int, int]] = []
     failed: set[int] = set()  # needs that fitted nowhere (capacity only shrinks)
+    # GPUs that did not fit the current needs, by (architecture, touched), kept out of
+    # the heaps while items of those needs come.
+    parked: dict[tuple[str, bool], list[tuple[float, float, int]]] = {}
+    parked_for = -1
     for i in order:
         it = items[i]
         needs = it.needs
         if id(needs) in failed:
             continue
+        if id(needs) != parked_for:
+            for (a, touched), entries in parked.items():
+                heap = (used if touched else fresh)[a]
+                for entry in entries:
+                    if open_(entry[-1]):
+                        heapq.heappush(heap, entry)
+            parked = {}
+            parked_for = id(needs)
         best: tuple[float, float, float, int] | None = None
         tops: list[tuple[str, bool, tuple[float, float, int]]] = []  # (arch, touched, entry)
         for a, need in needs.items():
@@ -332,7 +346,6 @@ def _earliest_finish(items: Sequence[Item], order: list[int], flat: Flat,
             run = it.run_time_s / it.speed.get(a, 1.0) if it.speed else it.run_time_s
             for touched in (False, True):
                 heap = (used if touched else fresh).get(a, [])
-                aside: list[tuple[float, float, int]] = []
                 while heap:
                     entry = heapq.heappop(heap)
                     g = entry[-1]
@@ -343,9 +356,7 @@ def _earliest_finish(items: Sequence[Item], order: list[int], flat: Flat,
                             best = key
                         break
                     if open_(g):
-                        aside.append(entry)
-                for entry in aside:
-                    heapq.heappush(heap, entry)
+                        parked.setdefault((a, touched), []).append(entry)
         if best is None:
             failed.add(id(needs))
             continue
