@@ -31,7 +31,7 @@
                        and nodes), so the plan does not depend on the machine's speed
                        (unless the time cap cuts it), and at scale, where one greedy pass
                        costs the whole effort, it is all that runs
-    portfolio  the same for three more (order, score) pairs, each started only if it
+    portfolio  the same for two more (order, score) pairs, each started only if it
              would end within the cap at the pace so far; the plan placing most wins
              (ties: the first, this policy's own order and score)
     lp       with the portfolio, one more start: the linear relaxation's plan rounded

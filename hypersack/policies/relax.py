@@ -11,8 +11,8 @@ GPU's knapsack). Without OR-Tools' linear solver, or past `MAX_VARS` variables, 
 no start and `pack` runs its pure-Python portfolio alone.
 
 Measured (`scripts/bench_policies.py`'s heterogeneous instances, 16 GPUs): with this
-start the portfolio places 99.2-99.6 % of CP-SAT's 20 s plan on `mixed` seed 0 (97.6 %
-without) and 98.8 % on `compute` seed 2 (97.9 %), at 8-14 ms for the start and its
+start the portfolio places 99.1 % of CP-SAT's 20 s plan on `mixed` seed 0 (97.6 %
+without) and 98.1 % on `compute` seed 2 (97.7 %), at 6-14 ms for the start and its
 improvement.
 """
 
