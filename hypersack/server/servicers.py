@@ -8,7 +8,6 @@ import json
 import logging
 from collections.abc import AsyncIterator, Callable, Iterator
 from concurrent import futures
-from dataclasses import asdict
 from functools import partial, wraps
 from typing import Any, TypeVar
 
@@ -32,6 +31,7 @@ from hypersack.sampler.profiles import reject_repeats
 from hypersack.server.auth import Authenticator, Principal, bearer
 from hypersack.server.bridge import Aborted, Waker
 from hypersack.server.service import AgentSession, SchedulerService, Snapshot
+from hypersack.server.views import node_messages, sharing_messages
 from hypersack.wire.convert import (
     history_to_pb,
     profile_from_pb,
@@ -374,39 +374,6 @@ class SchedulerServicer(pb_grpc.SchedulerServicer):
 def peer_host(peer: str) -> str:
     """`ipv4:127.0.0.1:5000` -> `ipv4:127.0.0.1`: the client's host, its port dropped."""
     return peer.rsplit(":", 1)[0] if peer.count(":") >= 2 else peer
-
-
-def node_messages(service: SchedulerService) -> list[pb.Node]:
-    with service.locked():
-        sessions = service.sessions()
-        load = service.orch.gpu_load()
-        nodes = service.orch.nodes()
-    out = []
-    for rec in nodes:
-        s = sessions.get(rec.spec.name)
-        gpus = []
-        for g in rec.spec.gpus:
-            trials, share = load.get((rec.spec.name, g.index), (0, 0.0))
-            state = s.gpu_state.get(g.index) if s else None
-            gpus.append(pb.Gpu(index=g.index, arch=g.arch, memory_mib=g.memory_mib, uuid=g.uuid,
-                               trials=trials, compute_share=share,
-                               utilization_pct=state.utilization_pct if state else 0.0,
-                               memory_used_mib=state.memory_used_mib if state else 0,
-                               sharing=state.sharing if state else "",
-                               mps_restarts=state.mps_restarts if state else 0))
-        out.append(pb.Node(name=rec.spec.name, cores=rec.spec.cores, draining=rec.draining,
-                           connected=bool(s and s.connected),
-                           last_seen_s=service.since(s.last_seen) if s else -1.0,
-                           gpus=gpus, backend=s.backend if s else ""))
-    return out
-
-
-def sharing_messages(service: SchedulerService) -> list[pb.SharingLevel]:
-    """Each architecture's oversubscription ratio in force, and what it was learned from."""
-    with service.locked():
-        levels = service.orch.sharing.levels()
-    return [pb.SharingLevel(**{**asdict(lv), "workloads": [
-        pb.WorkloadFit(**asdict(w)) for w in lv.workloads]}) for lv in levels]
 
 
 class AgentLinkServicer(pb_grpc.AgentLinkServicer):

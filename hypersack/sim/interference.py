@@ -58,6 +58,13 @@ class Interference:
         return (1.0 + self.contention * (n - 1)) * \
             (1.0 - a + a * max(1.0, load / self.saturation(arch)))
 
+    def gpu_slowdowns(self, arch: str, trials: list[SharedTrial], models: list[str]
+                      ) -> list[float]:
+        """Each trial's GPU slowdown, by its model's queued share."""
+        if not self.queued:
+            return [self.gpu_slowdown(arch, trials)] * len(trials)
+        return [self.gpu_slowdown(arch, trials, m) for m in models]
+
     @staticmethod
     def cpu_slowdown(node_cores: float, trials: list[SharedTrial]) -> float:
         demand = sum(t.cores for t in trials)
@@ -68,3 +75,23 @@ class Interference:
         """Progress per second of virtual time, in solo seconds (1.0 = as fast as alone)."""
         f = trial.data_fraction
         return 1.0 / ((1.0 - f) * gpu_slowdown + f * cpu_slowdown)
+
+
+def reports(models: list[str], rates: list[float]) -> list[tuple[str, float]]:
+    """What the trials on one GPU would report to a learner, one sample per model (as
+    the server takes one per trial): their iteration time over their solo one, data
+    loading included (1 / rate), averaged over the model's trials there."""
+    by: dict[str, list[float]] = {}
+    for m, r in zip(models, rates, strict=True):
+        by.setdefault(m, []).append(1.0 / r)
+    return [(m, sum(xs) / len(xs)) for m, xs in sorted(by.items())]
+
+
+def running_mix(gpus: list[tuple[str, list[str]]]) -> dict[str, dict[str, float]]:
+    """Per architecture, the trials running by model, from (architecture, models) per GPU."""
+    out: dict[str, dict[str, float]] = {}
+    for arch, models in gpus:
+        mix = out.setdefault(arch, {})
+        for m in models:
+            mix[m] = mix.get(m, 0.0) + 1.0
+    return out

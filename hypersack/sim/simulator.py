@@ -49,7 +49,7 @@ from hypersack.orchestrator.shares import share_of
 from hypersack.orchestrator.sharing import RatioLearner
 from hypersack.policies.base import COMPUTE_SCALE, compute_capacity
 from hypersack.sim.fused import fused_estimate
-from hypersack.sim.interference import Interference, SharedTrial
+from hypersack.sim.interference import Interference, SharedTrial, reports, running_mix
 from hypersack.store.base import Store
 from hypersack.store.memory import MemoryStore
 
@@ -437,32 +437,19 @@ class Simulation:
             by_gpu.setdefault((r.node, r.gpu_index), []).append(r)
             by_node.setdefault(r.node, []).append(r.shared)
         cpu = {n: self.interference.cpu_slowdown(self._cores[n], ts) for n, ts in by_node.items()}
-        mixes: dict[str, dict[str, float]] = {}  # per architecture, running by model
-        if self.learner is not None:
-            for (node, idx), rs in by_gpu.items():
-                mix = mixes.setdefault(self._arch[node, idx], {})
-                for r in rs:
-                    mix[r.model] = mix.get(r.model, 0.0) + 1.0
+        mixes = running_mix([(self._arch[gpu], [r.model for r in rs])
+                             for gpu, rs in by_gpu.items()]) if self.learner else {}
         for (node, idx), rs in by_gpu.items():
             arch = self._arch[node, idx]
             shared = [r.shared for r in rs]
-            gpu = self.interference.gpu_slowdown(arch, shared)
-            for r in rs:
-                slow = self.interference.gpu_slowdown(arch, shared, r.model) \
-                    if self.interference.queued else gpu
+            for r, slow in zip(rs, self.interference.gpu_slowdowns(
+                    arch, shared, [r.model for r in rs]), strict=True):
                 r.rate = self.interference.rate(r.shared, slow, cpu[node])
             if self.learner is not None and \
                     now - self._sampled.get((node, idx), -math.inf) >= self.sample_every_s:
                 self._sampled[node, idx] = now
-                # What the trials would report: their iteration time over their solo
-                # one, data loading (the node's cores) included; one sample per model
-                # on the GPU, as the server takes one per trial.
-                by_model: dict[str, list[_Running]] = {}
-                for r in rs:
-                    by_model.setdefault(r.model, []).append(r)
                 load = sum(r.shared.compute_pct for r in rs)
-                for model, ms in sorted(by_model.items()):
-                    seen = sum(1.0 / r.rate for r in ms) / len(ms)
+                for model, seen in reports([r.model for r in rs], [r.rate for r in rs]):
                     moved = self.learner.observe(arch, load, len(rs), seen, model,
                                                  mixes[arch])
                     if moved is not None:

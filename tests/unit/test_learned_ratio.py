@@ -264,7 +264,7 @@ def test_metrics_and_the_wire_carry_each_workloads_fit(tmp_path: Any,
     from hypersack.orchestrator.sharing import SharingLevel, WorkloadFit
     from hypersack.server.metrics import ServerCollector
     from hypersack.server.service import SchedulerService
-    from hypersack.server.servicers import sharing_messages
+    from hypersack.server.views import sharing_messages
     from hypersack.store.sqlite import SqliteStore
 
     svc = SchedulerService(SqliteStore(tmp_path / "s.db"))
