@@ -163,6 +163,22 @@ def test_a_saved_state_that_does_not_parse_is_left_out() -> None:
     assert learner.ratios == {"A100": 3.0, "H100": 2.0}
     assert list(learner.samples["H100"]) == [(100.0, 2, 1.1)]
     assert learner.moves["H100"] == 0 and "H100" not in learner.fits
+    # Labels and per-workload fits: kept where they line up and parse, else left out.
+    learner = RatioLearner({"H100": 2.5})
+    learner.load({"configured": {"H100": 2.5}, "ratios": {"H100": 2.0},
+                  "samples": {"H100": [[1e400, 2, 1.0], [100.0, 2, 1.1], [120.0, 3, 1.2]]},
+                  "labels": {"H100": ["a", 7, "x" * 500]},
+                  "workload_fits": {"H100": {"vit": [1.0, 2.0], "": [0.1] * 7,
+                                             "cnn": [0.1, 200.0, 40, 3, 300.0, 30.0, 1.0],
+                                             "bad": [math.nan] * 7}}},
+                 {"H100": 2.5})
+    assert list(learner.labels["H100"]) == ["", "x" * 200]
+    assert set(learner.workload_fits["H100"]) == {"cnn"}
+    short = RatioLearner({"H100": 2.5})
+    short.load({"configured": {"H100": 2.5}, "ratios": {"H100": 2.0},
+                "samples": {"H100": [[100.0, 2, 1.1], [120.0, 3, 1.2]]},
+                "labels": {"H100": ["only one"]}}, {"H100": 2.5})
+    assert list(short.labels["H100"]) == ["", ""]  # lengths disagree: none trusted
 
 
 # Two workloads on one architecture: "cnn"'s kernels queue for a fifth of an iteration
