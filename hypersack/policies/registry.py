@@ -3,7 +3,7 @@ unknown.
 
 Built in: `auto` (wfd unless pack places clearly more; see `auto`), the
 paper's greedy rules (ff, ffd, wf, wfd; option hetero), `eft` (earliest finish, the
-default; see `greedy.EarliestFinishPolicy`), `pack` (a composed policy, see
+default; option hetero; see `greedy.EarliestFinishPolicy`), `pack` (a composed policy, see
 `compose`; options order, score, improve, budget_ms, effort, portfolio, hetero) and
 `optimal` (CP-SAT; options time_limit_s, workers, seed).
 
@@ -86,7 +86,7 @@ _REGISTRY: dict[str, _Entry] = {
     "ffd": _Entry(_greedy("ffd", True, False), GreedyOptions),
     "wf": _Entry(_greedy("wf", False, True), GreedyOptions),
     "wfd": _Entry(_greedy("wfd", True, True), GreedyOptions),
-    "eft": _Entry(lambda **o: EarliestFinishPolicy(), NoOptions),
+    "eft": _Entry(lambda **o: EarliestFinishPolicy(**o), GreedyOptions),
     "pack": _Entry(lambda **o: ComposedPolicy("pack", **o), ComposedOptions),
     "optimal": _Entry(_optimal, OptimalOptions),
 }

@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 from hypersack.core.errors import InvalidInput, UnknownName
 from hypersack.policies import ClusterView, GpuBin, Item, Need, NodeBin, make_policy, policy_names
 from hypersack.policies.base import Policy, check_plan, why_unplaced
+from hypersack.policies.greedy import EarliestFinishPolicy
 from hypersack.testing.contracts import PolicyContract, instances
 
 ALL = policy_names()
@@ -268,10 +269,11 @@ def test_fast_earliest_finish_decides_exactly_as_the_plain_rule(
     # Some items run faster on some architectures (a trial's or a fused group's speed).
     items = [replace(it, speed={a: speeds[(k + j) % 4] for j, a in enumerate(archs)})
              if k % 3 else it for k, it in enumerate(items)]
-    plan = make_policy("eft").place(items, view)
+    plan = EarliestFinishPolicy().rule(items, view)
     check_plan(items, view, plan)
     got = [(p.item_id, p.node, p.gpu_index) for p in plan.placements]
     assert got == naive_eft(items, view)
+    check_plan(items, view, make_policy("eft").place(items, view))  # preference first
 
 
 def test_eft_gives_the_longest_work_to_the_fastest_gpus_and_spreads_it() -> None:
@@ -290,6 +292,28 @@ def test_eft_gives_the_longest_work_to_the_fastest_gpus_and_spreads_it() -> None
     where = {p.item_id: p.node for p in plan.placements}
     assert [where[f"long{i}"] for i in range(4)] == ["b"] * 4
     assert [where[f"short{i}"] for i in range(4)] == ["a"] * 4
+    # Blind (hetero false), every item ends at its longest run time everywhere: the long
+    # ones spread over all four GPUs, as wfd does.
+    blind = {p.item_id: p.node for p in make_policy("eft", hetero=False).place(items,
+                                                                              view).placements}
+    assert [blind[f"long{i}"] for i in range(4)] == ["a", "a", "b", "b"]
     # wfd, blind to where an item ends, spreads the long ones over all four GPUs.
     wfd = {p.item_id: p.node for p in make_policy("wfd").place(items, view).placements}
     assert sorted(wfd[f"long{i}"] for i in range(4)) == ["a", "a", "b", "b"]
+
+
+def test_eft_gives_an_architecture_to_the_models_that_gain_most_there() -> None:
+    # One H100 and one A100, room for two items each. The CNNs run longest and gain
+    # 1.2x from the H100, the transformers 3x: the soonest end alone gives the H100 to
+    # the longest (the CNNs); with the preference first (the default), the transformers
+    # take the H100 and the CNNs the A100.
+    view = cluster(("a", 64000, [gpu("a", 0, 20000, arch="A100")]),
+                   ("b", 64000, [gpu("b", 0, 20000, arch="H100")]))
+    needs = {"A100": Need(10000, 1000, 1000), "H100": Need(10000, 1000, 1000)}
+    cnn, vit = {"A100": 1.0, "H100": 1.2}, {"A100": 1.0, "H100": 3.0}
+    items = [Item(f"cnn{i}", needs, 10.0, speed=cnn) for i in range(2)] + \
+        [Item(f"vit{i}", needs, 8.0, speed=vit) for i in range(2)]
+    rule = {p.item_id: p.node for p in EarliestFinishPolicy().rule(items, view).placements}
+    assert rule == {"cnn0": "b", "cnn1": "b", "vit0": "a", "vit1": "a"}
+    aware = {p.item_id: p.node for p in make_policy("eft").place(items, view).placements}
+    assert aware == {"cnn0": "a", "cnn1": "a", "vit0": "b", "vit1": "b"}
