@@ -10,7 +10,7 @@ bound by their input pipeline: the transformers (vit_tiny, deit_tiny) run `--fas
 times faster on an H100 than on an A100, the convolutional networks `--slow` times.
 Demands stay the example estimates'.
 
-For each policy (wfd, the default, and pack) and each of six scenarios (clusters,
+For each policy (wfd, eft, the default, and pack) and each of six scenarios (clusters,
 speedups, epochs) it runs SP1 with `hetero` off (the paper's blind rule) and on, and
 prints the makespans, their ratio, and the share of the transformers' trial time spent
 on H100s. `pack` has a time budget, so its plans (and makespans) vary a little between
@@ -73,7 +73,7 @@ def main() -> None:
     parser.add_argument("--slow", type=float, help="the convolutional networks' speedup")
     parser.add_argument("--epochs", type=float, default=5.0)
     parser.add_argument("--cluster", default=PAPER, help="shorthand (default: the paper's)")
-    parser.add_argument("--policies", default="wfd,pack")
+    parser.add_argument("--policies", default="wfd,eft,pack")
     args = parser.parse_args()
     scenarios = SCENARIOS
     if args.fast is not None or args.slow is not None:
