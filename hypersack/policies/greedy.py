@@ -76,16 +76,22 @@ class GreedyPolicy:
             chosen = _worst_fit(items, order, flat)
         else:
             chosen = _first_fit(items, order, flat)
-        placements: list[Placement] = []
-        placed: set[int] = set()
-        objective = 0
-        for i, g in chosen:
-            placements.append(flat.placement(items[i].id, g))
-            objective += items[i].value
-            placed.add(i)
-        unplaced = tuple(items[i].id for i in order if i not in placed)
-        return Plan(placements=tuple(placements), unplaced=unplaced,
-                    solve_time_s=time.perf_counter() - start, objective=objective)
+        return _plan(items, order, flat, chosen, start)
+
+
+def _plan(items: Sequence[Item], order: list[int], flat: Flat, chosen: list[tuple[int, int]],
+          start: float) -> Plan:
+    """The plan of (item, GPU) choices; what was not chosen is unplaced, in `order`."""
+    placements: list[Placement] = []
+    placed: set[int] = set()
+    objective = 0
+    for i, g in chosen:
+        placements.append(flat.placement(items[i].id, g))
+        objective += items[i].value
+        placed.add(i)
+    unplaced = tuple(items[i].id for i in order if i not in placed)
+    return Plan(placements=tuple(placements), unplaced=unplaced,
+                solve_time_s=time.perf_counter() - start, objective=objective)
 
 
 def _signature(needs: Mapping[str, Need], cache: dict[int, tuple[tuple[str, Need], ...]]
@@ -277,16 +283,7 @@ class EarliestFinishPolicy:
         flat = Flat(cluster)
         order = _order(items, decreasing=True)
         chosen = _earliest_finish(items, order, flat, cluster, self.hetero)
-        placements: list[Placement] = []
-        placed: set[int] = set()
-        objective = 0
-        for i, g in chosen:
-            placements.append(flat.placement(items[i].id, g))
-            objective += items[i].value
-            placed.add(i)
-        unplaced = tuple(items[i].id for i in order if i not in placed)
-        return Plan(placements=tuple(placements), unplaced=unplaced,
-                    solve_time_s=time.perf_counter() - start, objective=objective)
+        return _plan(items, order, flat, chosen, start)
 
 
 def _earliest_finish(items: Sequence[Item], order: list[int], flat: Flat,
