@@ -599,16 +599,18 @@ class Agent:
             job, _ = self._job(m.trial_id, m.study_id, m.study_id, m.gpu_index, m.program,
                                m.params_json, m.epochs, {**mps_env, **self._rung_env(m)},
                                attempt=m.attempt, owner=m.owner)
-            job.start()
+            job.start(gated=True)
         except (HyperSackError, ValueError, OSError) as exc:
             self._send(outbox, pb.AgentMessage(exited=pb.TrialExited(
                 trial_id=m.trial_id, exit_code=127, log_tail=f"cannot launch: {exc}",
                 attempt=m.attempt)), m.gpu_index)
             return
-        # Its fence first: until the watchdog runs, an agent frozen now (SIGSTOP, a
-        # stalled disk under the record's write) would leave the trial running unfenced
-        # while the server runs it elsewhere.
+        # Its fence first, then the program: until the watchdog runs, an agent frozen
+        # now (SIGSTOP, a stalled disk under the record's write) would leave the trial
+        # running unfenced while the server runs it elsewhere. A lease that lapsed
+        # meanwhile (a frozen agent that woke) starts nothing.
         self._guard(job)
+        job.release(fenced=self.lease.lapsed())
         if job.proc is not None:
             self.records.add(job.key, job.proc.pid, job.attempt)
         with self.jobs_lock:
@@ -690,7 +692,7 @@ class Agent:
                 stop_at=sdk.epoch_count(first.stop_at_epoch)))
             for j in jobs:
                 j.start()
-            process.start()
+            process.start(gated=True)
         except (HyperSackError, ValueError, OSError) as exc:
             for m in members:
                 self._send(outbox, pb.AgentMessage(exited=pb.TrialExited(
@@ -698,6 +700,7 @@ class Agent:
                     attempt=m.attempt)), g.gpu_index)
             return
         self._guard(process)  # its fence first, as a trial's (_launch)
+        process.release(fenced=self.lease.lapsed())
         if process.proc is not None:
             self.records.add(process.key, process.proc.pid, 0)
         with self.jobs_lock:

@@ -102,6 +102,11 @@ def open_regular(path: Path, mode: str) -> IO[bytes]:
         raise
 
 
+# A gated start (Job.start): the shell runs the program only once it reads "go".
+SH = "/bin/sh"
+GATE = 'IFS= read -r go; [ "$go" = go ] || exit 75; exec "$@" </dev/null'
+
+
 @dataclass
 class Job:
     """One child process: a trial, or a profile run of a workload."""
@@ -197,7 +202,11 @@ class Job:
             env[sdk.ENV_PROFILE] = f"/dev/fd/{fds[sdk.ENV_PROFILE_FD]}"
         return fds
 
-    def start(self) -> None:
+    def start(self, gated: bool = False) -> None:
+        """Start the process. `gated`: it waits, before the program runs, until
+        `release` lets it (a cold start: a shell reads one line from its stdin, then
+        execs the program with stdin from /dev/null), so its fence can be in place
+        first; a warm start's warm process starts the fence before it forks the trial."""
         self.workdir.mkdir(mode=0o700, parents=True, exist_ok=True)
         self.kept_log_path.unlink(missing_ok=True)
         env = dict(os.environ) if self.base_env is None else dict(self.base_env)
@@ -213,7 +222,8 @@ class Job:
         self._log.write(f"$ {shlex.join(self.argv)}\n".encode())
         self._log.flush()
         who: dict[str, Any] = {}
-        argv = die_with_parent(self.argv)
+        program = [SH, "-c", GATE, "hypersack-gate", *self.argv] if gated else self.argv
+        argv = die_with_parent(program)
         checkpoint = self.env.get(sdk.ENV_CHECKPOINT_DIR)
         if checkpoint:
             # The attempt's own checkpoint folder (see Agent._attempt_checkpoint), in the
@@ -231,8 +241,8 @@ class Job:
             # trial writes it through its stdout only).
             self.give_workdir()
             if switches_user():  # setpriv switches user in the exec'd wrapper
-                argv = die_with_parent(self.argv, (self.account.uid, self.account.gid,
-                                                   list(self.account.groups)))
+                argv = die_with_parent(program, (self.account.uid, self.account.gid,
+                                                 list(self.account.groups)))
             else:
                 who = {"user": self.account.uid, "group": self.account.gid,
                        "extra_groups": list(self.account.groups)}
@@ -243,7 +253,8 @@ class Job:
                                             channels, self.account, self.preload)
             if self.proc is None:
                 self.proc = subprocess.Popen(argv, cwd=self.workdir,
-                                             env=env, stdin=subprocess.DEVNULL,
+                                             env=env, stdin=subprocess.PIPE if gated
+                                             else subprocess.DEVNULL,
                                              stdout=self._log, stderr=subprocess.STDOUT,
                                              start_new_session=True,
                                              pass_fds=list(channels.values()), **who)
@@ -255,6 +266,22 @@ class Job:
             for fd in channels.values():
                 os.close(fd)
         self.started_at = time.monotonic()
+
+    def release(self, fenced: bool = False) -> None:
+        """Let a gated start run its program; `fenced`: it never runs (the node's lease
+        lapsed before its fence was in place) and ends as a fenced trial does."""
+        gate = getattr(self.proc, "stdin", None)
+        if fenced:
+            self.fenced = True
+        if gate is not None:
+            try:
+                if not fenced:
+                    gate.write(b"go\n")
+                gate.close()
+            except OSError:  # it is gone already: its exit says so
+                pass
+        if fenced:
+            self.kill()
 
     def give_workdir(self) -> None:
         """The work directory becomes the trial user's; the agent's directories above it
@@ -480,7 +507,7 @@ class MemberJob(Job):
         """The group's process writes each member's metrics in the member's folder."""
         return self.workdir / "metrics.jsonl"
 
-    def start(self) -> None:
+    def start(self, gated: bool = False) -> None:
         self.workdir.mkdir(mode=0o700, parents=True, exist_ok=True)
         for p in (self.metrics_path, self.stop_path):
             p.unlink(missing_ok=True)

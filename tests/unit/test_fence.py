@@ -74,3 +74,42 @@ def test_the_fence_ends_every_trial_before_the_server_may_requeue() -> None:
         assert fence + 0.25 + grace < timeout  # lapse, the watchdog's poll, SIGKILL
     lease = Lease(Path(os.devnull).parent / "unused")
     assert lease.lapsed()  # a new lease holds nothing
+
+
+def test_a_gated_trial_runs_nothing_until_released_and_a_fenced_one_never(
+        tmp_path: Path) -> None:
+    """The launch gate (Job.start(gated=True)): the agent starts the trial's process, then
+    its watchdog, then lets the program run. An agent frozen between the two leaves a
+    process that waits, never a program running unfenced; released with a lapsed lease,
+    the program never runs and the job ends fenced."""
+    from hypersack.agent.launcher import Job
+
+    code = "import pathlib, sys; pathlib.Path(sys.argv[1]).write_text('ran')"
+    ran = tmp_path / "ran"
+    job = Job("t1", 0, tmp_path / "t1", [sys.executable, "-c", code, str(ran)], {})
+    job.start(gated=True)
+    time.sleep(0.5)  # far longer than the program takes once let go
+    assert not ran.exists() and job.poll() is None  # waiting at the gate
+    job.release()
+    while job.poll() is None:
+        time.sleep(0.01)
+    assert job.exit_code == 0 and ran.read_text() == "ran"
+
+    never = tmp_path / "never"
+    fenced = Job("t2", 0, tmp_path / "t2", [sys.executable, "-c", code, str(never)], {})
+    fenced.start(gated=True)
+    fenced.release(fenced=True)
+    while fenced.poll() is None:
+        time.sleep(0.01)
+    assert fenced.fenced and not never.exists()
+    # Its stdin was the gate's: the program itself reads /dev/null, as without a gate.
+    reads = tmp_path / "reads"
+    stdin = Job("t3", 0, tmp_path / "t3", [sys.executable, "-c",
+                                           "import sys, pathlib; pathlib.Path(sys.argv[1])"
+                                           ".write_text(repr(sys.stdin.read()))", str(reads)],
+                {})
+    stdin.start(gated=True)
+    stdin.release()
+    while stdin.poll() is None:
+        time.sleep(0.01)
+    assert reads.read_text() == "''"
