@@ -82,10 +82,13 @@ def expand(space: SearchSpace, study_id: str) -> list[TrialRecord]:
     trials: list[TrialRecord] = []
     if space.search.adaptive:
         return trials  # asked of the sampler as capacity frees (see `grid.adaptive`)
+    # Trials of one workload share one key (immutable): built once per workload, not
+    # once per trial (a 50,000-trial study has a few dozen).
+    keys: dict[tuple[str, ...], WorkloadKey] = {}
     if space.search.type == "grid":
         points = grid_points(space.axes(), space.hyperparameters)
         for ordinal, (coords, params) in enumerate(points):
-            trials.append(_trial(space, study_id, ordinal, coords, params, epochs))
+            trials.append(_trial(space, study_id, ordinal, coords, params, epochs, keys))
     else:
         rng = random.Random(space.search.seed)
         assert space.search.samples is not None
@@ -96,7 +99,7 @@ def expand(space: SearchSpace, study_id: str) -> list[TrialRecord]:
             for name, hp in space.hyperparameters.items():
                 if active(hp, drawn):  # a conditional one only where its `when` holds
                     drawn[name] = _sample(hp, rng)
-            trials.append(_trial(space, study_id, ordinal, (ordinal,), drawn, epochs))
+            trials.append(_trial(space, study_id, ordinal, (ordinal,), drawn, epochs, keys))
     return trials
 
 
@@ -107,13 +110,24 @@ def asked_trial(space: SearchSpace, study_id: str, ordinal: int, params: dict[st
 
 
 def _trial(space: SearchSpace, study_id: str, ordinal: int, coords: tuple[int, ...],
-           params: dict[str, Any], epochs: float) -> TrialRecord:
+           params: dict[str, Any], epochs: float,
+           keys: dict[tuple[str, ...], WorkloadKey] | None = None) -> TrialRecord:
     trial_epochs = float(params.get("epochs", epochs))
+    key = None
+    if keys is not None:
+        # What workload_key reads of the parameters (the demand keys, or the default
+        # ones, and the model), as text: equal texts, equal keys.
+        wanted = (*(space.settings.demand_keys or KEY_PARAMS), "model")
+        seen = tuple(f"{k}={params[k]!r}:{type(params[k]).__name__}" if k in params else k
+                     for k in wanted)
+        key = keys.get(seen)
+        if key is None:
+            key = keys[seen] = workload_key(space, params, study_id=study_id)
     return TrialRecord(
         id=trial_id(study_id, ordinal),
         study_id=study_id,
         coords=coords,
         params=params,
-        key=workload_key(space, params, study_id=study_id),
+        key=key or workload_key(space, params, study_id=study_id),
         epochs=trial_epochs,
     )

@@ -124,3 +124,26 @@ def test_expansion_ids_are_stable_and_keys_follow_params(sp1: Any) -> None:
     assert t.key.model == t.params["model"] and t.key.batch_size == t.params["batch_size"]
     assert t.key.optimizer == "sgd" and t.key.fusion_width == 1
     assert len({t.coords for t in trials}) == 96
+
+
+def test_expanded_trials_share_their_workloads_keys_and_each_key_is_its_own() -> None:
+    """expand builds a workload's key once; every trial's key still equals the one
+    workload_key gives it alone (demand keys, a command's model, the default keys)."""
+    from hypersack.grid.expand import expand, workload_key
+
+    spaces = [
+        parse_space({"name": "a", "models": ["resnet18", "vit_tiny"],
+                     "hyperparameters": {"batch_size": [64, 128], "lr": [0.1, 0.01, 1]}}),
+        parse_space({"name": "b", "models": ["resnet18", "vit_tiny"],
+                     "hyperparameters": {"batch_size": [64, 128], "width": [1, 1.0, 2]},
+                     "settings": {"demand_keys": ["width"]}}),
+        parse_space({"name": "c", "models": ["resnet18", "vit_tiny"],
+                     "hyperparameters": {"lr": [0.1, 0.2]},
+                     "program": {"command": "{python} train.py --model {model}"}}),
+    ]
+    for space in spaces:
+        trials = expand(space, f"{space.name}-1")
+        for t in trials:
+            assert t.key == workload_key(space, t.params, study_id=f"{space.name}-1")
+        # Shared: one object per workload (1 and 1.0 are two entries of one key).
+        assert len({t.key for t in trials}) <= len({id(t.key) for t in trials}) < len(trials)
