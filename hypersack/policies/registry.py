@@ -1,7 +1,7 @@
 """The policy registry: names to factories and their options, failing loudly on anything
 unknown.
 
-Built in: `auto` (wfd unless pack places clearly more; see `auto`), the
+Built in: `auto` (eft unless pack places clearly more; see `auto`), the
 paper's greedy rules (ff, ffd, wf, wfd; option hetero), `eft` (earliest finish, the
 default; option hetero; see `greedy.EarliestFinishPolicy`), `pack` (a composed policy, see
 `compose`; options order, score, improve, budget_ms, effort, portfolio, hetero) and
