@@ -262,9 +262,10 @@ class EarliestFinishPolicy:
     is first placed only where its comparative advantage is largest, then what is left
     anywhere (base.arch_aware, as first fit does): the soonest end alone sends whatever
     is longest to the fastest GPUs, and a model that gains 3x from an H100 waited behind
-    one that gains 1.2x (in scripts/sim_hetero.py's six scenarios studies ended 5-14 %
-    later than with wfd's weighting; with the preference first, 7-14 % sooner in five
-    and 5 % later in one). Where every model gains alike, nothing changes. `hetero`
+    one that gains 1.2x (in scripts/sim_hetero.py's six scenarios studies ended 1-11 %
+    later than with wfd's weighting in five and 8 % sooner in one; with the preference
+    first, 2.5-8 % sooner in five and 4.9 % later in one). Where every model gains
+    alike, nothing changes. `hetero`
     false: every item's run time is its longest, everywhere (blind)."""
 
     name = "eft"
