@@ -296,10 +296,8 @@ class Decider:
             if g is None:
                 needs = self.profiling.needs(t, archs)
                 epochs = self.book.segment(t)
-                times = {a: self.s.profiles[t.key, a].run_time_s(epochs) for a in needs}
-                run_time = max(times.values(), default=0.0)
-                speed = ({a: run_time / s for a, s in times.items() if s > 0}
-                         if len(times) > 1 and run_time > 0 else {})
+                run_time, speed = run_time_and_speed(
+                    {a: self.s.profiles[t.key, a].run_time_s(epochs) for a in needs})
                 unseen = waiting.get(group, 0) if waiting is not None else 0
                 g = groups[group] = _Scan(fits.bound(needs) if needs else 0, unseen,
                                           needs, run_time, speed, counted=unseen > 0)
@@ -413,6 +411,15 @@ class Decider:
         return self.s.policies[name]
 
 
+def run_time_and_speed(times: Mapping[str, float]) -> tuple[float, dict[str, float]]:
+    """An item's run time (its longest over architectures) and its speed on each (that
+    over its run time there; empty where it is known on one architecture only)."""
+    run_time = max(times.values(), default=0.0)
+    speed = {a: run_time / s for a, s in times.items() if s > 0} \
+        if len(times) > 1 and run_time > 0 else {}
+    return run_time, speed
+
+
 @dataclass
 class _Scan:
     """One workload group in a scan of pending trials (`_plain_items`)."""
@@ -438,13 +445,10 @@ class _Fused:
     @property
     def item(self) -> Item:
         w = len(self.members)
-        times = self.run_times[w]
-        run_time = max(times.values(), default=0.0)
         # Its speed per architecture, as a trial alone has (`plain_items`): a fused
         # group runs faster on an H100 too, and the policies that weigh where an item
         # runs fastest must see it.
-        speed = {a: run_time / s for a, s in times.items() if s > 0} \
-            if len(times) > 1 and run_time > 0 else {}
+        run_time, speed = run_time_and_speed(self.run_times[w])
         return Item(f"fused:{self.members[0].id}", self.widths[w], run_time,
                     value=self.single_value * w, speed=speed)
 
