@@ -265,8 +265,8 @@ class EarliestFinishPolicy:
     one that gains 1.2x (in scripts/sim_hetero.py's six scenarios studies ended 1-11 %
     later than with wfd's weighting in five and 8 % sooner in one; with the preference
     first, 2.5-8 % sooner in five and 4.9 % later in one). Where every model gains
-    alike, nothing changes. `hetero`
-    false: every item's run time is its longest, everywhere (blind)."""
+    alike, nothing changes. `hetero` false: every item's run time is its longest,
+    everywhere (blind)."""
 
     name = "eft"
 
@@ -296,8 +296,8 @@ def _earliest_finish(items: Sequence[Item], order: list[int], flat: Flat,
     (the order of its keys is the order of the ends). A GPU that does not fit is set
     aside until an item with other needs comes (capacity only shrinks: it cannot fit
     the next item of the same needs either, and items of one class come together in the
-    longest-first order); one that cannot take the
-    decision's smallest need leaves for good, and an architecture none of whose GPUs has
+    longest-first order); one that cannot take the decision's smallest need leaves for
+    good, and an architecture none of whose GPUs has
     the compute or the memory an item needs is not searched for it (the most free of
     each is kept in a lazy heap), so a decision that fills the cluster does not scan
     every full GPU for each item left over."""
@@ -312,6 +312,10 @@ def _earliest_finish(items: Sequence[Item], order: list[int], flat: Flat,
 
     def share(g: int) -> float:
         return -flat.compute[g] / max(1, full[g])
+
+    def run_on(it: Item, a: str) -> float:
+        """The item's expected run time on architecture `a` (blind: its longest)."""
+        return it.run_time_s / it.speed.get(a, 1.0) if it.speed and hetero else it.run_time_s
 
     def open_(g: int) -> bool:
         return flat.slots[g] > 0 and flat.compute[g] >= low.compute and \
@@ -359,8 +363,7 @@ def _earliest_finish(items: Sequence[Item], order: list[int], flat: Flat,
             if most(most_c, a, flat.compute) < need.compute or \
                     most(most_m, a, flat.memory) < need.memory:
                 continue  # no GPU of this architecture has room enough
-            run = it.run_time_s / it.speed.get(a, 1.0) if it.speed and hetero \
-                else it.run_time_s
+            run = run_on(it, a)
             for touched in (False, True):
                 heap = (used if touched else fresh).get(a, [])
                 while heap:
@@ -382,9 +385,8 @@ def _earliest_finish(items: Sequence[Item], order: list[int], flat: Flat,
             if entry[-1] != g:
                 heapq.heappush((used if touched else fresh)[a], entry)
         a = flat.arch[g]
-        run = it.run_time_s / it.speed.get(a, 1.0) if it.speed and hetero else it.run_time_s
         flat.take(g, needs[a])
-        longest[g] = max(longest[g], run)
+        longest[g] = max(longest[g], run_on(it, a))
         chosen.append((i, g))
         if open_(g):
             heapq.heappush(used.setdefault(a, []), (longest[g], share(g), g))
