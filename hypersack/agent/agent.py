@@ -439,18 +439,22 @@ class Agent:
             job.kill()
 
     def _guard(self, job: Job) -> None:
-        """Start the watchdog that fences the job's process group (see agent.fence); a
-        warm start's was started by its warm process as it forked the trial."""
-        if job.proc is None or getattr(job.proc, "guarded", False):
-            return
-        grace = kill_grace_of(self.heartbeat_timeout_s, KILL_GRACE_S)
-        try:
-            self.watchdogs[job.key] = subprocess.Popen(
-                watchdog_argv(self.lease.path, job.proc.pid, job.workdir / FENCED_MARK, grace),
-                stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                start_new_session=True, env={"PATH": os.environ.get("PATH", "/usr/bin:/bin")})
-        except OSError as exc:  # the agent's own fence still holds while it runs
-            log.warning("%s: no fence watchdog: %s", job.id, exc)
+        """Start the watchdog that fences the job's process group (see agent.fence; a
+        warm start's was started by its warm process as it forked the trial), then let
+        the gated start run its program, unless the lease lapsed meanwhile (a frozen
+        agent that woke): then it never runs, and ends fenced."""
+        if job.proc is not None and not getattr(job.proc, "guarded", False):
+            grace = kill_grace_of(self.heartbeat_timeout_s, KILL_GRACE_S)
+            try:
+                self.watchdogs[job.key] = subprocess.Popen(
+                    watchdog_argv(self.lease.path, job.proc.pid, job.workdir / FENCED_MARK,
+                                  grace),
+                    stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                    stderr=subprocess.DEVNULL, start_new_session=True,
+                    env={"PATH": os.environ.get("PATH", "/usr/bin:/bin")})
+            except OSError as exc:  # the agent's own fence still holds while it runs
+                log.warning("%s: no fence watchdog: %s", job.id, exc)
+        job.release(fenced=self.lease.lapsed())
 
     def _reap_watchdogs(self) -> None:
         for key in [k for k, w in self.watchdogs.items() if w.poll() is not None]:
@@ -605,12 +609,11 @@ class Agent:
                 trial_id=m.trial_id, exit_code=127, log_tail=f"cannot launch: {exc}",
                 attempt=m.attempt)), m.gpu_index)
             return
-        # Its fence first, then the program: until the watchdog runs, an agent frozen
-        # now (SIGSTOP, a stalled disk under the record's write) would leave the trial
-        # running unfenced while the server runs it elsewhere. A lease that lapsed
-        # meanwhile (a frozen agent that woke) starts nothing.
+        # Its fence first, then the program (`_guard`), then the pid record: an agent
+        # frozen before the watchdog runs (SIGSTOP, a stalled disk under the record's
+        # write) must not leave the trial running unfenced while the server runs it
+        # elsewhere.
         self._guard(job)
-        job.release(fenced=self.lease.lapsed())
         if job.proc is not None:
             self.records.add(job.key, job.proc.pid, job.attempt)
         with self.jobs_lock:
@@ -700,7 +703,6 @@ class Agent:
                     attempt=m.attempt)), g.gpu_index)
             return
         self._guard(process)  # its fence first, as a trial's (_launch)
-        process.release(fenced=self.lease.lapsed())
         if process.proc is not None:
             self.records.add(process.key, process.proc.pid, 0)
         with self.jobs_lock:
