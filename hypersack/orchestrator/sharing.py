@@ -184,9 +184,7 @@ class RatioLearner:
                 or not (load_pct > 0 and math.isfinite(load_pct)):
             return False
         q = self.samples.setdefault(arch, deque(maxlen=self.window))
-        labels = self.labels.setdefault(arch, deque(maxlen=self.window))
-        while len(labels) < len(q):  # samples kept before labels were (a restored state)
-            labels.appendleft("")
+        labels = self.labels.setdefault(arch, deque(maxlen=self.window))  # in step with q
         q.append((float(load_pct), int(n), float(slowdown)))
         labels.append(workload[:200] if isinstance(workload, str) else "")
         self._new[arch] = self._new.get(arch, 0) + 1
@@ -245,11 +243,9 @@ class RatioLearner:
         samples if they have that many, else by the fit of every sample, unless they are
         most of what runs: then None (hold; what runs is mostly new to the learner). One
         part, the fit of every sample, without a mix or labelled samples."""
-        q = list(self.samples.get(arch, ()))
-        labels = list(self.labels.get(arch, ()))[-len(q):] if q else []
-        labels = [""] * (len(q) - len(labels)) + labels  # kept in step; never longer
         by: dict[str, list[tuple[float, int, float]]] = {}
-        for sample, label in zip(q, labels, strict=True):
+        for sample, label in zip(self.samples.get(arch, ()), self.labels.get(arch, ()),
+                                 strict=True):  # kept in step by add and load
             if label:
                 by.setdefault(label, []).append(sample)
         own: dict[str, Fit] = {}
