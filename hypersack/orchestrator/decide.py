@@ -38,6 +38,7 @@ from hypersack.policies.base import (
     check_plan,
     compute_capacity,
     default_value,
+    run_time_and_speed,
 )
 from hypersack.policies.registry import make_policy
 from hypersack.sampler.profiles import demand_with_override
@@ -409,15 +410,6 @@ class Decider:
         if name not in self.s.policies:
             self.s.policies[name] = make_policy(name, **self.s.config.policy_options.get(name, {}))
         return self.s.policies[name]
-
-
-def run_time_and_speed(times: Mapping[str, float]) -> tuple[float, dict[str, float]]:
-    """An item's run time (its longest over architectures) and its speed on each (that
-    over its run time there; empty where it is known on one architecture only)."""
-    run_time = max(times.values(), default=0.0)
-    speed = {a: run_time / s for a, s in times.items() if s > 0} \
-        if len(times) > 1 and run_time > 0 else {}
-    return run_time, speed
 
 
 @dataclass

@@ -71,6 +71,15 @@ class Item:
             object.__setattr__(self, "value", default_value(self.needs))
 
 
+def run_time_and_speed(times: Mapping[str, float]) -> tuple[float, dict[str, float]]:
+    """An item's run time (its longest over architectures) and its speed on each (that
+    over its run time there; empty where it is known on one architecture only)."""
+    run_time = max(times.values(), default=0.0)
+    speed = {a: run_time / s for a, s in times.items() if s > 0} \
+        if len(times) > 1 and run_time > 0 else {}
+    return run_time, speed
+
+
 def default_value(needs: Mapping[str, Need]) -> int:
     """An item's work: its largest compute demand over architectures, at least 1."""
     return max(1, max(n.compute for n in needs.values())) if needs else 0
