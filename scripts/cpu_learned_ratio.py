@@ -114,6 +114,8 @@ def one_run(ratio: float, learn: bool, seconds: float, args: argparse.Namespace,
                     time.sleep(2.0)
                 end = (time.monotonic() - start, done_epochs(server, study))
                 levels = list(client.cluster().sharing)
+                demands = [(p.demand.compute_pct, p.demand.memory_mib, p.demand.cores)
+                           for p in server.service.profiles()]
                 client.cancel(study)
         finally:
             logging.getLogger("hypersack.server.service").setLevel(logging.ERROR)
@@ -131,6 +133,7 @@ def one_run(ratio: float, learn: bool, seconds: float, args: argparse.Namespace,
             "mean_running": sum(running) / max(1, len(running)),
             "final_ratio": timeline[-1][3], "timeline": timeline,
             "samples": level.samples if level else 0,
+            "demands": demands,
             "fit": (level.contention, level.saturation_pct, level.queued) if level else None}
 
 

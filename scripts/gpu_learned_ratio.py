@@ -97,6 +97,9 @@ def main() -> None:
     p = parser(__doc__)
     p.add_argument("--batch", type=int, default=64)
     p.add_argument("--samples", type=int, default=8192, help="training samples per epoch")
+    p.add_argument("--cores", type=float, default=None,
+                   help="cores the node reports to the server (default: its own); more than "
+                        "it has lets the GPU's ratio, not the cores, bound how many trials run")
     p.add_argument("--fake", metavar="INVENTORY",
                    help="a dry run of the script on made-up GPUs (trials on the CPU, no MPS)")
     p.set_defaults(sweep=[2.5], learn=[2.5], seconds=100.0, learn_seconds=150.0,
@@ -104,6 +107,8 @@ def main() -> None:
     args = p.parse_args()
     logging.basicConfig(level=logging.WARNING)
     backend = FakeBackend(args.fake, node="local") if args.fake else NvmlBackend()
+    if args.cores is not None:
+        backend.cores = lambda: float(args.cores)  # type: ignore[method-assign]
     devices = backend.devices()
     if not devices:
         raise SystemExit("no GPU found through NVML")
@@ -127,11 +132,13 @@ def main() -> None:
               f"trials/min after {args.warmup:g} s, {row['mean_running']:.1f} running on "
               f"average, final ratio {row['final_ratio']:g} ({row['samples']} samples, fit "
               f"(c, S, a) {row['fit']}); ratio over time: {path}", flush=True)
+        print("  profiled demand (compute %, memory MiB, cores): " + ", ".join(
+            f"({c:.1f}, {m}, {k:g})" for c, m, k in row["demands"]), flush=True)
     fixed = [r for r in rows if not r["learn"]]
     if fixed:
         best = max(fixed, key=lambda r: r["per_min"])
         for row in rows:
-            if row["learn"]:
+            if row["learn"] and best["per_min"] > 0:
                 print(f"learned from {row['start']:g}: {row['per_min'] / best['per_min']:.2f} "
                       f"of fixed {best['start']:g}'s throughput")
     d = sorted(relaunch.delays())
