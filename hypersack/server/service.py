@@ -9,21 +9,15 @@ from __future__ import annotations
 
 import collections
 import gc
-import json
 import logging
-import queue
 import threading
 import time
-from collections import deque
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
-from dataclasses import dataclass, field
+from collections.abc import Callable
 from typing import Any
 
 from pydantic import ValidationError
 
 from hypersack._proto.v1 import hypersack_pb2 as pb
-from hypersack.core.bounds import clamp
 from hypersack.core.clock import Clock, SystemClock
 from hypersack.core.errors import (
     AlreadyExists,
@@ -37,7 +31,6 @@ from hypersack.core.errors import (
 from hypersack.core.files import load_yaml
 from hypersack.core.types import (
     NodeRecord,
-    NodeSpec,
     Profile,
     StudyRecord,
     TrialRecord,
@@ -48,12 +41,8 @@ from hypersack.grid.space import parse_space
 from hypersack.orchestrator import Orchestrator, OrchestratorConfig
 from hypersack.orchestrator.commands import (
     Command,
-    DropCheckpoint,
     KillTrial,
-    LaunchGroup,
-    LaunchTrial,
     ProfileWorkload,
-    launched,
 )
 from hypersack.orchestrator.events import (
     Event,
@@ -69,163 +58,22 @@ from hypersack.orchestrator.events import (
     StudySubmitted,
     Tick,
     TrialsAsked,
-    TrialStarted,
 )
 from hypersack.orchestrator.orchestrator import BatchResult
 from hypersack.policies.registry import policy_names
 from hypersack.sampler.profiles import select_profiles, to_import
+from hypersack.server.intake import AgentSession, Intake, launched_trials, to_message
 from hypersack.server.metrics import LatencyHistograms
-from hypersack.server.reports import exit_event, profile_event, progress_event
+from hypersack.server.watches import Snapshot, Watches
 from hypersack.store.base import Store
 from hypersack.wire.convert import (
-    ack_id,
-    clean_memory,
-    clean_percent,
-    clean_running,
-    key_to_pb,
     node_from_register,
-    program_to_pb,
 )
 
 log = logging.getLogger(__name__)
 
-SHARING_MODES = ("mps", "time-slicing")
-
 MAX_SPACE_BYTES = 1 << 20
-MAX_RUNNING_PER_NODE = 20_000  # trials one heartbeat may list
-BEATS_PER_BATCH = 64  # heartbeats one batch applies, unless they waited (next_batch)
-BEAT_WAIT_MAX_S = 1.0
-MAX_WATCH_INTERVAL_S = 60.0
 MAX_RETRY = 200_000  # agents' events kept while the store fails
-MAX_OUTBOX = 20_000  # messages queued for one agent; past it, it does not read: cut
-KILL_COALESCE_S = 10.0
-MAX_KILLS_REMEMBERED = 4096
-
-
-def _launched(c: Command) -> tuple[RunningTrial, ...]:
-    """The trials a command launches, as a heartbeat would list them."""
-    return tuple(RunningTrial(m.trial_id, m.gpu_index, attempt=m.attempt)
-                 for m in launched([c]))
-
-
-@dataclass
-class AgentSession:
-    node: str
-    backend: str
-    spec: NodeSpec
-    outbox: queue.Queue[pb.ServerMessage | None] = field(default_factory=queue.Queue)
-    connected: bool = True
-    last_seen: float = 0.0
-    gpu_state: dict[int, pb.GpuState] = field(default_factory=dict)
-    # Its latest heartbeat's list of running trials, as received and as cleaned.
-    beat_listed: bytes = b""
-    beat_running: tuple[RunningTrial, ...] = ()
-
-    # Called after each message queued: the stream's writer on the event loop is woken.
-    on_send: Callable[[], None] | None = None
-    # Called (once) when the agent reads too slowly: its stream is cut.
-    on_overflow: Callable[[], None] | None = None
-    overflowed: bool = False
-    # Kills sent lately, by (trial, attempt): a repeated one within KILL_COALESCE_S is
-    # not queued again (a node that lists a trial until its kill lands, or a rogue).
-    kills_sent: dict[tuple[str, int], float] = field(default_factory=dict)
-    # Messages put on its stream so far, in the order the agent reads them, and the
-    # launches among them with their place: until a heartbeat says the agent handled
-    # that many, their trials are on the way, not missing from its list.
-    queued: int = 0
-    in_flight: deque[tuple[int, tuple[RunningTrial, ...]]] = field(
-        default_factory=lambda: deque(maxlen=MAX_OUTBOX))
-    flight_lock: threading.Lock = field(default_factory=threading.Lock)
-
-    def send(self, msg: pb.ServerMessage, trials: tuple[RunningTrial, ...] = ()) -> None:
-        """Queue a message; `trials`: what it launches."""
-        if self.overflowed:
-            return
-        if self.outbox.qsize() >= MAX_OUTBOX:
-            self._overflow()
-            return
-        with self.flight_lock:
-            self.outbox.put(msg)
-            self.queued += 1
-            if trials:
-                self.in_flight.append((self.queued, trials))
-        self._woken()
-
-    def put_first(self, msg: pb.ServerMessage) -> None:
-        """Queue a message ahead of everything queued (the registration's answer)."""
-        with self.flight_lock:
-            self.outbox.queue.appendleft(msg)
-            self.queued += 1
-            self.in_flight = deque(((at + 1, t) for at, t in self.in_flight),
-                                   maxlen=MAX_OUTBOX)
-
-    def on_the_way(self, processed: int, listed: set[str]) -> tuple[RunningTrial, ...]:
-        """The trials launched past the `processed` messages the agent handled, and not
-        in its list: still on their way to it (0: the agent does not say)."""
-        if processed <= 0:
-            return ()
-        with self.flight_lock:
-            while self.in_flight and self.in_flight[0][0] <= processed:
-                self.in_flight.popleft()
-            return tuple(r for _, trials in self.in_flight for r in trials
-                         if r.trial_id not in listed)
-
-    def send_kill(self, msg: pb.ServerMessage, now: float) -> bool:
-        """Queue a kill unless the same was queued within KILL_COALESCE_S."""
-        key = (msg.kill.trial_id, msg.kill.attempt)
-        last = self.kills_sent.get(key)
-        if last is not None and now - last < KILL_COALESCE_S:
-            return False
-        if len(self.kills_sent) >= MAX_KILLS_REMEMBERED:
-            self.kills_sent = {k: t for k, t in self.kills_sent.items()
-                               if now - t < KILL_COALESCE_S}
-        self.kills_sent[key] = now
-        self.send(msg)
-        return True
-
-    def _overflow(self) -> None:
-        """The agent does not read what it is sent: drop its queue and cut its stream.
-        It is no longer connected; its node is lost unless it reconnects in time."""
-        self.overflowed = True
-        self.connected = False
-        log.warning("agent %s reads too slowly (%d messages queued): its stream is cut",
-                    self.node, self.outbox.qsize())
-        self.drain()
-        self.outbox.put(None)
-        self._woken()
-        if self.on_overflow is not None:
-            self.on_overflow()
-
-    def close(self) -> None:
-        """End the stream once what is queued before has been sent."""
-        self.outbox.put(None)
-        self._woken()
-
-    def _woken(self) -> None:
-        on_send = self.on_send
-        if on_send is not None:
-            on_send()
-
-    def drain(self) -> list[pb.ServerMessage | None]:
-        """What is queued to send now, in order (None: the stream ends there)."""
-        out: list[pb.ServerMessage | None] = []
-        while True:
-            try:
-                out.append(self.outbox.get_nowait())
-            except queue.Empty:
-                return out
-
-
-# A message from an agent's stream, waiting for the event worker: its session, the
-# message, and when it arrived.
-Queued = tuple[AgentSession, pb.AgentMessage, float]
-
-
-@dataclass(frozen=True)
-class Snapshot:
-    study: StudyRecord
-    counts: dict[str, int]
-    gpus: list[tuple[str, int, int, float]]
 
 
 def keep_out_of_gc() -> None:
@@ -246,8 +94,6 @@ class SchedulerService:
                  max_agents: int = 512) -> None:
         self._clock = clock or SystemClock()
         self._lock = threading.RLock()
-        self._changed = threading.Condition(self._lock)
-        self._version = 0
         self.orch = Orchestrator(store, self._clock, config)
         self._sessions: dict[str, AgentSession] = {}
         self.heartbeat_interval_s = heartbeat_interval_s
@@ -258,9 +104,7 @@ class SchedulerService:
         self._ticker: threading.Thread | None = None
         self.stats = {"events": 0, "heartbeats": 0, "stale": 0, "refused": 0, "batches": 0,
                       "failed_batches": 0, "profile_jobs": 0, "profiles_failed": 0}
-        self._inbox: queue.Queue[Queued] = queue.Queue()
-        # Heartbeats waiting for a batch, the latest per node, oldest first (next_batch).
-        self._beats: dict[str, Queued] = {}
+        self.intake = Intake()  # the agents' messages, grouped into batches
         # Seconds from an exit's arrival to the end of the batch that handled it (its
         # decision taken, committed and the launches queued to the streams): the server's
         # own share of the exit-to-relaunch delay. The latest 100,000.
@@ -268,9 +112,8 @@ class SchedulerService:
         # Seconds each batch took, lock held (the latest 100,000).
         self.batch_time: collections.deque[float] = collections.deque(maxlen=100_000)
         self.histograms = LatencyHistograms()  # the same, and the decisions, for /metrics
-        self.max_watches = max_watches
-        self.max_watches_per_client = max(1, max_watches // 4)
-        self._watches: dict[str, int] = {}
+        # The clients' watches of studies, woken after every batch.
+        self.watches = Watches(self._lock, self.snapshot, self._stop, max_watches)
         self._worker: threading.Thread | None = None
         self.max_agents = max_agents
         # Set when a loop stops for good: the health service says NOT_SERVING and the
@@ -315,7 +158,7 @@ class SchedulerService:
         with self._lock:
             for s in self._sessions.values():
                 s.close()
-            self._changed.notify_all()
+            self.watches.wake()
         for thread in (self._ticker, self._worker):
             if thread is not None:
                 thread.join(timeout=5)
@@ -384,8 +227,7 @@ class SchedulerService:
         for stale in result.stale:
             log.warning("ignored an event: %s", stale)
         self._route(result.commands)
-        self._version += 1
-        self._changed.notify_all()
+        self.watches.changed()
         return result
 
     def _store_state(self, failure: str | None) -> None:
@@ -401,50 +243,16 @@ class SchedulerService:
                             "reconciled when the agent reconnects)", type(c).__name__, c.node)
                 continue
             try:
-                msg = self._to_message(c)
+                msg = to_message(c)
+                if isinstance(c, ProfileWorkload):
+                    self.stats["profile_jobs"] += 1
                 if isinstance(c, KillTrial):
                     session.send_kill(msg, time.monotonic())
                 else:
-                    session.send(msg, _launched(c))
+                    session.send(msg, launched_trials(c))
             except Exception:
                 log.exception("%s for node %s not sent: it could not be encoded",
                               type(c).__name__, c.node)
-
-    @staticmethod
-    def _launch_pb(c: LaunchTrial) -> pb.LaunchTrial:
-        """The command as it is: it carries all an agent needs (the core is not read)."""
-        assert c.program is not None, "a launch carries its program"
-        return pb.LaunchTrial(
-            trial_id=c.trial_id, study_id=c.study_id, gpu_index=c.gpu_index,
-            params_json=json.dumps(c.params, sort_keys=True), key=key_to_pb(c.key),
-            epochs=c.epochs, program=program_to_pb(c.program),
-            compute_pct=c.demand.compute_pct, memory_mib=c.demand.memory_mib,
-            cores=c.demand.cores, attempt=c.attempt, owner=c.owner,
-            stop_at_epoch=c.stop_at, done_epochs=c.done_epochs)
-
-    def _to_message(self, c: Command) -> pb.ServerMessage:
-        if isinstance(c, LaunchTrial):
-            return pb.ServerMessage(launch=self._launch_pb(c))
-        if isinstance(c, LaunchGroup):
-            return pb.ServerMessage(launch_group=pb.LaunchGroup(
-                group_id=c.group_id, gpu_index=c.gpu_index, key=key_to_pb(c.key),
-                compute_pct=c.demand.compute_pct, memory_mib=c.demand.memory_mib,
-                cores=c.demand.cores, members=[self._launch_pb(m) for m in c.members]))
-        if isinstance(c, KillTrial):
-            return pb.ServerMessage(kill=pb.KillTrial(trial_id=c.trial_id, reason=c.reason,
-                                                      attempt=c.attempt))
-        if isinstance(c, DropCheckpoint):
-            return pb.ServerMessage(drop_checkpoint=pb.DropCheckpoint(
-                trial_id=c.trial_id, study_id=c.study_id))
-        assert isinstance(c, ProfileWorkload) and c.program is not None
-        self.stats["profile_jobs"] += 1
-        # Profiled with the trial the core chose (a fused width: a trial of the workload
-        # alone, which the agent runs K times).
-        return pb.ServerMessage(profile=pb.ProfileWorkload(
-            key=key_to_pb(c.key), arch=c.arch, gpu_index=c.gpu_index, iterations=c.iterations,
-            warmup=c.warmup, program=program_to_pb(c.program),
-            params_json=json.dumps(c.params, sort_keys=True), epochs=c.epochs,
-            owner=c.owner))
 
     # ----------------------------------------------------------------- clients
     def submit(self, text: str, source: str, owner: str = "", admin: bool = True
@@ -540,63 +348,6 @@ class SchedulerService:
                     for (node, idx), (n, share) in sorted(self.orch.gpu_load().items())]
             return Snapshot(study, self.counts(study_id), gpus)
 
-    def watch(self, study_id: str, min_interval_s: float, active: Callable[[], bool]
-              ) -> Iterator[Snapshot]:
-        """Snapshots of a study as it changes, ending once it is terminal or the client
-        is gone. The interval is clamped to [0, 60] s and waited for in steps of at most
-        a second, so a cancelled watch never holds its thread for long."""
-        interval = clamp(min_interval_s, 0.0, MAX_WATCH_INTERVAL_S, 1.0)
-        self.snapshot(study_id)  # NotFound before the stream starts
-        seen = -1
-        while active() and not self._stop.is_set():
-            with self._changed:
-                if self._version == seen:
-                    self._changed.wait(timeout=1.0)
-                if self._version == seen:
-                    continue
-                seen = self._version
-                snap = self.snapshot(study_id)
-            yield snap
-            if snap.study.state.value != "ACTIVE":
-                return
-            deadline = time.monotonic() + interval
-            while active() and not self._stop.is_set():
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    break
-                with self._changed:  # woken early by wake() when the client goes away
-                    self._changed.wait(min(left, 0.5))
-
-    def watching(self) -> int:
-        """How many watches are open."""
-        with self._lock:
-            return sum(self._watches.values())
-
-    def wake(self) -> None:
-        """Wake every waiting watch (one of their clients went away)."""
-        with self._changed:
-            self._changed.notify_all()
-
-    @contextmanager
-    def watch_slot(self, client: str) -> Iterator[None]:
-        """Hold one of the bounded watch slots: at most `max_watches` in all and
-        `max_watches_per_client` per holder (a user; a client host without
-        authentication); past that, Overloaded."""
-        with self._lock:
-            total = self.watching()
-            mine = self._watches.get(client, 0)
-            if total >= self.max_watches or mine >= self.max_watches_per_client:
-                raise Overloaded(f"too many watches open ({total} in all, {mine} of {client}); "
-                                 "close one or poll with hypersack status")
-            self._watches[client] = mine + 1
-        try:
-            yield
-        finally:
-            with self._lock:
-                self._watches[client] -= 1
-                if not self._watches[client]:
-                    del self._watches[client]
-
     def locked(self) -> threading.RLock:
         """The service's lock: hold it to read the orchestrator consistently."""
         return self._lock
@@ -651,69 +402,19 @@ class SchedulerService:
         with self._lock:
             session.connected = False
             session.close()
-            self._changed.notify_all()
+            self.watches.wake()
         if not self._stop.is_set():
             log.warning("agent %s disconnected; its node is lost unless it reconnects "
                         "within the heartbeat timeout", session.node)
 
     def agent_message(self, session: AgentSession, msg: pb.AgentMessage) -> None:
         """Queue one message from an agent; the event worker applies queued messages in
-        batches and decides once per batch. A heartbeat is acknowledged on receipt, batch
-        or no batch, store or no store: the agent's fence lease runs from it."""
-        if session.overflowed:
-            return  # its stream is cut: what it still sends counts for nothing
-        if msg.WhichOneof("body") == "heartbeat" and msg.heartbeat.seq and session.connected:
-            session.send(pb.ServerMessage(acked=pb.Acked(id=f"heartbeat:{msg.heartbeat.seq}")))
-        self._inbox.put((session, msg, time.monotonic()))
-
-    def next_batch(self, wait_s: float = 0.2) -> list[Queued]:
-        """The messages one batch applies: every report waiting (up to 5,000), after at
-        most BEATS_PER_BATCH heartbeats (more if they waited BEAT_WAIT_MAX_S), the
-        oldest first. A heartbeat is a node's whole list of what runs, so a newer one
-        from the same node replaces one still waiting; the rest wait for the next
-        batches, except a node's heartbeat older than a report of its own in the batch,
-        which goes with it: each node's messages are applied in the order it sent them
-        (only other nodes' heartbeats wait). A thousand agents' heartbeats arriving
-        together (their timers started together) cost hundreds of milliseconds to
-        apply, and an exit behind them waited for all: now its trial's successor is
-        decided in the first batch."""
-        items: list[Queued] = []
-        try:
-            items.append(self._inbox.get(timeout=0 if self._beats else wait_s))
-        except queue.Empty:
-            pass
-        while len(items) < 5000:
-            try:
-                items.append(self._inbox.get_nowait())
-            except queue.Empty:
-                break
-        urgent: list[Queued] = []
-        for item in items:
-            if item[1].WhichOneof("body") == "heartbeat":
-                self._beats.pop(item[0].node, None)  # the newer one goes to the back
-                self._beats[item[0].node] = item
-            else:
-                urgent.append(item)
-        beats: list[Queued] = []
-        # A node's heartbeat older than a report of its own in this batch goes with it:
-        # each node's messages are applied in the order it sent them.
-        for item in urgent:
-            held = self._beats.get(item[0].node)
-            if held is not None and held[2] <= item[2]:
-                beats.append(self._beats.pop(item[0].node))
-        # Past the cap, those that waited a second go too: a node is never taken for
-        # silent because its heartbeats wait behind others.
-        overdue = time.monotonic() - BEAT_WAIT_MAX_S
-        while self._beats:
-            node, oldest = next(iter(self._beats.items()))
-            if len(beats) >= BEATS_PER_BATCH and oldest[2] > overdue:
-                break
-            beats.append(self._beats.pop(node))
-        return sorted(beats + urgent, key=lambda item: item[2])  # as they arrived
+        batches (Intake.next_batch) and decides once per batch."""
+        self.intake.put(session, msg)
 
     def _event_loop(self) -> None:
         while not self._stop.is_set():
-            items = self.next_batch()
+            items = self.intake.next_batch()
             if not items:
                 continue
             with self._lock:
@@ -721,7 +422,8 @@ class SchedulerService:
                 events = []
                 for session, msg, _ in items:
                     try:
-                        event = self._event_of(session, msg)
+                        event = self.intake.event_of(session, msg, self._clock.now(),
+                                                     self.orch.has_node, self.stats)
                     except HyperSackError as exc:
                         log.warning("agent %s: refused message: %s", session.node, exc)
                         continue
@@ -732,7 +434,7 @@ class SchedulerService:
                     if event is not None:
                         events.append(event)
                 if self._apply_retrying(*events) is not None:
-                    self._acknowledge(items)
+                    self.intake.acknowledge(items)
             done = time.monotonic()
             self.batch_time.append(done - began)
             self.histograms.batch.observe(done - began)
@@ -740,69 +442,6 @@ class SchedulerService:
                 if msg.WhichOneof("body") == "exited":
                     self.exit_latency.append(done - at)
                     self.histograms.exit.observe(done - at)
-
-    @staticmethod
-    def _acknowledge(items: list[tuple[AgentSession, pb.AgentMessage, float]]) -> None:
-        """Tell each agent which of its reports the batch committed (applied, or stale or
-        refused: sending them again would change nothing); it stops sending those. A batch
-        the store undid acknowledges nothing, and the agent sends them again."""
-        for session, msg, _ in items:
-            ack = ack_id(msg)
-            if ack is not None and session.connected:
-                session.send(pb.ServerMessage(acked=pb.Acked(id=ack)))
-
-    def _event_of(self, session: AgentSession, msg: pb.AgentMessage) -> Event | None:
-        kind = msg.WhichOneof("body")
-        node = session.node
-        session.last_seen = self._clock.now()
-        if kind == "heartbeat":
-            self.stats["heartbeats"] += 1
-            hb = msg.heartbeat
-            if len(hb.running) > MAX_RUNNING_PER_NODE:
-                raise InvalidInput(f"heartbeat: {len(hb.running)} running trials; at most "
-                                   f"{MAX_RUNNING_PER_NODE}")
-            known = {g.index for g in session.spec.gpus}
-            for g in hb.gpus:
-                if g.index in known:  # only the GPUs it registered: no unbounded growth
-                    session.gpu_state[g.index] = pb.GpuState(
-                        index=g.index, utilization_pct=clean_percent(g.utilization_pct),
-                        memory_used_mib=clean_memory(g.memory_used_mib),
-                        sharing=g.sharing if g.sharing in SHARING_MODES else "",
-                        mps_restarts=max(0, min(g.mps_restarts, 1_000_000)))
-            # A node lists the same trials beat after beat: the list's cleaned form is
-            # kept and used again while its bytes repeat (cleaning 48 trials costs about
-            # 60 us, which a thousand nodes' beats a second made 6 % of a server core).
-            processed = hb.processed
-            hb.ClearField("gpus")  # read above
-            hb.ClearField("seq")  # acknowledged on receipt
-            hb.ClearField("processed")  # grows with every message the agent reads
-            listed = hb.SerializeToString()  # the list alone
-            if listed != session.beat_listed:
-                session.beat_listed = listed
-                session.beat_running = clean_running(hb.running, RunningTrial)
-            running = session.beat_running
-            # Launches the agent had not yet handled when it listed what runs: on their
-            # way, not missing (under load the server's queue to it may lag seconds).
-            running += session.on_the_way(processed, {r.trial_id for r in running})
-            if not session.connected:
-                return None
-            if not self.orch.has_node(node):
-                # Declared lost (silent too long) but alive: it joins again.
-                log.warning("node %s was lost but its agent is alive; it joins again", node)
-                return NodeJoined(session.spec, running)
-            return Heartbeat(node, running)
-        if kind == "started":
-            return TrialStarted(msg.started.trial_id, node, msg.started.attempt)
-        if kind == "metrics":
-            return progress_event(node, msg.metrics)
-        if kind == "exited":
-            return exit_event(node, msg.exited)
-        if kind == "profile":
-            return profile_event(node, msg.profile)
-        if kind == "register":
-            raise InvalidInput("register: already registered on this stream")
-        raise InvalidInput("empty agent message")
-
 
 def _reason(result: BatchResult, source: str) -> HyperSackError:
     """The core's reason for refusing a client's event, as the client will read it: a

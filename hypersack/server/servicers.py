@@ -30,8 +30,10 @@ from hypersack.orchestrator.events import StudyCancelled, StudyExtended
 from hypersack.sampler.profiles import reject_repeats
 from hypersack.server.auth import Authenticator, Principal, bearer
 from hypersack.server.bridge import Aborted, Waker
-from hypersack.server.service import AgentSession, SchedulerService, Snapshot
+from hypersack.server.intake import AgentSession
+from hypersack.server.service import SchedulerService
 from hypersack.server.views import node_messages, sharing_messages
+from hypersack.server.watches import Snapshot
 from hypersack.wire.convert import (
     history_to_pb,
     profile_from_pb,
@@ -233,7 +235,7 @@ class SchedulerServicer(pb_grpc.SchedulerServicer):
 
     def WatchStudy(self, request: pb.WatchStudyRequest, context: grpc.ServicerContext
                    ) -> Iterator[pb.StudyUpdate]:
-        context.add_callback(self._s.wake)  # a cancelled watch frees its thread at once
+        context.add_callback(self._s.watches.wake)  # a cancelled watch frees its thread at once
         try:
             who = self._who(context)
             self._readable(who, request.study_id)
@@ -241,8 +243,8 @@ class SchedulerServicer(pb_grpc.SchedulerServicer):
             # from the same login node. Without authentication, per client host.
             holder = (f"user {who.name}" if who.via != "local" else
                       f"host {peer_host(context.peer())}")
-            with self._s.watch_slot(holder):
-                stream = self._s.watch(request.study_id, request.min_interval_s,
+            with self._s.watches.slot(holder):
+                stream = self._s.watches.watch(request.study_id, request.min_interval_s,
                                        context.is_active)
                 for snap in stream:
                     yield _update(self._s, snap)

@@ -21,7 +21,7 @@ from hypersack.policies.base import Need, compute_capacity
 from hypersack.sampler.profiles import load_profiles
 from hypersack.server.app import HyperSackServer
 from hypersack.server.auth import LOCAL, Authenticator
-from hypersack.server.service import AgentSession
+from hypersack.server.intake import AgentSession
 from hypersack.store.sqlite import SqliteStore
 from hypersack.wire import tls
 from hypersack.wire.settings import ServerSettings

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from hypersack._proto.v1 import hypersack_pb2 as pb
-from hypersack.server.service import MAX_OUTBOX, MAX_RUNNING_PER_NODE, AgentSession
+from hypersack.server.intake import MAX_OUTBOX, MAX_RUNNING_PER_NODE, AgentSession
 from hypersack.testing.rogue import run_rogue
 
 

@@ -476,7 +476,7 @@ def test_watches_are_bounded_per_user_not_per_host(secured: Secured) -> None:
     with secured.client("alice") as c:
         study = c.submit(SLEEP_SPACE, "s.yaml").id
     stub_calls = []
-    per_user = secured.server.service.max_watches_per_client
+    per_user = secured.server.service.watches.max_watches_per_client
     alice = secured.client("alice")
     channel = grpc.secure_channel(secured.server.address, secured.creds())
     from hypersack._proto.v1 import hypersack_pb2_grpc as pb_grpc

@@ -11,12 +11,13 @@ from types import SimpleNamespace
 from typing import Any
 
 from hypersack._proto.v1 import hypersack_pb2 as pb
-from hypersack.server.service import BEATS_PER_BATCH, SchedulerService
+from hypersack.server.intake import BEATS_PER_BATCH
+from hypersack.server.service import SchedulerService
 from hypersack.store.sqlite import SqliteStore
 
 
 def _queue(svc: SchedulerService, node: str, msg: pb.AgentMessage, at: float) -> None:
-    svc._inbox.put((SimpleNamespace(node=node), msg, at))  # type: ignore[arg-type]
+    svc.intake._inbox.put((SimpleNamespace(node=node), msg, at))  # type: ignore[arg-type]
 
 
 def _beat(seq: int) -> pb.AgentMessage:
@@ -34,7 +35,7 @@ def test_an_exit_is_not_held_behind_a_thousand_heartbeats(tmp_path: Path) -> Non
         for i in range(300):
             _queue(svc, f"n{i:03d}", _beat(seq), now)
     _queue(svc, "n007", pb.AgentMessage(exited=pb.TrialExited(trial_id="t1")), now)
-    first = svc.next_batch(wait_s=0)
+    first = svc.intake.next_batch(wait_s=0)
     assert _kinds(first).count("exited") == 1
     # The exit's own node's heartbeat goes with it (its newer one came first: it was
     # sent before the exit was queued here), and the cap's worth of others.
@@ -47,7 +48,7 @@ def test_an_exit_is_not_held_behind_a_thousand_heartbeats(tmp_path: Path) -> Non
                 assert session.node not in seen  # one per node: coalesced
                 seen[session.node] = msg.heartbeat.seq
         assert _kinds(batch).count("heartbeat") <= BEATS_PER_BATCH + 1
-        batch = svc.next_batch(wait_s=0)
+        batch = svc.intake.next_batch(wait_s=0)
     assert len(seen) == 300 and set(seen.values()) == {2}
 
 
@@ -57,8 +58,8 @@ def test_heartbeats_that_waited_a_second_all_go(tmp_path: Path) -> None:
     for i in range(3 * BEATS_PER_BATCH):
         _queue(svc, f"n{i:03d}", _beat(1), old)
     # None may wait longer: a node is never taken for silent because of the cap.
-    assert _kinds(svc.next_batch(wait_s=0)).count("heartbeat") == 3 * BEATS_PER_BATCH
-    assert svc.next_batch(wait_s=0) == []
+    assert _kinds(svc.intake.next_batch(wait_s=0)).count("heartbeat") == 3 * BEATS_PER_BATCH
+    assert svc.intake.next_batch(wait_s=0) == []
 
 
 def test_a_node_s_messages_keep_their_order(tmp_path: Path) -> None:
@@ -69,13 +70,13 @@ def test_a_node_s_messages_keep_their_order(tmp_path: Path) -> None:
     _queue(svc, "late", _beat(1), now + 0.001)
     _queue(svc, "late", pb.AgentMessage(exited=pb.TrialExited(trial_id="t1")), now + 0.002)
     _queue(svc, "late", _beat(2), now + 0.003)  # sent after the exit: it waits
-    first = svc.next_batch(wait_s=0)
+    first = svc.intake.next_batch(wait_s=0)
     mine = [(m.WhichOneof("body"), m.heartbeat.seq) for s, m, _ in first if s.node == "late"]
     # Its heartbeat 1 was replaced by 2, which is newer than the exit: the exit goes
     # alone, and 2 follows in a later batch.
     assert mine == [("exited", 0)]
     rest = []
-    while batch := svc.next_batch(wait_s=0):
+    while batch := svc.intake.next_batch(wait_s=0):
         rest += [m.heartbeat.seq for s, m, _ in batch if s.node == "late"]
     assert rest == [2]
     # A heartbeat sent before a node's exit is applied before it, in the same batch.
@@ -83,7 +84,7 @@ def test_a_node_s_messages_keep_their_order(tmp_path: Path) -> None:
     for i in range(3 * BEATS_PER_BATCH):
         _queue(svc, f"m{i:03d}", _beat(1), now + 1)
     _queue(svc, "x", pb.AgentMessage(exited=pb.TrialExited(trial_id="t2")), now + 2)
-    batch = svc.next_batch(wait_s=0)
+    batch = svc.intake.next_batch(wait_s=0)
     assert [m.WhichOneof("body") for s, m, _ in batch if s.node == "x"] == \
         ["heartbeat", "exited"]
 

@@ -294,12 +294,12 @@ def test_cancelled_watches_with_huge_intervals_free_their_threads(
             continue
         call.cancel()
         opened += 1
-    while server.service.watching() and time.monotonic() < deadline:
+    while server.service.watches.watching() and time.monotonic() < deadline:
         time.sleep(0.05)
-    assert server.service.watching() == 0
+    assert server.service.watches.watching() == 0
     # Concurrent watches are bounded per client: past the bound, RESOURCE_EXHAUSTED.
     open_calls = []
-    for _ in range(server.service.max_watches_per_client):
+    for _ in range(server.service.watches.max_watches_per_client):
         call = stub.WatchStudy(pb.WatchStudyRequest(study_id="tiny-1", min_interval_s=1e300))
         next(call)
         open_calls.append(call)
