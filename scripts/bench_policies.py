@@ -26,11 +26,13 @@ from hypersack.policies import make_policy
 from hypersack.policies.base import Item, check_plan
 
 # label, policy, options: pack at its defaults (effort 80,000, capped at 500 ms), capped
-# at 5 ms, and without its compiled LP start (lp: false, the pure-Python portfolio); auto.
+# at 5 ms, without its compiled LP start (lp: false, the pure-Python portfolio), and with
+# GPUs re-solved in pairs (improve: pairs); auto.
 HEURISTICS: tuple[tuple[str, str, dict[str, object]], ...] = (
     ("ff", "ff", {}), ("ffd", "ffd", {}), ("wf", "wf", {}), ("wfd", "wfd", {}),
     ("eft", "eft", {}), ("pack@5ms", "pack", {"budget_ms": 5.0}),
-    ("pack-nolp", "pack", {"lp": False}), ("pack", "pack", {}), ("auto", "auto", {}))
+    ("pack-nolp", "pack", {"lp": False}), ("pack", "pack", {}),
+    ("pack+pairs", "pack", {"improve": "pairs"}), ("auto", "auto", {}))
 
 
 def median_time(policy: object, items: list, view: object, repeats: int) -> float:

@@ -31,6 +31,13 @@
                        and nodes), so the plan does not depend on the machine's speed
                        (unless the time cap cuts it), and at scale, where one greedy pass
                        costs the whole effort, it is all that runs
+             pairs     repack, then on the best plan re-solve GPUs two at a time: both
+                       emptied, each filled in turn from the pending items by the same
+                       knapsack, kept unless the two hold less value than before (equal
+                       value is kept: a different filling opens other pairs), both
+                       orders of every pair, up to three rounds, with an allowance of
+                       `effort` of its own (improve.pairs). Slower, and it places more
+                       where per-GPU moves are stuck (docs/policies.md)
     portfolio  the same for two more (order, score) pairs, each started only if it
              would end within the cap at the pace so far; the plan placing most wins
              (ties: the first, this policy's own order and score)
@@ -67,10 +74,11 @@ from hypersack.policies.base import (
     arch_aware,
     classes,
 )
+from hypersack.policies.improve import pairs, repack, swap
 
 Order = Literal["given", "longest", "value", "density"]
 Score = Literal["first", "worst", "best", "dot", "norm"]
-Improve = Literal["none", "swap", "repack"]
+Improve = Literal["none", "swap", "repack", "pairs"]
 
 
 class ComposedOptions(BaseModel):
@@ -196,7 +204,8 @@ class ComposedPolicy:
         # The resources' weights depend on the items and the free capacity only: the
         # same for every variant.
         sc = _Scales(cluster, Flat(cluster), items)
-        best: tuple[int, Flat, list[dict[int, list[int]]], list[int]] | None = None
+        best: tuple[int, Flat, list[dict[int, list[int]]], list[int], list[list[int]]] | None \
+            = None
         effort = self.effort  # for the whole decision, in the units described above
         for k, variant in enumerate(variants):
             # Another variant only while effort is left and, at the pace so far, it would
@@ -221,17 +230,21 @@ class ComposedPolicy:
                 for c in order:
                     self._greedy(c, reps[c], members[c], flat, scorer, on, left)
                 effort -= len(reps) * len(flat)
-            if self.improve in ("swap", "repack") and effort > 0:
-                _swap(reps, flat, on, left, deadline)
+            if self.improve != "none" and effort > 0:
+                swap(reps, flat, on, left, deadline)
                 effort -= len(reps) * len(flat)
-            if self.improve == "repack" and effort > 0:
-                effort -= _repack(reps, flat, on, left, deadline, effort)
+            if self.improve in ("repack", "pairs") and effort > 0:
+                effort -= repack(reps, flat, on, left, deadline, effort)
             value = sum(reps[c].value * len(its) for by_class in on
                         for c, its in by_class.items())
             if best is None or value > best[0]:
-                best = (value, flat, on, order)
+                best = (value, flat, on, order, left)
         assert best is not None
-        objective, flat, on, order = best
+        objective, flat, on, order, left = best
+        if self.improve == "pairs" and any(left):
+            pairs(reps, flat, on, left, deadline, self.effort)
+            objective = sum(reps[c].value * len(its) for by_class in on
+                            for c, its in by_class.items())
         placements: list[Placement] = []
         placed: set[int] = set()
         for g, by_class in enumerate(on):
@@ -291,184 +304,3 @@ class ComposedPolicy:
             if flat.fits(g, need):
                 heapq.heappush(heap, (scorer(g, need), g))
         left[c] = its[k:][::-1]  # pop() gives the longest first
-
-
-def _swap(classes: list[Item], flat: Flat, on: list[dict[int, list[int]]],
-          left: list[list[int]], deadline: float) -> None:
-    """Local search until nothing improves or the deadline: on each GPU, place pending
-    items that now fit (most value first), then swap a placed item for a pending one of
-    more value where that fits once the placed one is gone. Every move gains value, so
-    it ends."""
-    by_value = sorted(range(len(classes)), key=lambda c: -classes[c].value)
-    node_of = flat.node_of
-    improved = True
-    while improved:
-        improved = False
-        for g in range(len(flat)):
-            if time.perf_counter() > deadline:
-                return
-            a = flat.arch[g]
-            for j in by_value:
-                nj = classes[j].needs.get(a)
-                while nj is not None and left[j] and flat.fits(g, nj):
-                    flat.take(g, nj)
-                    on[g].setdefault(j, []).append(left[j].pop())
-                    improved = True
-            swapped = True
-            while swapped:
-                swapped = False
-                for i in sorted((c for c, its in on[g].items() if its),
-                                key=lambda c: classes[c].value):
-                    ni = classes[i].needs[a]
-                    for j in by_value:
-                        if classes[j].value <= classes[i].value:
-                            break
-                        nj = classes[j].needs.get(a)
-                        if (nj is None or not left[j]
-                                or flat.compute[g] + ni.compute < nj.compute
-                                or flat.memory[g] + ni.memory < nj.memory
-                                or flat.node_cores[node_of[g]] + ni.cores < nj.cores):
-                            continue
-                        left[i].append(on[g][i].pop())
-                        flat.give(g, ni)
-                        flat.take(g, nj)
-                        on[g].setdefault(j, []).append(left[j].pop())
-                        swapped = improved = True
-                        break
-                    if swapped:
-                        break
-
-
-_REPACK_CLASSES = 64  # the densest pending classes a GPU's knapsack considers
-_REPACK_NODES = 300  # branch-and-bound nodes per GPU
-_REPACK_ROUNDS = 3
-
-
-def _repack(classes: list[Item], flat: Flat, on: list[dict[int, list[int]]],
-            left: list[list[int]], deadline: float, effort: int) -> int:
-    """Re-solve, one GPU at a time, the knapsack of its own items and the pending ones,
-    and keep the filling of most value (never less than the GPU had). Repeats while a
-    round improves, up to three rounds, or until the deadline. Only GPUs that took items
-    in this decision are re-solved: after the greedy pass and `_swap`, no pending item
-    fits anywhere as the plan stands."""
-    node_of = flat.node_of
-    # Per architecture, the classes densest first (value over size, each resource
-    # normalized by the largest need of it): one sort per decision, not per GPU.
-    by_arch: dict[str, list[tuple[int, Need, int]]] = {}
-    for a in set(flat.arch):
-        rows = [(c, rep.needs[a], rep.value) for c, rep in enumerate(classes) if a in rep.needs]
-        top_c = max((n.compute for _, n, _ in rows), default=1) or 1
-        top_m = max((n.memory for _, n, _ in rows), default=1) or 1
-        top_k = max((n.cores for _, n, _ in rows), default=1) or 1
-        rows.sort(key=lambda r: -r[2] / (r[1].compute / top_c + r[1].memory / top_m
-                                         + r[1].cores / top_k + 1e-9))
-        by_arch[a] = rows
-    spent = 0
-    changes = 0  # GPUs improved so far: the pending pool changed
-    solved_at = [-1] * len(flat)  # `changes` when a GPU was last solved without gain
-    for _ in range(_REPACK_ROUNDS):
-        improved = False
-        for g in range(len(flat)):
-            if not any(on[g].values()) or solved_at[g] == changes:
-                continue
-            if spent >= effort or time.perf_counter() > deadline:
-                return spent
-            better, cost = _repack_gpu(g, by_arch[flat.arch[g]], classes, flat, on[g], left,
-                                       node_of[g], min(effort - spent, _REPACK_NODES))
-            spent += cost
-            if better:
-                changes += 1
-                improved = True
-            else:
-                solved_at[g] = changes
-        if not improved:
-            break
-    return spent
-
-
-def _repack_gpu(g: int, rows: list[tuple[int, Need, int]], classes: list[Item], flat: Flat,
-                own: dict[int, list[int]], left: list[list[int]], node: int,
-                limit: int) -> tuple[bool, int]:
-    """One GPU's knapsack, in at most `limit` nodes: whether it improved, and its cost
-    (the nodes searched plus the candidate classes it weighed)."""
-    a = flat.arch[g]
-    old_value = 0
-    for c, its in own.items():
-        need = classes[c].needs[a]
-        for _ in its:
-            flat.give(g, need)
-        old_value += classes[c].value * len(its)
-    cap_c, cap_m, cap_k = flat.compute[g], flat.memory[g], flat.node_cores[node]
-    cap_s = flat.slots[g]
-    cand: list[tuple[int, Need, int, int]] = []
-    mine: list[tuple[int, Need, int, int]] = []
-    for c, want, v in rows:
-        avail = len(left[c])
-        held = len(own.get(c, ()))
-        if (avail or held) and want.compute <= cap_c and want.memory <= cap_m \
-                and want.cores <= cap_k:
-            if len(cand) < _REPACK_CLASSES:
-                cand.append((c, want, v, avail + held))
-            elif held:
-                # The GPU's own classes always stay candidates: the old filling stays
-                # reachable.
-                mine.append((c, want, v, avail + held))
-    cand += mine
-    m = len(cand)
-    # Upper bound from position i on: what the tightest resource left could hold at the
-    # best value per unit of it among the remaining classes.
-    inf = float("inf")
-    per_c = [0.0] * (m + 1)
-    per_m = [0.0] * (m + 1)
-    per_k = [0.0] * (m + 1)
-    for i in range(m - 1, -1, -1):
-        _, n, v, _ = cand[i]
-        per_c[i] = max(per_c[i + 1], v / n.compute if n.compute else inf)
-        per_m[i] = max(per_m[i + 1], v / n.memory if n.memory else inf)
-        per_k[i] = max(per_k[i + 1], v / n.cores if n.cores else inf)
-    best_value = old_value
-    best: list[int] | None = None
-    counts = [0] * m
-    nodes = 0
-    # Depth-first over classes, most of each first; an explicit stack (no recursion).
-    stack: list[tuple[int, int, int, int, int, int, int]] = [(0, 0, cap_c, cap_m, cap_k, cap_s, -1)]
-    while stack and nodes < limit:
-        i, value, rc, rm, rk, rs, k = stack.pop()
-        if k >= 0:
-            counts[i - 1] = k
-            for j in range(i, m):
-                counts[j] = 0
-        nodes += 1
-        if value > best_value:
-            best_value = value
-            best = counts[:i] + [0] * (m - i)
-        if i == m:
-            continue
-        bound = min(rc * per_c[i], rm * per_m[i], rk * per_k[i])
-        if value + bound <= best_value:
-            continue
-        _, n, v, avail = cand[i]
-        q = min(avail, rs)
-        if n.compute:
-            q = min(q, rc // n.compute)
-        if n.memory:
-            q = min(q, rm // n.memory)
-        if n.cores:
-            q = min(q, rk // n.cores)
-        for k in range(0, q + 1):  # pushed last is explored first: the most of it
-            stack.append((i + 1, value + k * v, rc - k * n.compute, rm - k * n.memory,
-                          rk - k * n.cores, rs - k, k))
-    if best is None:
-        for c, its in own.items():
-            need = classes[c].needs[a]
-            for _ in its:
-                flat.take(g, need)
-        return False, nodes + m
-    for c, its in own.items():
-        left[c].extend(reversed(its))
-        its.clear()
-    for (c, n, _, _), k in zip(cand, best, strict=True):
-        for _ in range(k):
-            flat.take(g, n)
-            own.setdefault(c, []).append(left[c].pop())
-    return True, nodes + m

@@ -147,6 +147,23 @@ def test_repack_fills_a_gpu_that_one_for_one_swaps_cannot() -> None:
     assert set(repack.unplaced) == {"big"}
 
 
+def test_pairs_trade_items_between_gpus_where_each_gpus_knapsack_is_stuck() -> None:
+    # Two GPUs of 10,000 compute and memory. Each GPU's own knapsack over what it holds
+    # and what is pending finds nothing better; emptying both and refilling them in turn
+    # places every trial but one (the optimum).
+    view = ClusterView((node("a", 64000, gpu("a", 0, "A100", 10000, 10000),
+                             gpu("a", 1, "A100", 10000, 10000)),))
+    kinds = [((2000, 4000), 2), ((3000, 5000), 1), ((2000, 3000), 2)]
+    items = [Item(f"k{k}-{j}", {"A100": Need(c, m, 1000)})
+             for k, ((c, m), n) in enumerate(kinds) for j in range(n)]
+    repack = make_policy("pack", improve="repack", portfolio=False).place(items, view)
+    pairs = make_policy("pack", improve="pairs", portfolio=False).place(items, view)
+    best = make_policy("optimal", time_limit_s=10).place(items, view)
+    for plan in (repack, pairs):
+        check_plan(items, view, plan)
+    assert repack.objective < pairs.objective == best.objective
+
+
 @pytest.mark.parametrize("mix", ["compute", "memory", "cpu", "mixed"])
 def test_each_improvement_stage_keeps_what_the_one_before_placed(mix: str) -> None:
     from hypersack.sim.instances import heterogeneous
@@ -154,14 +171,19 @@ def test_each_improvement_stage_keeps_what_the_one_before_placed(mix: str) -> No
     for seed in range(2):
         items, view = heterogeneous(mix, seed)
         plans = {}
-        for improve in ("none", "swap", "repack"):
+        for improve in ("none", "swap", "repack", "pairs"):
             plans[improve] = make_policy("pack", improve=improve, portfolio=False,
                                          budget_ms=60_000).place(items, view)
             check_plan(items, view, plans[improve])
         both = make_policy("pack", budget_ms=60_000).place(items, view)
         check_plan(items, view, both)
         assert plans["none"].objective <= plans["swap"].objective
+        assert plans["repack"].objective <= plans["pairs"].objective
         assert plans["swap"].objective <= plans["repack"].objective <= both.objective
+        # pairs start from the best plan of the whole portfolio
+        pairs = make_policy("pack", improve="pairs", budget_ms=60_000).place(items, view)
+        check_plan(items, view, pairs)
+        assert both.objective <= pairs.objective
 
 
 def test_the_lp_start_places_more_where_the_greedy_orders_agree(
