@@ -33,7 +33,8 @@ from _instances import EXAMPLES
 
 from hypersack.core.cluster import parse_shorthand
 from hypersack.core.types import Profile
-from hypersack.grid.space import Settings, load_space, parse_space
+from hypersack.grid.settings import Settings
+from hypersack.grid.space import load_space, parse_space
 from hypersack.orchestrator import OrchestratorConfig
 from hypersack.sampler.profiles import load_profiles
 from hypersack.sim.simulator import Simulation

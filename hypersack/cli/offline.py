@@ -10,7 +10,7 @@ from typing import Any
 from hypersack._proto.v1 import hypersack_pb2 as pb
 from hypersack.core.errors import InvalidInput
 from hypersack.core.types import TrialState
-from hypersack.grid.space import Objective
+from hypersack.grid.settings import Objective
 from hypersack.store.sqlite import SqliteStore
 from hypersack.wire.convert import history_to_pb, study_to_pb, trial_to_pb
 

@@ -24,7 +24,7 @@ import math
 import statistics
 from collections.abc import Iterable, Mapping
 
-from hypersack.grid.space import Pruner
+from hypersack.grid.settings import Pruner
 
 
 def first_rungs(pruner: Pruner, epochs: float) -> tuple[int, ...]:

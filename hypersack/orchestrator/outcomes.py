@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Collection, Iterable, Mapping
 
-from hypersack.grid.space import Settings
+from hypersack.grid.settings import Settings
 
 
 def divergence(settings: Settings, metrics: Mapping[str, float],

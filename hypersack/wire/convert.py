@@ -21,7 +21,8 @@ from hypersack.core.types import (
     WorkloadKey,
     parse_key_params,
 )
-from hypersack.grid.space import Objective, Program
+from hypersack.grid.settings import Objective
+from hypersack.grid.space import Program
 from hypersack.sampler.profiles import COLUMNS, KEY_COLUMNS, profile_from_row, profile_to_row
 
 T = TypeVar("T")
