@@ -30,15 +30,13 @@ from hypersack.agent.accounts import TrialUsers
 from hypersack.agent.checkpoints import attempt_folder
 from hypersack.agent.devices import DeviceBackend, DeviceState, Measured
 from hypersack.agent.fence import FENCED_MARK, Lease, fence_of, kill_grace_of, watchdog_argv
+from hypersack.agent.groups import MemberJob, fused_argv, fused_spec
 from hypersack.agent.guard import CommandPolicy, clean_env
 from hypersack.agent.launcher import (
     KILL_GRACE_S,
     LOG_MAX_BYTES,
     Job,
-    MemberJob,
     argv_for,
-    fused_argv,
-    fused_spec,
     job_dir,
     job_key,
     node_dir,

@@ -173,7 +173,7 @@ def _fused_run(tmp: Path, spec: dict[str, Any]) -> str:
 @pytest.mark.parametrize("precision", ["bf16", "fp16"])
 def test_the_fused_trial_process_trains_and_checkpoints_in_mixed_precision(
         tmp_path: Path, precision: str) -> None:
-    from hypersack.agent.launcher import fused_spec
+    from hypersack.agent.groups import fused_spec
     from hypersack.core.types import WorkloadKey
 
     # BERT-Tiny for fp16: float16 convolutions are slow on a CPU.

@@ -65,7 +65,7 @@ def test_a_fused_profile_run_times_the_group_and_ends(tmp_path: Path) -> None:
 
 
 def test_an_adam_group_trains_and_bad_hyperparameters_are_refused(tmp_path: Path) -> None:
-    from hypersack.agent.launcher import fused_spec
+    from hypersack.agent.groups import fused_spec
     from hypersack.core.errors import InvalidInput
     from hypersack.core.types import WorkloadKey
     from hypersack.runner.fused_train import parse_spec
