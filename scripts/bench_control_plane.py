@@ -49,6 +49,7 @@ from hypersack._proto.v1 import hypersack_pb2 as pb  # noqa: E402
 from hypersack._proto.v1 import hypersack_pb2_grpc as pb_grpc  # noqa: E402
 from hypersack.cli.client import Client  # noqa: E402
 from hypersack.server.auth import LOCAL, Authenticator  # noqa: E402
+from hypersack.server.bridge import watch_lag  # noqa: E402
 from hypersack.store.sqlite import SqliteStore  # noqa: E402
 from hypersack.wire import tls as _tls  # noqa: E402
 
@@ -192,10 +193,15 @@ async def _worker(args: argparse.Namespace) -> int:
                 bench.pending_left = False
 
     beating = asyncio.ensure_future(beat())
+    # How late this worker's loop runs a timer: the delays above include it (a launch
+    # read late is a launch timed late).
+    lags: list[float] = []
+    lagging = asyncio.ensure_future(watch_lag(lags.append))
     # Until the parent closes stdin.
     await asyncio.get_running_loop().run_in_executor(None, sys.stdin.read)
     beating.cancel()
-    print(json.dumps({"delays": bench.delays, "launches": bench.launches,
+    lagging.cancel()
+    print(json.dumps({"delays": bench.delays, "launches": bench.launches, "lags": lags,
                       "heartbeats": bench.heartbeats_sent, "kills": bench.kills,
                       "superseded": bench.superseded}), flush=True)
     return 0
@@ -357,6 +363,12 @@ def cpu_seconds(proc: psutil.Process) -> float:
     return float(cpu.user + cpu.system)
 
 
+def _at(xs: list[float], q: float) -> float | None:
+    """The q-quantile of xs in milliseconds (None: no samples)."""
+    xs = sorted(xs)
+    return round(1000 * xs[int(q * (len(xs) - 1))], 1) if xs else None
+
+
 def run_once(args: argparse.Namespace, secured: bool) -> dict[str, object]:
 
     tmp = Path(tempfile.mkdtemp(prefix="hs-bench-"))
@@ -470,10 +482,12 @@ def run_once(args: argparse.Namespace, secured: bool) -> dict[str, object]:
         cpu_s = cpu_seconds(proc) - cpu_at_submit
         cores = busy_share(cores_at_submit, psutil.cpu_times(percpu=True))
         stop.set()
+        agent_lags: list[float] = []
         for w in workers:
             out, _ = w.communicate(timeout=60)  # closes its stdin: it reports and exits
             got = json.loads(out.strip().splitlines()[-1])
             bench.delays += got["delays"]
+            agent_lags += got["lags"]
             bench.launches += got["launches"]
             bench.heartbeats_sent += got["heartbeats"]
             bench.kills += got["kills"]
@@ -503,6 +517,12 @@ def run_once(args: argparse.Namespace, secured: bool) -> dict[str, object]:
             "server_exit_handled_p99_ms": stats.get("exit_handled_p99_ms"),
             "server_batch_p50_ms": stats.get("batch_p50_ms"),
             "server_batch_p99_ms": stats.get("batch_p99_ms"),
+            # How late the server's gRPC loop and the agent workers' loops ran a timer set
+            # every 50 ms: where a message waits in transport, on either side.
+            "server_loop_lag_p50_ms": stats.get("loop_lag_p50_ms"),
+            "server_loop_lag_p99_ms": stats.get("loop_lag_p99_ms"),
+            "agents_loop_lag_p50_ms": _at(agent_lags, 0.5),
+            "agents_loop_lag_p99_ms": _at(agent_lags, 0.99),
             "heartbeats_handled": stats.get("heartbeats"),
             "heartbeats_per_s": round(stats.get("heartbeats", 0) / wall, 1),
             "relaunch_delay_samples": len(d),

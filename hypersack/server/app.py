@@ -27,7 +27,7 @@ from hypersack.orchestrator import OrchestratorConfig
 from hypersack.policies.registry import policy_names
 from hypersack.sampler.profiles import load_profiles, to_import
 from hypersack.server.auth import Authenticator
-from hypersack.server.bridge import LoopThread, offloaded
+from hypersack.server.bridge import LoopThread, offloaded, watch_lag
 from hypersack.server.metrics import ServerCollector
 from hypersack.server.service import SchedulerService
 from hypersack.server.servicers import AgentLinkServicer, SchedulerServicer
@@ -131,6 +131,7 @@ class HyperSackServer:
         self._pool = futures.ThreadPoolExecutor(max_workers=32 + settings.max_watches,
                                                 thread_name_prefix="hypersack-rpc")
         self._loop = LoopThread("hypersack-grpc")
+        self._lag: futures.Future[None] | None = None  # bridge.watch_lag on the loop
         self._health = health.aio.HealthServicer()
         try:
             self._grpc = self._loop.run(self._build(settings))
@@ -197,6 +198,7 @@ class HyperSackServer:
                                          insecure=self.settings.insecure)
         self.service.start()
         self._loop.run(self._grpc.start())
+        self._lag = self._loop.post(watch_lag(self.service.histograms.observe_lag))
         self._set_health(health_pb2.HealthCheckResponse.SERVING)
         log.info("hypersack-server %s listening on %s (port %d), database %s", __version__,
                  self.settings.listen, self.port, self.settings.db)
@@ -230,6 +232,8 @@ class HyperSackServer:
     def stop(self, grace_s: float = 1.0) -> None:
         if not self._loop.closed:  # stopping twice is stopping once
             self._loop.run(self._health.enter_graceful_shutdown())
+            if self._lag is not None:
+                self._lag.cancel()
             self.service.stop()
             self._loop.run(self._grpc.stop(grace_s))
             self._pool.shutdown(wait=False, cancel_futures=True)
@@ -366,6 +370,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     orch = server.service.orch
     exits = sorted(server.service.exit_latency)
     batches = sorted(server.service.batch_time)
+    lags = sorted(server.service.histograms.lags)
 
     def at(q: float, xs: list[float] = exits) -> float | None:
         return round(1000 * xs[int(q * (len(xs) - 1))], 3) if xs else None
@@ -373,7 +378,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                       "decision_mean_ms": round(1000 * orch.decision_time_s
                                                 / max(1, orch.decision_count), 3),
                       "exit_handled_p50_ms": at(0.5), "exit_handled_p99_ms": at(0.99),
-                      "batch_p50_ms": at(0.5, batches), "batch_p99_ms": at(0.99, batches)}),
+                      "batch_p50_ms": at(0.5, batches), "batch_p99_ms": at(0.99, batches),
+                      "loop_lag_p50_ms": at(0.5, lags), "loop_lag_p99_ms": at(0.99, lags)}),
           flush=True)
     return 0
 

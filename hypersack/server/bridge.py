@@ -187,6 +187,20 @@ class Waker:
             callback()
 
 
+LAG_PERIOD_S = 0.05
+
+
+async def watch_lag(observe: Callable[[float], None], period_s: float = LAG_PERIOD_S) -> None:
+    """How late the loop runs a timer, every `period_s`, to `observe`: the time any
+    message on the loop (an agent's report, a launch to send) waits behind the work
+    queued before it. Runs until cancelled or the loop closes."""
+    loop = asyncio.get_running_loop()
+    while True:
+        began = loop.time()
+        await asyncio.sleep(period_s)
+        observe(max(0.0, loop.time() - began - period_s))
+
+
 class LoopThread:
     """An asyncio event loop running in a daemon thread; `run` waits for a coroutine on
     it from any other thread."""
@@ -207,12 +221,14 @@ class LoopThread:
     def closed(self) -> bool:
         return self.loop.is_closed()
 
-    def post(self, coro: Coroutine[Any, Any, Any]) -> None:
-        """Start a coroutine on the loop without waiting for it."""
+    def post(self, coro: Coroutine[Any, Any, Any]) -> futures.Future[Any] | None:
+        """Start a coroutine on the loop without waiting for it: its future (cancel()
+        cancels it), or None where the loop is closed."""
         try:
-            asyncio.run_coroutine_threadsafe(coro, self.loop)
+            return asyncio.run_coroutine_threadsafe(coro, self.loop)
         except RuntimeError:  # closed meanwhile
             coro.close()
+            return None
 
     def close(self) -> None:
         if self.loop.is_closed():

@@ -40,7 +40,17 @@ class LatencyHistograms:
         self.exit = h("hypersack_exit_handled_seconds",
                       "From a trial's exit arriving to the launches it freed room for "
                       "being sent")
+        self.loop_lag = h("hypersack_grpc_loop_lag_seconds",
+                          "How late the gRPC event loop ran a timer set every 50 ms: "
+                          "how long agents' messages wait there, both ways")
+        # The same, the latest 100,000 (for the counters the server prints at exit).
+        self.lags: collections.deque[float] = collections.deque(maxlen=100_000)
         self._seen_decisions = 0
+
+    def observe_lag(self, lag_s: float) -> None:
+        """From the gRPC loop (bridge.watch_lag)."""
+        self.lags.append(lag_s)
+        self.loop_lag.observe(lag_s)
 
     def observe_decisions(self, service: SchedulerService) -> None:
         """The policy runs since the last call (lock held)."""
@@ -53,7 +63,7 @@ class LatencyHistograms:
             self.decision.observe(d.solve_time_s)
 
     def collect(self) -> Iterator[Metric]:
-        for h in (self.decision, self.batch, self.exit):
+        for h in (self.decision, self.batch, self.exit, self.loop_lag):
             yield from h.collect()
 
 

@@ -83,6 +83,7 @@ def test_metrics_over_https_need_a_client_certificate(cluster: Cluster) -> None:
     assert 0 < _value(s, "hypersack_gpu_placed_compute_ratio", node="n1", gpu="0") <= 1
     assert _value(s, "hypersack_decisions_total") >= 1
     assert _value(s, "hypersack_decision_seconds_count") >= 1
+    assert _value(s, "hypersack_grpc_loop_lag_seconds_count") >= 1  # every 50 ms
     assert 0 <= _value(s, "hypersack_node_heartbeat_age_seconds", node="n1") < 30
     assert _value(s, "hypersack_trial_reserved_memory_mib", study=study) > 0
     assert _value(s, "hypersack_oversubscription_ratio_configured", arch="A100") == 3

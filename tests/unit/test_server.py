@@ -222,3 +222,19 @@ def test_agent_streams_hold_no_server_thread_each(server: HyperSackServer) -> No
     finally:
         for a in agents:
             a.close()
+
+
+def test_the_grpc_loops_lag_is_measured_where_work_holds_it() -> None:
+    # A callback that holds the loop for 0.3 s makes the next timer run at least that
+    # late: what an agent's message queued behind it waits.
+    from hypersack.server.bridge import watch_lag
+
+    loop_thread = LoopThread("test-lag")
+    lags: list[float] = []
+    try:
+        loop_thread.post(watch_lag(lags.append, period_s=0.01))
+        _wait(lambda: len(lags) >= 3)
+        loop_thread.loop.call_soon_threadsafe(time.sleep, 0.3)
+        _wait(lambda: max(lags) >= 0.25)
+    finally:
+        loop_thread.close()
