@@ -232,6 +232,9 @@ def main() -> int:
                     help="24 workloads of SP1 instead of one: freed capacity then often "
                          "fits no pending trial at once, which the relaunch delay includes")
     ap.add_argument("--json", action="store_true")
+    ap.add_argument("--switch-ms", type=float, default=0.0,
+                    help="the server's thread switch interval (sys.setswitchinterval), ms; "
+                         "0: the server's own")
     ap.add_argument("--pin", choices=["auto", "on", "off"], default="auto",
                     help="the server on CPU 0, this process and the agents on the others "
                          "(taskset), so that the two do not share a core: auto pins where "
@@ -363,6 +366,11 @@ def cpu_seconds(proc: psutil.Process) -> float:
     return float(cpu.user + cpu.system)
 
 
+# The server with the interpreter's thread switch interval set (--switch-ms).
+_SERVER = ("import sys; sys.setswitchinterval({}); from hypersack.server.app import main; "
+           "sys.exit(main())")
+
+
 def _at(xs: list[float], q: float) -> float | None:
     """The q-quantile of xs in milliseconds (None: no samples)."""
     xs = sorted(xs)
@@ -388,7 +396,10 @@ def run_once(args: argparse.Namespace, secured: bool) -> dict[str, object]:
         os.sched_setaffinity(0, others)  # this process, and the agent workers it starts
     prefix = ["taskset", "-c", ",".join(map(str, server_cpu))] if pinned else []
     server = subprocess.Popen(
-        [*prefix, sys.executable, "-m", "hypersack.server.app", "--listen", address, "--db",
+        [*prefix, sys.executable, "-c", _SERVER.format(args.switch_ms / 1000)
+         if args.switch_ms else "import sys; from hypersack.server.app import main; "
+         "sys.exit(main())",
+         "--listen", address, "--db",
          str(tmp / "bench.db"), "--heartbeat-interval-s", str(args.heartbeat_s),
          "--heartbeat-timeout-s", "60", "--profiles",
          str(ROOT / "examples" / "profiles-estimates.yaml"), "--log-level", "ERROR",
