@@ -13,7 +13,6 @@ import os
 import queue
 import random
 import resource
-import shutil
 import subprocess
 import threading
 import time
@@ -27,7 +26,7 @@ from hypersack import __version__
 from hypersack._proto.v1 import hypersack_pb2 as pb
 from hypersack._proto.v1 import hypersack_pb2_grpc as pb_grpc
 from hypersack.agent.accounts import TrialUsers
-from hypersack.agent.checkpoints import attempt_folder
+from hypersack.agent.checkpoints import Checkpoints
 from hypersack.agent.devices import DeviceBackend, DeviceState, Measured
 from hypersack.agent.fence import FENCED_MARK, Lease, fence_of, kill_grace_of, watchdog_argv
 from hypersack.agent.groups import MemberJob, fused_argv, fused_spec
@@ -45,6 +44,7 @@ from hypersack.agent.launcher import (
 )
 from hypersack.agent.mps import TIME_SLICING, MpsControl
 from hypersack.agent.procs import Records, kill_strays
+from hypersack.agent.reports import fenced_by_watchdog, metrics_message
 from hypersack.agent.warm import WARM_MARK, WarmPool, WarmProcess
 from hypersack.core import trial_env as sdk
 from hypersack.core.bounds import MAX_FUSED_MEMBERS, clamp
@@ -129,14 +129,15 @@ class Agent:
                              enabled=warm_start)
         # Trials' checkpoint folders: under this node's directory, or under a folder
         # every node sees (a shared file system), where a trial resumes on any node.
-        self.checkpoints = self.node_dir.resolve()
+        root = self.node_dir.resolve()
         if checkpoints is not None:
             try:
                 checkpoints.mkdir(parents=True, exist_ok=True)
             except OSError as exc:
                 raise InvalidInput(f"--checkpoint-dir {checkpoints}: not a folder this agent "
                                    f"can use ({exc.strerror or exc})") from None
-            self.checkpoints = checkpoints.resolve()
+            root = checkpoints.resolve()
+        self.checkpoints = Checkpoints(root)
         self._swept_at = 0.0
         self._ended_since_sweep = False
         self.heartbeat_timeout_s = 30.0
@@ -163,7 +164,6 @@ class Agent:
         self.sessions = 0
         self.heartbeat_interval_s = 5.0
         self._observed_at = 0.0
-        self._to_drop: set[tuple[str, str]] = set()  # (study, trial): checkpoints to delete
         # For /metrics: the devices as the latest heartbeat sampled them, and when it went.
         self.device_states: list[DeviceState] = []
         self.heartbeat_sent_at: float | None = None
@@ -527,25 +527,12 @@ class Agent:
                 self._unacked.pop(ack, None)
         elif kind == "drop_checkpoint":
             d = msg.drop_checkpoint
-            self._to_drop.add((d.study_id, d.trial_id))
-            self._drop_checkpoints()
+            self.checkpoints.drop(d.study_id, d.trial_id)
+            self.checkpoints.delete_dropped(self._running_ids())
 
-    def _drop_checkpoints(self) -> None:
-        """Delete the checkpoint folders of pruned trials once no attempt of theirs runs
-        here (a killed attempt may still be writing)."""
-        for study_id, trial_id in list(self._to_drop):
-            if any(j.id == trial_id and j.exit_code is None for j in self.jobs.values()):
-                continue
-            self._to_drop.discard((study_id, trial_id))
-            folder = self._checkpoint_dir(study_id, trial_id)
-            try:
-                shutil.rmtree(folder)
-            except FileNotFoundError:
-                continue
-            except OSError as exc:
-                log.warning("%s: cannot delete its checkpoint %s: %s", trial_id, folder, exc)
-                continue
-            log.info("%s: pruned; deleted its checkpoint", trial_id)
+    def _running_ids(self) -> set[str]:
+        """The trials with an attempt still running on this node."""
+        return {j.id for j in self.jobs.values() if j.exit_code is None}
 
     def _attempts(self, trial_id: str, attempts: Iterable[int] | None) -> list[Job]:
         """This node's jobs of a trial in those attempts (None: in any attempt)."""
@@ -599,7 +586,7 @@ class Agent:
             mps_env = self.mps.client_env(m.gpu_index, m.compute_pct, m.memory_mib) \
                 if self.mps is not None else {}
             job, _ = self._job(m.trial_id, m.study_id, m.study_id, m.gpu_index, m.program,
-                               m.params_json, m.epochs, {**mps_env, **self._rung_env(m)},
+                               m.params_json, m.epochs, {**mps_env, **self.checkpoints.rung_env(m)},
                                attempt=m.attempt, owner=m.owner)
             job.start(gated=True)
         except (HyperSackError, ValueError, OSError) as exc:
@@ -621,29 +608,6 @@ class Agent:
                  " ".join(job.argv))
         outbox.put(pb.AgentMessage(started=pb.TrialStarted(trial_id=m.trial_id,
                                                            attempt=m.attempt)))
-
-    def _rung_env(self, m: pb.LaunchTrial) -> dict[str, str]:
-        """The attempt's checkpoint folder (see `_attempt_checkpoint`) and the epoch it
-        stops at to be ranked, where the study's pruner pauses trials."""
-        stop_at = sdk.epoch_count(m.stop_at_epoch)
-        env = {sdk.ENV_CHECKPOINT_DIR: str(self._attempt_checkpoint(m.study_id, m.trial_id,
-                                                                    m.attempt))}
-        if stop_at > 0:
-            env[sdk.ENV_STOP_AT_EPOCH] = repr(stop_at)
-        return env
-
-    def _checkpoint_dir(self, study_id: str, trial_id: str) -> Path:
-        """A trial's checkpoint folder, the same for every attempt on this node (on any
-        node, with a shared `checkpoints` folder); each attempt keeps its own inside."""
-        return job_dir(self.checkpoints, study_id, trial_id) / "checkpoint"
-
-    def _attempt_checkpoint(self, study_id: str, trial_id: str, attempt: int) -> Path:
-        """The attempt's own checkpoint folder, `checkpoint/attempt-N`, which starts as a
-        copy of the newest checkpoint an earlier attempt left (its complete files: a
-        checkpoint written whole is renamed into place, so `*.tmp` files are skipped).
-        The attempt resumes from it and writes only there: two attempts of a trial, even
-        at once, never write the same files."""
-        return attempt_folder(self._checkpoint_dir(study_id, trial_id), attempt)
 
     def _launch_group(self, g: pb.LaunchGroup, outbox: queue.Queue[pb.AgentMessage | None]
                       ) -> None:
@@ -688,7 +652,7 @@ class Agent:
                 key, first.epochs, options, [(j.id, json.loads(m.params_json or "{}"),
                                               j.metrics_path, j.stop_path)
                                              for j, m in zip(jobs, members, strict=True)],
-                checkpoints=[self._attempt_checkpoint(m.study_id, m.trial_id, m.attempt)
+                checkpoints=[self.checkpoints.attempt(m.study_id, m.trial_id, m.attempt)
                              for m in members],
                 stop_at=sdk.epoch_count(first.stop_at_epoch)))
             for j in jobs:
@@ -792,7 +756,7 @@ class Agent:
                 job.metrics_due = now - job.metrics_sent_at < METRICS_EVERY_S
                 if not job.metrics_due:
                     job.metrics_sent_at = now
-                    outbox.put(self._metrics_message(job))
+                    outbox.put(metrics_message(job))
             code = job.poll()
             if code is None:
                 continue
@@ -801,7 +765,7 @@ class Agent:
             if not isinstance(job, MemberJob):
                 self.records.remove(job.key)
             self._ended_since_sweep = True
-            fenced = job.fenced or self._fenced_by_watchdog(job)
+            fenced = job.fenced or fenced_by_watchdog(job)
             if job.profile:
                 if job.killed_at is None or fenced:
                     self._send(outbox, self._profile_result(job, code), job.gpu_index)
@@ -817,7 +781,7 @@ class Agent:
             job.last_metrics()
             job.cap_log()
             if job.unsent:  # the last steps of its curve, before its exit
-                outbox.put(self._metrics_message(job))
+                outbox.put(metrics_message(job))
             log.info("%s exited with code %d%s", job.id, code,
                      " (fenced)" if fenced else "")
             self._send(outbox, pb.AgentMessage(exited=pb.TrialExited(
@@ -825,8 +789,8 @@ class Agent:
                 metrics=job.metrics, out_of_memory=code == sdk.OOM_EXIT_CODE and not fenced,
                 peak_memory_mib=job.peak_memory_mib, attempt=job.attempt, fenced=fenced)),
                 job.gpu_index)
-        if self._to_drop:
-            self._drop_checkpoints()
+        if self.checkpoints.dropped:
+            self.checkpoints.delete_dropped(self._running_ids())
         if self._ended_since_sweep and time.monotonic() - self._swept_at >= SWEEP_INTERVAL_S:
             # Processes that trials which ended left behind (their marker names a job no
             # longer running) go now: a trial's tree never outlives it.
@@ -836,21 +800,6 @@ class Agent:
                 kill_strays(self.agent_dir, set(self.jobs) | set(self.groups) | {WARM_MARK})
             except Exception as exc:  # a scan that fails must not stop the agent
                 log.warning("looking for processes left by trials failed: %s", exc)
-
-    @staticmethod
-    def _fenced_by_watchdog(job: Job) -> bool:
-        """Whether the job's watchdog (its group's, for a fused member) fenced it."""
-        process = job.group if isinstance(job, MemberJob) and job.group is not None else job
-        return (process.workdir / FENCED_MARK).exists()
-
-    @staticmethod
-    def _metrics_message(job: Job) -> pb.AgentMessage:
-        """A trial's latest metrics, with each step's own since the last message."""
-        iter_s, window_s = job.take_timing()
-        return pb.AgentMessage(metrics=pb.TrialMetrics(
-            trial_id=job.id, step=job.step, metrics=job.metrics, attempt=job.attempt,
-            steps=[pb.StepMetrics(step=k, metrics=v) for k, v in job.take_steps().items()],
-            iter_time_s=iter_s, iter_window_s=window_s))
 
     def _profile_result(self, job: Job, code: int) -> pb.AgentMessage:
         m = self._profile_keys.pop(job.id)

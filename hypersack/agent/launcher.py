@@ -224,7 +224,7 @@ class Job:
         argv = die_with_parent(program)
         checkpoint = self.env.get(sdk.ENV_CHECKPOINT_DIR)
         if checkpoint:
-            # The attempt's own checkpoint folder (see Agent._attempt_checkpoint), in the
+            # The attempt's own checkpoint folder (see Checkpoints.attempt), in the
             # trial's, which the trial's user may pass through.
             folder = Path(checkpoint)
             folder.mkdir(mode=0o700, parents=True, exist_ok=True)

@@ -248,8 +248,8 @@ def test_checkpoints_can_live_in_a_folder_every_node_sees(tmp_path: Path) -> Non
                     tmp_path / "work", checkpoints=shared) for n in ("n1", "n2")]
     launch = pb.LaunchTrial(trial_id="s-1-t00003", study_id="s-1", stop_at_epoch=3)
     # Paused on n1, resumed on n2: both name the same folder.
-    folder = Path(agents[0]._rung_env(launch)["HYPERSACK_CHECKPOINT_DIR"])
-    assert folder == Path(agents[1]._rung_env(launch)["HYPERSACK_CHECKPOINT_DIR"])
+    folder = Path(agents[0].checkpoints.rung_env(launch)["HYPERSACK_CHECKPOINT_DIR"])
+    assert folder == Path(agents[1].checkpoints.rung_env(launch)["HYPERSACK_CHECKPOINT_DIR"])
     assert shared.resolve() in folder.parents
     folder.mkdir(parents=True, exist_ok=True)  # the attempt's folder exists from the start
     agents[1]._command(pb.ServerMessage(drop_checkpoint=pb.DropCheckpoint(
@@ -273,14 +273,14 @@ def test_each_attempt_checkpoints_in_its_own_folder_from_the_newest_earlier_one(
 
     agent = Agent("127.0.0.1:1", "n1", FakeBackend("1xA100-80GB@4", node="n1"),
                   tmp_path / "work")
-    first = agent._attempt_checkpoint("s-1", "s-1-t00000", 1)
+    first = agent.checkpoints.attempt("s-1", "s-1-t00000", 1)
     assert first.name == "attempt-1" and list(first.iterdir()) == []  # nothing to resume
     (first / "checkpoint.json").write_text('{"epoch": 3}')
     (first / "checkpoint.json.tmp").write_text("half written")
-    third = agent._attempt_checkpoint("s-1", "s-1-t00000", 3)  # attempt 2 never saved
+    third = agent.checkpoints.attempt("s-1", "s-1-t00000", 3)  # attempt 2 never saved
     assert sorted(p.name for p in third.iterdir()) == ["checkpoint.json"]
     (third / "checkpoint.json").write_text('{"epoch": 6}')
     assert (first / "checkpoint.json").read_text() == '{"epoch": 3}'  # its own, untouched
-    fourth = agent._attempt_checkpoint("s-1", "s-1-t00000", 4)
+    fourth = agent.checkpoints.attempt("s-1", "s-1-t00000", 4)
     assert (fourth / "checkpoint.json").read_text() == '{"epoch": 6}'  # the newest
-    assert agent._attempt_checkpoint("s-1", "s-1-t00000", 4) == fourth  # made once
+    assert agent.checkpoints.attempt("s-1", "s-1-t00000", 4) == fourth  # made once

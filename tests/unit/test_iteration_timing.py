@@ -12,7 +12,7 @@ import pytest
 
 from hypersack._proto.v1 import hypersack_pb2 as pb
 from hypersack.agent import launcher
-from hypersack.agent.agent import Agent
+from hypersack.agent.reports import metrics_message
 from hypersack.core.bounds import iteration_timing
 from hypersack.runner import sdk
 from hypersack.server.reports import progress_event
@@ -60,9 +60,9 @@ def test_the_agent_reads_a_timing_from_the_metrics_line_and_sends_it_once(
                     "iter_window_s": 3.0}) + "\n"
         + json.dumps({"step": 2, "metrics": {"loss": 0.9}, "iter_s": "fast"}) + "\n")
     assert job.new_metrics()
-    sent = Agent._metrics_message(job).metrics
+    sent = metrics_message(job).metrics
     assert (sent.iter_time_s, sent.iter_window_s) == (0.2, 3.0) and sent.step == 2
-    again = Agent._metrics_message(job).metrics  # sent once
+    again = metrics_message(job).metrics  # sent once
     assert (again.iter_time_s, again.iter_window_s) == (0.0, 0.0)
 
 

@@ -1,0 +1,24 @@
+"""What the agent tells the server about a running job: its latest metrics, and
+whether its fence watchdog stopped it."""
+
+from __future__ import annotations
+
+from hypersack._proto.v1 import hypersack_pb2 as pb
+from hypersack.agent.fence import FENCED_MARK
+from hypersack.agent.groups import MemberJob
+from hypersack.agent.launcher import Job
+
+
+def fenced_by_watchdog(job: Job) -> bool:
+    """Whether the job's watchdog (its group's, for a fused member) fenced it."""
+    process = job.group if isinstance(job, MemberJob) and job.group is not None else job
+    return (process.workdir / FENCED_MARK).exists()
+
+
+def metrics_message(job: Job) -> pb.AgentMessage:
+    """A trial's latest metrics, with each step's own since the last message."""
+    iter_s, window_s = job.take_timing()
+    return pb.AgentMessage(metrics=pb.TrialMetrics(
+        trial_id=job.id, step=job.step, metrics=job.metrics, attempt=job.attempt,
+        steps=[pb.StepMetrics(step=k, metrics=v) for k, v in job.take_steps().items()],
+        iter_time_s=iter_s, iter_window_s=window_s))
