@@ -80,6 +80,23 @@ def test_every_composition_keeps_the_invariants(options: dict[str, str],
     assert sorted(again.placements, key=str) == sorted(plan.placements, key=str)
 
 
+@settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(instance=instances(max_items=30))
+def test_pairs_keep_the_invariants_and_never_place_less_than_repack(instance: Any) -> None:
+    # GPUs emptied two at a time and refilled: what was placed stays placed or is
+    # replaced by more, nothing goes over a capacity, the plan repeats, and it never
+    # beats the optimum (which would mean a capacity was not counted).
+    items, view = instance
+    pairs = make_policy("pack", improve="pairs", budget_ms=10_000)
+    plan = pairs.place(items, view)
+    check_plan(items, view, plan)
+    again = pairs.place(items, view)
+    assert sorted(again.placements, key=str) == sorted(plan.placements, key=str)
+    repack = make_policy("pack", budget_ms=10_000).place(items, view)
+    best = make_policy("optimal", time_limit_s=60, workers=1).place(items, view)
+    assert repack.objective <= plan.objective <= best.objective
+
+
 def brute_force(items: list[Item], view: ClusterView) -> int:
     gpus = view.gpus()
     best = 0
