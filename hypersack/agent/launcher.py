@@ -506,3 +506,12 @@ def safe_part(name: str) -> str:
     """A name as one path component: safe characters, never `.`, `..` or hidden."""
     part = _SAFE_NAME.sub("_", name)[:200]
     return "_" + part if not part or part.startswith(".") else part
+
+
+def __getattr__(name: str) -> Any:
+    """The fused group's parts, which lived here before agent/groups.py (which imports
+    this module): imports from here keep working."""
+    if name in ("MemberJob", "fused_argv", "fused_spec"):
+        from hypersack.agent import groups
+        return getattr(groups, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

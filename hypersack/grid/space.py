@@ -49,6 +49,11 @@ from hypersack.grid.settings import (
     Settings,
 )
 
+# Where these lived before grid/settings.py: imports from here keep working.
+from hypersack.grid.settings import Objective as Objective
+from hypersack.grid.settings import StatedDemand as StatedDemand
+from hypersack.grid.settings import StopBound as StopBound
+
 KEY_PARAMS = ("batch_size", "optimizer", "precision")
 RESERVED = ("model",)
 

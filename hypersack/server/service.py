@@ -62,7 +62,11 @@ from hypersack.orchestrator.events import (
 from hypersack.orchestrator.orchestrator import BatchResult
 from hypersack.policies.registry import policy_names
 from hypersack.sampler.profiles import select_profiles, to_import
-from hypersack.server.intake import AgentSession, Intake, launched_trials, to_message
+from hypersack.server.intake import BEATS_PER_BATCH as BEATS_PER_BATCH  # where it was
+from hypersack.server.intake import MAX_OUTBOX as MAX_OUTBOX
+from hypersack.server.intake import MAX_RUNNING_PER_NODE as MAX_RUNNING_PER_NODE
+from hypersack.server.intake import AgentSession as AgentSession
+from hypersack.server.intake import Intake, launched_trials, to_message
 from hypersack.server.metrics import LatencyHistograms
 from hypersack.server.watches import Snapshot, Watches
 from hypersack.store.base import Store
