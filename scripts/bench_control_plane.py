@@ -396,9 +396,9 @@ def run_once(args: argparse.Namespace, secured: bool) -> dict[str, object]:
         os.sched_setaffinity(0, others)  # this process, and the agent workers it starts
     prefix = ["taskset", "-c", ",".join(map(str, server_cpu))] if pinned else []
     server = subprocess.Popen(
-        [*prefix, sys.executable, "-c", _SERVER.format(args.switch_ms / 1000)
-         if args.switch_ms else "import sys; from hypersack.server.app import main; "
-         "sys.exit(main())",
+        [*prefix, sys.executable,
+         *(["-c", _SERVER.format(args.switch_ms / 1000)] if args.switch_ms
+           else ["-m", "hypersack.server.app"]),
          "--listen", address, "--db",
          str(tmp / "bench.db"), "--heartbeat-interval-s", str(args.heartbeat_s),
          "--heartbeat-timeout-s", "60", "--profiles",
@@ -538,7 +538,7 @@ def run_once(args: argparse.Namespace, secured: bool) -> dict[str, object]:
             "heartbeats_per_s": round(stats.get("heartbeats", 0) / wall, 1),
             "relaunch_delay_samples": len(d),
             "relaunch_delay_p50_ms": round(1000 * statistics.median(d), 1) if d else None,
-            "relaunch_delay_p99_ms": round(1000 * d[int(0.99 * (len(d) - 1))], 1) if d else None,
+            "relaunch_delay_p99_ms": _at(d, 0.99),
             "server_peak_rss_mib": round(peak_rss[0] / 2**20, 1),
             "server_peak_threads": peak_threads[0],
             # CPU the server spent from the submission to the study's end, per trial: its
