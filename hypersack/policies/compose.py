@@ -74,7 +74,7 @@ from hypersack.policies.base import (
     arch_aware,
     classes,
 )
-from hypersack.policies.improve import pairs, repack, swap
+from hypersack.policies.improve import held, pairs, repack, swap
 
 Order = Literal["given", "longest", "value", "density"]
 Score = Literal["first", "worst", "best", "dot", "norm"]
@@ -235,16 +235,14 @@ class ComposedPolicy:
                 effort -= len(reps) * len(flat)
             if self.improve in ("repack", "pairs") and effort > 0:
                 effort -= repack(reps, flat, on, left, deadline, effort)
-            value = sum(reps[c].value * len(its) for by_class in on
-                        for c, its in by_class.items())
+            value = sum(held(reps, by_class) for by_class in on)
             if best is None or value > best[0]:
                 best = (value, flat, on, order, left)
         assert best is not None
         objective, flat, on, order, left = best
         if self.improve == "pairs" and any(left):
             pairs(reps, flat, on, left, deadline, self.effort)
-            objective = sum(reps[c].value * len(its) for by_class in on
-                            for c, its in by_class.items())
+            objective = sum(held(reps, by_class) for by_class in on)
         placements: list[Placement] = []
         placed: set[int] = set()
         for g, by_class in enumerate(on):

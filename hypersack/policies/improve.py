@@ -185,10 +185,8 @@ def _repack_gpu(g: int, rows: list[tuple[int, Need, int]], classes: list[Item], 
     for c, its in own.items():
         left[c].extend(reversed(its))
         its.clear()
-    for (c, n, _, _), k in zip(cand, best, strict=True):
-        for _ in range(k):
-            flat.take(g, n)
-            own.setdefault(c, []).append(left[c].pop())
+    _fill(g, {c: k for (c, _, _, _), k in zip(cand, best, strict=True) if k}, classes, flat,
+          own, left)
     return True, nodes + m
 
 
@@ -205,6 +203,11 @@ def _densest(classes: list[Item], flat: Flat) -> dict[str, list[tuple[int, Need,
                                          + r[1].cores / top_k + 1e-9))
         by_arch[a] = rows
     return by_arch
+
+
+def held(classes: list[Item], own: dict[int, list[int]]) -> int:
+    """The value one GPU holds: its items' by class."""
+    return sum(classes[c].value * len(its) for c, its in own.items())
 
 
 def _empty(g: int, classes: list[Item], flat: Flat, own: dict[int, list[int]],
@@ -246,9 +249,6 @@ def pairs(classes: list[Item], flat: Flat, on: list[dict[int, list[int]]],
     node_of = flat.node_of
     spent = 0
 
-    def value(own: dict[int, list[int]]) -> int:
-        return sum(classes[c].value * len(its) for c, its in own.items())
-
     def counts(own: dict[int, list[int]]) -> dict[int, int]:
         return {c: len(its) for c, its in own.items() if its}
 
@@ -261,14 +261,14 @@ def pairs(classes: list[Item], flat: Flat, on: list[dict[int, list[int]]],
                     continue
                 if spent >= effort or time.perf_counter() > deadline:
                     return spent
-                old = value(on[g]) + value(on[h])
+                old = held(classes, on[g]) + held(classes, on[h])
                 was = (counts(on[g]), counts(on[h]))
                 _empty(g, classes, flat, on[g], left)
                 _empty(h, classes, flat, on[h], left)
                 for x in (g, h):
                     spent += _repack_gpu(x, by_arch[flat.arch[x]], classes, flat, on[x], left,
                                          node_of[x], _REPACK_NODES)[1]
-                new = value(on[g]) + value(on[h])
+                new = held(classes, on[g]) + held(classes, on[h])
                 if new < old:
                     _empty(g, classes, flat, on[g], left)
                     _empty(h, classes, flat, on[h], left)
