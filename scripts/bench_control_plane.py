@@ -25,6 +25,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import math
 import os
 import random
 import shutil
@@ -246,6 +247,8 @@ def main() -> int:
     ap.add_argument("--tls", choices=["off", "on", "both"], default="off",
                     help="run plain, secured, or both in one run (then the ratios)")
     args = ap.parse_args()
+    if not (math.isfinite(args.switch_ms) and args.switch_ms >= 0):
+        ap.error(f"--switch-ms must be 0 or a positive number of ms (got {args.switch_ms})")
     if args.worker:
         return worker(args)
     if args.sweep:

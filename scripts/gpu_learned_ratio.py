@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import statistics
 import sys
 import threading
@@ -107,6 +108,8 @@ def main() -> None:
     args = p.parse_args()
     logging.basicConfig(level=logging.WARNING)
     backend = FakeBackend(args.fake, node="local") if args.fake else NvmlBackend()
+    if args.cores is not None and not (math.isfinite(args.cores) and args.cores > 0):
+        p.error(f"--cores must be a positive number (got {args.cores})")
     if args.cores is not None:
         backend.cores = lambda: float(args.cores)  # type: ignore[method-assign]
     devices = backend.devices()
