@@ -100,6 +100,7 @@ def run(nodes: int, trials: int, studies: int, exits: int, profile: bool,
     pending = sum(t.state == TrialState.PENDING for t in orch.trials())
     if profiler:
         pstats.Stats(profiler).sort_stats("cumulative").print_stats(15)
+        pstats.Stats(profiler).sort_stats("tottime").print_stats(15)
     return {"exit_p50": statistics.median(exit_ms),
             "exit_p99": statistics.quantiles(exit_ms, n=100)[98],
             "tick_p50": statistics.median(tick_ms),

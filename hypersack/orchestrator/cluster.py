@@ -119,6 +119,7 @@ class ClusterState:
         # (hundreds a second at a thousand nodes), changed only when a node joins,
         # leaves or drains, or a batch is undone.
         self._open: tuple[list[Node], frozenset[str], int] | None = None
+        self._owners: frozenset[str] | None = None
         journal.on_rollback(self._membership_changed)
 
     # ----------------------------------------------------------------- membership
@@ -165,6 +166,14 @@ class ClusterState:
 
     def _membership_changed(self) -> None:
         self._open = None
+        self._owners = None
+
+    def owners(self) -> frozenset[str]:
+        """The owners the nodes are kept for ("": anyone's), over every node: a decision
+        asks it per study, instead of asking each of a thousand nodes."""
+        if self._owners is None:
+            self._owners = frozenset(n.spec.owner for n in self._nodes.values())
+        return self._owners
 
     def touch(self, node: Node) -> None:
         """Call before changing a node in place."""

@@ -447,15 +447,19 @@ class _Fused:
 
 class _FitBounds:
     """Upper bounds on how many items of given needs fit in one view (`bound`, plus
-    one). Each architecture's GPUs are sorted by free compute, most first, so a need
-    stops at the first GPU too full for one item (those add nothing to the sum) instead
-    of walking every GPU of the cluster."""
+    one). Each architecture's distinct free states (most free compute first, with how
+    many GPUs are in each) are read from the nodes' cached columns, so a need stops at
+    the first state too full for one item instead of walking every GPU of the cluster
+    (at 8,000 GPUs, sorting them all took a tenth of a decision)."""
 
     def __init__(self, view: ClusterView) -> None:
-        self._free: dict[str, list[tuple[int, int]]] = {}
+        counts: dict[tuple[str, int, int], int] = {}
         for node in view.nodes:
-            for gpu in node.gpus:
-                self._free.setdefault(gpu.arch, []).append((gpu.compute, gpu.memory))
+            for key, n in node.columns.free:
+                counts[key] = counts.get(key, 0) + n
+        self._free: dict[str, list[tuple[int, int, int]]] = {}
+        for (arch, compute, memory), n in counts.items():
+            self._free.setdefault(arch, []).append((compute, memory, n))
         for gpus in self._free.values():
             gpus.sort(reverse=True)
 
@@ -468,14 +472,15 @@ class _FitBounds:
                 continue
             if need.compute <= 0 and need.memory <= 0:
                 return big
-            for compute, memory in gpus:
+            for compute, memory, n in gpus:
                 if need.compute > 0:
                     if compute < need.compute:
                         break  # sorted: no GPU after this holds one
                     by_compute = compute // need.compute
                 else:
                     by_compute = big
-                total += min(by_compute, memory // need.memory if need.memory > 0 else big)
+                total += n * min(by_compute, memory // need.memory if need.memory > 0
+                                 else big)
         return total + 1
 
 

@@ -150,8 +150,12 @@ def _first_fit(items: Sequence[Item], order: list[int], flat: Flat) -> list[tupl
 
 def _worst_fit(items: Sequence[Item], order: list[int], flat: Flat) -> list[tuple[int, int]]:
     low = _minimum(items)
+    # A GPU with less free compute than the smallest need never comes off the heap
+    # (the scan below stops there): left out, a full cluster of 8,000 GPUs costs a heap
+    # of its few free ones, not of all.
     heap = [(-flat.compute[g], g) for g in range(len(flat))
-            if flat.slots[g] > 0 and flat.memory[g] >= low.memory]
+            if flat.compute[g] >= low.compute and flat.slots[g] > 0
+            and flat.memory[g] >= low.memory]
     heapq.heapify(heap)
     failed: set[tuple[tuple[str, Need], ...]] = set()
     sigs: dict[int, tuple[tuple[str, Need], ...]] = {}

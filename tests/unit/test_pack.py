@@ -9,6 +9,7 @@ from __future__ import annotations
 import subprocess
 import sys
 import textwrap
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -465,6 +466,29 @@ def test_a_plan_that_breaks_an_invariant_is_refused_by_name(bad: str) -> None:
     with pytest.raises(PlanError):
         check_plan(items, view, plans[bad])  # type: ignore[arg-type]
     check_plan(items, view, Plan((Placement("t0", "a", 0),), ("t1",), 0.0, 20000))
+
+
+@pytest.mark.parametrize(("short", "message"), [
+    ("memory", "GPU a:0 over its memory"), ("slots", "GPU a:0 over its slots"),
+    ("cores", "node a over its cores")])
+def test_each_capacity_is_checked_on_the_gpus_and_nodes_a_plan_touches(
+        short: str, message: str) -> None:
+    """Only the GPUs and nodes placed on are checked (a decision at 8,000 GPUs walked
+    them all), and a node's cores are summed over all its GPUs' placements."""
+    items = [Item(f"t{i}", {"A100": Need(1000, 1000, 1000)}) for i in range(2)]
+    cores = 1500 if short == "cores" else 8000
+    first = gpu("a", 0, "A100", 30000, 1500 if short == "memory" else 40000)
+    if short == "slots":
+        first = replace(first, slots=1)
+    view = ClusterView((node("a", cores, first, gpu("a", 1, "A100", 30000, 40000)),
+                        node("b", 8000, gpu("b", 0, "A100", 30000, 40000))))
+    apart = (Placement("t0", "a", 0), Placement("t1", "a", 1))
+    together = (Placement("t0", "a", 0), Placement("t1", "a", 0))
+    plan = Plan(apart if short == "cores" else together, (), 0.0, 2000)
+    with pytest.raises(PlanError, match=message):
+        check_plan(items, view, plan)
+    check_plan(items, view, Plan((Placement("t0", "a", 0), Placement("t1", "b", 0)), (),
+                                 0.0, 2000))
 
 
 def test_plans_are_checked_under_python_O_too() -> None:
