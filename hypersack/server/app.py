@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import logging
 import signal
@@ -199,6 +200,7 @@ class HyperSackServer:
         self.service.start()
         self._loop.run(self._grpc.start())
         self._lag = self._loop.post(watch_lag(self.service.histograms.observe_lag))
+        gc.callbacks.append(self.service.histograms.on_gc)
         self._set_health(health_pb2.HealthCheckResponse.SERVING)
         log.info("hypersack-server %s listening on %s (port %d), database %s", __version__,
                  self.settings.listen, self.port, self.settings.db)
@@ -234,6 +236,8 @@ class HyperSackServer:
             self._loop.run(self._health.enter_graceful_shutdown())
             if self._lag is not None:
                 self._lag.cancel()
+            if self.service.histograms.on_gc in gc.callbacks:
+                gc.callbacks.remove(self.service.histograms.on_gc)
             self.service.stop()
             self._loop.run(self._grpc.stop(grace_s))
             self._pool.shutdown(wait=False, cancel_futures=True)
@@ -371,6 +375,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     exits = sorted(server.service.exit_latency)
     batches = sorted(server.service.batch_time)
     lags = sorted(server.service.histograms.lags)
+    pauses = list(server.service.histograms.gc_pauses)
 
     def at(q: float, xs: list[float] = exits) -> float | None:
         return round(1000 * xs[int(q * (len(xs) - 1))], 3) if xs else None
@@ -379,7 +384,11 @@ def main(argv: Sequence[str] | None = None) -> int:
                                                 / max(1, orch.decision_count), 3),
                       "exit_handled_p50_ms": at(0.5), "exit_handled_p99_ms": at(0.99),
                       "batch_p50_ms": at(0.5, batches), "batch_p99_ms": at(0.99, batches),
-                      "loop_lag_p50_ms": at(0.5, lags), "loop_lag_p99_ms": at(0.99, lags)}),
+                      "loop_lag_p50_ms": at(0.5, lags), "loop_lag_p99_ms": at(0.99, lags),
+                      "gc_full_collections": len(pauses),
+                      "gc_full_max_ms": round(1000 * max(pauses, default=0.0), 3),
+                      "gc_full_total_ms": round(1000 * sum(pauses), 3),
+                      "gc_full_last_ms": [round(1000 * x, 1) for x in pauses[-50:]]}),
           flush=True)
     return 0
 

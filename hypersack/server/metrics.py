@@ -43,9 +43,26 @@ class LatencyHistograms:
         self.loop_lag = h("hypersack_grpc_loop_lag_seconds",
                           "How late the gRPC event loop ran a timer set every 50 ms: "
                           "how long agents' messages wait there, both ways")
+        self.gc_pause = h("hypersack_gc_pause_seconds",
+                          "Each full collection of Python's cyclic garbage collector: "
+                          "every thread of the server waits for it")
         # The same, the latest 100,000 (for the counters the server prints at exit).
         self.lags: collections.deque[float] = collections.deque(maxlen=100_000)
+        self.gc_pauses: collections.deque[float] = collections.deque(maxlen=100_000)
+        self._gc_began: float | None = None
         self._seen_decisions = 0
+
+    def on_gc(self, phase: str, info: dict[str, int]) -> None:
+        """A gc.callbacks hook: times the full collections (generation 2)."""
+        if info.get("generation") != 2:
+            return
+        if phase == "start":
+            self._gc_began = time.perf_counter()
+        elif self._gc_began is not None:
+            pause = time.perf_counter() - self._gc_began
+            self._gc_began = None
+            self.gc_pauses.append(pause)
+            self.gc_pause.observe(pause)
 
     def observe_lag(self, lag_s: float) -> None:
         """From the gRPC loop (bridge.watch_lag)."""
@@ -63,7 +80,7 @@ class LatencyHistograms:
             self.decision.observe(d.solve_time_s)
 
     def collect(self) -> Iterator[Metric]:
-        for h in (self.decision, self.batch, self.exit, self.loop_lag):
+        for h in (self.decision, self.batch, self.exit, self.loop_lag, self.gc_pause):
             yield from h.collect()
 
 

@@ -62,6 +62,7 @@ from hypersack.orchestrator.events import (
 from hypersack.orchestrator.orchestrator import BatchResult
 from hypersack.policies.registry import policy_names
 from hypersack.sampler.profiles import select_profiles, to_import
+from hypersack.server.gcpolicy import FullCollections
 from hypersack.server.intake import BEATS_PER_BATCH as BEATS_PER_BATCH  # where it was
 from hypersack.server.intake import MAX_OUTBOX as MAX_OUTBOX
 from hypersack.server.intake import MAX_RUNNING_PER_NODE as MAX_RUNNING_PER_NODE
@@ -130,9 +131,11 @@ class SchedulerService:
         self.store_failure: str | None = None
         self.on_store: Callable[[str | None], None] | None = None
         self._retry: list[Event] = []
+        self.full_gc = FullCollections()
 
     # ----------------------------------------------------------------- lifecycle
     def start(self) -> None:
+        self.full_gc.start()
         keep_out_of_gc()  # what the orchestrator restored
         self._ticker = threading.Thread(target=self._supervised, args=(self._tick_loop,),
                                         name="hypersack-ticker", daemon=True)
@@ -166,6 +169,7 @@ class SchedulerService:
         for thread in (self._ticker, self._worker):
             if thread is not None:
                 thread.join(timeout=5)
+        self.full_gc.stop()
 
     def _tick_loop(self) -> None:
         while not self._stop.wait(self.tick_interval_s):
@@ -175,6 +179,7 @@ class SchedulerService:
                 for name in [n for n, s in self._sessions.items()
                              if not s.connected and not self.orch.has_node(n)]:
                     del self._sessions[name]
+            self.full_gc.due_now()  # the collector's full collections: see gcpolicy
 
     # ----------------------------------------------------------------- core
     def _apply_retrying(self, *events: Event) -> BatchResult | None:
