@@ -56,6 +56,7 @@ log = logging.getLogger(__name__)
 
 MAX_UNACKED = 10_000  # reports kept for the server's acknowledgement; the oldest go past it
 MAX_REPORT_TRIES = 100  # sends of one report (every RESEND_S) before it is dropped
+MAX_ACKS = 2 * MAX_UNACKED  # acknowledgements read from one server message
 MAX_SEND_BYTES = 3 << 20  # below the server's 4 MiB limit on one message
 METRICS_EVERY_S = 0.5  # at most this often, a trial's metrics go to the server
 OBSERVE_INTERVAL_S = 1.0  # how often running trials' device use is sampled
@@ -286,7 +287,7 @@ class Agent:
         running = self._running()
         return pb.AgentMessage(register=pb.Register(
             node=self.node, cores=self.backend.cores(), backend=self.backend.name,
-            version=__version__, running=running, owner=self.owner,
+            version=__version__, running=running, owner=self.owner, folded_acks=True,
             gpus=[pb.GpuInfo(index=d.index, arch=d.arch, memory_mib=d.memory_mib, uuid=d.uuid)
                   for d in self.backend.devices()]))
 
@@ -346,7 +347,6 @@ class Agent:
                         break
                     if not isinstance(item, _Exited):
                         self._command(item, outbox)
-                        self._processed += 1  # after its launch is in self.jobs
                     try:
                         item = inbox.get_nowait()
                     except queue.Empty:
@@ -487,6 +487,17 @@ class Agent:
     # ----------------------------------------------------------------- commands
     def _command(self, msg: pb.ServerMessage, outbox: queue.Queue[pb.AgentMessage | None]
                  ) -> None:
+        """Handle one of the server's messages: the acknowledgements it carries, then its
+        command, which counts as handled (Heartbeat.processed) once done (a launch, once
+        in self.jobs). Acknowledgements alone are not one of the messages counted."""
+        for ack in msg.acks[:MAX_ACKS]:
+            self._acked(ack)
+        if msg.WhichOneof("body") is not None:
+            self._do(msg, outbox)
+            self._processed += 1
+
+    def _do(self, msg: pb.ServerMessage, outbox: queue.Queue[pb.AgentMessage | None]
+            ) -> None:
         kind = msg.WhichOneof("body")
         if kind == "registered":
             r = msg.registered
@@ -515,20 +526,24 @@ class Agent:
         elif kind == "profile":
             self._profile(msg.profile, outbox)
         elif kind == "acked":
-            ack = msg.acked.id
-            if ack.startswith("heartbeat:"):
-                number = ack.removeprefix("heartbeat:")
-                sent = self._beat_sent.pop(int(number), None) \
-                    if number.isdigit() and len(number) < 20 else None
-                if sent is not None:
-                    self.lease.renew(sent + self.fence_s)
-                return
-            with self.jobs_lock:
-                self._unacked.pop(ack, None)
+            self._acked(msg.acked.id)
         elif kind == "drop_checkpoint":
             d = msg.drop_checkpoint
             self.checkpoints.drop(d.study_id, d.trial_id)
             self.checkpoints.delete_dropped(self._running_ids())
+
+    def _acked(self, ack: str) -> None:
+        """The server committed a report: a heartbeat renews the fence lease from when it
+        was sent; an exit or profile report is not sent again."""
+        if ack.startswith("heartbeat:"):
+            number = ack.removeprefix("heartbeat:")
+            sent = self._beat_sent.pop(int(number), None) \
+                if number.isdigit() and len(number) < 20 else None
+            if sent is not None:
+                self.lease.renew(sent + self.fence_s)
+            return
+        with self.jobs_lock:
+            self._unacked.pop(ack, None)
 
     def _running_ids(self) -> set[str]:
         """The trials with an attempt still running on this node."""

@@ -90,6 +90,10 @@ class AgentSession:
     in_flight: deque[tuple[int, tuple[RunningTrial, ...]]] = field(
         default_factory=lambda: deque(maxlen=MAX_OUTBOX))
     flight_lock: threading.Lock = field(default_factory=threading.Lock)
+    # It reads acknowledgements carried with other messages (Register.folded_acks): those
+    # not yet on the stream, sent with whatever is written to it next (drain).
+    folded_acks: bool = False
+    acks: list[str] = field(default_factory=list)
 
     def send(self, msg: pb.ServerMessage, trials: tuple[RunningTrial, ...] = ()) -> None:
         """Queue a message; `trials`: what it launches."""
@@ -103,6 +107,27 @@ class AgentSession:
             self.queued += 1
             if trials:
                 self.in_flight.append((self.queued, trials))
+        self._woken()
+
+    def ack(self, ack: str, wake: bool = True) -> None:
+        """Acknowledge a report: carried with the next message written to the agent, or
+        in one of their own if nothing else is (an agent that folds acknowledgements),
+        else as an Acked message. `wake`: the stream's writer now (False: the caller
+        queues more first, then `wake`s it)."""
+        if not self.folded_acks:
+            self.send(pb.ServerMessage(acked=pb.Acked(id=ack)))
+            return
+        if self.overflowed:
+            return
+        with self.flight_lock:
+            if len(self.acks) >= MAX_OUTBOX:
+                del self.acks[0]  # the agent sends that report again
+            self.acks.append(ack)
+        if wake:
+            self._woken()
+
+    def wake(self) -> None:
+        """Have the stream's writer send what is queued (the acknowledgements too)."""
         self._woken()
 
     def put_first(self, msg: pb.ServerMessage) -> None:
@@ -167,7 +192,17 @@ class AgentSession:
             try:
                 out.append(self.outbox.get_nowait())
             except queue.Empty:
-                return out
+                break
+        with self.flight_lock:
+            acks, self.acks = self.acks, []
+        if acks:
+            # With the first message drained (the writer's own from here on), or alone.
+            first = next((m for m in out if m is not None), None)
+            if first is None:
+                out.insert(0, pb.ServerMessage(acks=acks))
+            else:
+                first.acks.extend(acks)
+        return out
 
 
 # A message from an agent's stream, waiting for the event worker: its session, the
@@ -226,7 +261,7 @@ class Intake:
         if session.overflowed:
             return  # its stream is cut: what it still sends counts for nothing
         if msg.WhichOneof("body") == "heartbeat" and msg.heartbeat.seq and session.connected:
-            session.send(pb.ServerMessage(acked=pb.Acked(id=f"heartbeat:{msg.heartbeat.seq}")))
+            session.ack(f"heartbeat:{msg.heartbeat.seq}")
         self._inbox.put((session, msg, time.monotonic()))
 
     def next_batch(self, wait_s: float = 0.2) -> list[Queued]:
@@ -276,14 +311,19 @@ class Intake:
 
 
     @staticmethod
-    def acknowledge(items: list[Queued]) -> None:
+    def acknowledge(items: list[Queued], woken: list[AgentSession]) -> None:
         """Tell each agent which of its reports the batch committed (applied, or stale or
         refused: sending them again would change nothing); it stops sending those. A batch
-        the store undid acknowledges nothing, and the agent sends them again."""
+        the store undid acknowledges nothing, and the agent sends them again. Called
+        before the batch's commands are queued, which then carry the acknowledgements;
+        the sessions added to `woken` are to be woken after them (AgentSession.wake)."""
+        sessions: dict[int, AgentSession] = {}
         for session, msg, _ in items:
             ack = ack_id(msg)
             if ack is not None and session.connected:
-                session.send(pb.ServerMessage(acked=pb.Acked(id=ack)))
+                session.ack(ack, wake=False)
+                sessions[id(session)] = session
+        woken += sessions.values()
 
     @staticmethod
     def event_of(session: AgentSession, msg: pb.AgentMessage, now: float,

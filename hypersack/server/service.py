@@ -13,6 +13,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable
+from functools import partial
 from typing import Any
 
 from pydantic import ValidationError
@@ -182,13 +183,14 @@ class SchedulerService:
             self.full_gc.due_now()  # the collector's full collections: see gcpolicy
 
     # ----------------------------------------------------------------- core
-    def _apply_retrying(self, *events: Event) -> BatchResult | None:
+    def _apply_retrying(self, *events: Event, committed: Callable[[], None] | None = None
+                        ) -> BatchResult | None:
         """Apply the agents' events with those of batches the store failed; if it fails
         again, keep them all for the next try (at most MAX_RETRY, the newest; heartbeats
         and ticks are not kept: the next ones say the same). None: the store failed."""
         batch = (*self._retry, *events)
         try:
-            result = self._apply(*batch)
+            result = self._apply(*batch, committed=committed)
         except StoreUnavailable:
             kept: list[Event] = [e for e in batch if not isinstance(e, (Tick, Heartbeat))]
             if len(kept) > MAX_RETRY:
@@ -202,9 +204,11 @@ class SchedulerService:
         self._retry = []
         return result
 
-    def _apply(self, *events: Event) -> BatchResult:
+    def _apply(self, *events: Event, committed: Callable[[], None] | None = None
+               ) -> BatchResult:
         """Hand events to the orchestrator, which decides once after all of them, and
-        deliver the commands (lock held). A stale event is logged and changes nothing.
+        deliver the commands (lock held); `committed` runs once the batch is committed,
+        before its commands are queued. A stale event is logged and changes nothing.
         Raises StoreUnavailable when the store failed: the whole batch was undone."""
         try:
             result = self.orch.handle_batch(events)
@@ -235,6 +239,8 @@ class SchedulerService:
         self.histograms.observe_decisions(self)
         for stale in result.stale:
             log.warning("ignored an event: %s", stale)
+        if committed is not None:
+            committed()
         self._route(result.commands)
         self.watches.changed()
         return result
@@ -386,7 +392,7 @@ class SchedulerService:
                 raise Overloaded(f"this server takes at most {self.max_agents} agents "
                                  "(max_agents)")
             session = AgentSession(node=spec.name, backend=msg.backend or "?", spec=spec,
-                                   last_seen=self._clock.now())
+                                   last_seen=self._clock.now(), folded_acks=msg.folded_acks)
             running = tuple(RunningTrial(r.trial_id, r.gpu_index, attempt=r.attempt)
                             for r in msg.running)
             self._sessions[spec.name] = session
@@ -442,8 +448,13 @@ class SchedulerService:
                         continue
                     if event is not None:
                         events.append(event)
-                if self._apply_retrying(*events) is not None:
-                    self.intake.acknowledge(items)
+                # The acknowledgements ride with the commands the batch queues for the
+                # same agents (an exit's, with its successor's launch).
+                acked: list[AgentSession] = []
+                committed = partial(self.intake.acknowledge, items, acked)
+                if self._apply_retrying(*events, committed=committed) is not None:
+                    for session in acked:
+                        session.wake()
             done = time.monotonic()
             self.batch_time.append(done - began)
             self.histograms.batch.observe(done - began)

@@ -552,7 +552,7 @@ class RunningTrial(_message.Message):
     def __init__(self, trial_id: _Optional[str] = ..., gpu_index: _Optional[int] = ..., peak_memory_mib: _Optional[int] = ..., peak_utilization_pct: _Optional[float] = ..., attempt: _Optional[int] = ...) -> None: ...
 
 class Register(_message.Message):
-    __slots__ = ("node", "cores", "gpus", "running", "backend", "version", "owner")
+    __slots__ = ("node", "cores", "gpus", "running", "backend", "version", "owner", "folded_acks")
     NODE_FIELD_NUMBER: _ClassVar[int]
     CORES_FIELD_NUMBER: _ClassVar[int]
     GPUS_FIELD_NUMBER: _ClassVar[int]
@@ -560,6 +560,7 @@ class Register(_message.Message):
     BACKEND_FIELD_NUMBER: _ClassVar[int]
     VERSION_FIELD_NUMBER: _ClassVar[int]
     OWNER_FIELD_NUMBER: _ClassVar[int]
+    FOLDED_ACKS_FIELD_NUMBER: _ClassVar[int]
     node: str
     cores: float
     gpus: _containers.RepeatedCompositeFieldContainer[GpuInfo]
@@ -567,7 +568,8 @@ class Register(_message.Message):
     backend: str
     version: str
     owner: str
-    def __init__(self, node: _Optional[str] = ..., cores: _Optional[float] = ..., gpus: _Optional[_Iterable[_Union[GpuInfo, _Mapping]]] = ..., running: _Optional[_Iterable[_Union[RunningTrial, _Mapping]]] = ..., backend: _Optional[str] = ..., version: _Optional[str] = ..., owner: _Optional[str] = ...) -> None: ...
+    folded_acks: bool
+    def __init__(self, node: _Optional[str] = ..., cores: _Optional[float] = ..., gpus: _Optional[_Iterable[_Union[GpuInfo, _Mapping]]] = ..., running: _Optional[_Iterable[_Union[RunningTrial, _Mapping]]] = ..., backend: _Optional[str] = ..., version: _Optional[str] = ..., owner: _Optional[str] = ..., folded_acks: bool = ...) -> None: ...
 
 class Heartbeat(_message.Message):
     __slots__ = ("running", "gpus", "seq", "processed")
@@ -829,7 +831,7 @@ class ProfileWorkload(_message.Message):
     def __init__(self, key: _Optional[_Union[WorkloadKey, _Mapping]] = ..., arch: _Optional[str] = ..., gpu_index: _Optional[int] = ..., iterations: _Optional[int] = ..., warmup: _Optional[int] = ..., program: _Optional[_Union[Program, _Mapping]] = ..., params_json: _Optional[str] = ..., epochs: _Optional[float] = ..., owner: _Optional[str] = ...) -> None: ...
 
 class ServerMessage(_message.Message):
-    __slots__ = ("registered", "launch", "kill", "profile", "launch_group", "drop_checkpoint", "acked")
+    __slots__ = ("registered", "launch", "kill", "profile", "launch_group", "drop_checkpoint", "acked", "acks")
     REGISTERED_FIELD_NUMBER: _ClassVar[int]
     LAUNCH_FIELD_NUMBER: _ClassVar[int]
     KILL_FIELD_NUMBER: _ClassVar[int]
@@ -837,6 +839,7 @@ class ServerMessage(_message.Message):
     LAUNCH_GROUP_FIELD_NUMBER: _ClassVar[int]
     DROP_CHECKPOINT_FIELD_NUMBER: _ClassVar[int]
     ACKED_FIELD_NUMBER: _ClassVar[int]
+    ACKS_FIELD_NUMBER: _ClassVar[int]
     registered: Registered
     launch: LaunchTrial
     kill: KillTrial
@@ -844,7 +847,8 @@ class ServerMessage(_message.Message):
     launch_group: LaunchGroup
     drop_checkpoint: DropCheckpoint
     acked: Acked
-    def __init__(self, registered: _Optional[_Union[Registered, _Mapping]] = ..., launch: _Optional[_Union[LaunchTrial, _Mapping]] = ..., kill: _Optional[_Union[KillTrial, _Mapping]] = ..., profile: _Optional[_Union[ProfileWorkload, _Mapping]] = ..., launch_group: _Optional[_Union[LaunchGroup, _Mapping]] = ..., drop_checkpoint: _Optional[_Union[DropCheckpoint, _Mapping]] = ..., acked: _Optional[_Union[Acked, _Mapping]] = ...) -> None: ...
+    acks: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, registered: _Optional[_Union[Registered, _Mapping]] = ..., launch: _Optional[_Union[LaunchTrial, _Mapping]] = ..., kill: _Optional[_Union[KillTrial, _Mapping]] = ..., profile: _Optional[_Union[ProfileWorkload, _Mapping]] = ..., launch_group: _Optional[_Union[LaunchGroup, _Mapping]] = ..., drop_checkpoint: _Optional[_Union[DropCheckpoint, _Mapping]] = ..., acked: _Optional[_Union[Acked, _Mapping]] = ..., acks: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class Acked(_message.Message):
     __slots__ = ("id",)
