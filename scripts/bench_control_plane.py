@@ -82,7 +82,7 @@ class SimAgent:
         self.processed = 0  # the server's messages handled (said in heartbeats)
         self.registered = asyncio.Event()
         self.up.put_nowait(pb.AgentMessage(register=pb.Register(
-            node=name, cores=22 * gpus, backend="bench",
+            node=name, cores=22 * gpus, backend="bench", folded_acks=bench.folded_acks,
             gpus=[pb.GpuInfo(index=i, arch="A100", memory_mib=81920, uuid=f"{name}-{i}")
                   for i in range(gpus)])))
         self.call = pb_grpc.AgentLinkStub(channel).Connect()
@@ -98,8 +98,11 @@ class SimAgent:
     async def _read(self) -> None:
         try:
             async for msg in self.call:
+                self.bench.received += 1
+                self.bench.acked(msg)
                 self._handle(msg)
-                self.processed += 1  # after a launch is in `running`, as an agent does
+                if msg.WhichOneof("body") is not None:  # not acknowledgements alone
+                    self.processed += 1  # after a launch is in `running`, as an agent does
         except grpc.RpcError:
             pass
 
@@ -125,6 +128,8 @@ class SimAgent:
             self.bench.superseded += 1
             return
         self.bench.exited(self.name, gpu)
+        self.bench.exits_sent[f"exit:0:{trial_id}"] = (time.monotonic(),
+                                                        self.bench.pending_left)
         self.up.put_nowait(pb.AgentMessage(exited=pb.TrialExited(
             trial_id=trial_id, exit_code=0, metrics={"loss": 1.0})))
 
@@ -138,12 +143,19 @@ class Bench:
         # Heartbeats say how many server messages were handled (as agents do); false:
         # they do not, as agents before that did.
         self.say_processed = True
+        self.folded_acks = True
         self.superseded = 0  # timers of trials no longer held when they fired
         self.rng = random.Random(seed)
         self.waiting: dict[tuple[str, int], float] = {}  # GPU -> when a trial on it exited
         self.delays: list[float] = []
         self.launches = 0
         self.heartbeats_sent = 0
+        self.received = 0  # the server's messages the agents read
+        # An exit's round trip: sent, to its acknowledgement read (the server's handling
+        # and the transport both ways, whatever GPU the next launch goes to).
+        self.exits_sent: dict[str, tuple[float, bool]] = {}
+        self.ack_delays: list[float] = []
+        self.ack_delays_pending: list[float] = []  # of exits while trials were pending
         self.pending_left = True
 
     def launched(self, agent: SimAgent, m: pb.LaunchTrial) -> None:
@@ -155,6 +167,15 @@ class Bench:
         agent.running[m.trial_id] = m.gpu_index
         asyncio.get_running_loop().call_later(self.rng.uniform(self.min_s, self.max_s),
                                               agent.finish, m.trial_id)
+
+    def acked(self, msg: pb.ServerMessage) -> None:
+        now = time.monotonic()
+        for ack in [*msg.acks, *([msg.acked.id] if msg.HasField("acked") else [])]:
+            sent = self.exits_sent.pop(ack, None)
+            if sent is not None:
+                self.ack_delays.append(now - sent[0])
+                if sent[1]:
+                    self.ack_delays_pending.append(now - sent[0])
 
     def exited(self, node: str, gpu: int) -> None:
         if self.pending_left:
@@ -171,6 +192,7 @@ async def _worker(args: argparse.Namespace) -> int:
     what it measured. Exits stop counting once the file `--no-pending` exists."""
     bench = Bench(args.min_s, args.max_s, seed=args.first)
     bench.say_processed = not args.no_processed
+    bench.folded_acks = args.acks == "folded"
     agents = []
     for i in range(args.first, args.first + args.agents):
         name = f"a{i:03d}"
@@ -185,15 +207,25 @@ async def _worker(args: argparse.Namespace) -> int:
     print("ready", flush=True)
     flag = Path(args.no_pending)
 
-    async def beat() -> None:
+    async def beat(phase: float, beating: list[SimAgent]) -> None:
+        await asyncio.sleep(phase)
         while True:
-            await asyncio.sleep(args.heartbeat_s)
-            for a in agents:
+            for a in beating:
                 a.heartbeat()
-            if bench.pending_left and flag.exists():
-                bench.pending_left = False
+            await asyncio.sleep(args.heartbeat_s)
 
-    beating = asyncio.ensure_future(beat())
+    async def flagged() -> None:
+        while not flag.exists():
+            await asyncio.sleep(0.1)
+        bench.pending_left = False
+
+    # Each agent beats on its own timer, from its own phase in the interval, as agents
+    # that registered at different times do (`--beats together`: all of this worker's
+    # agents in one burst, every interval).
+    rng = random.Random(args.first)
+    timers = [beat(args.heartbeat_s, agents)] if args.beats == "together" else \
+        [beat(rng.uniform(0, args.heartbeat_s), [a]) for a in agents]
+    beating = asyncio.gather(*timers, flagged())
     # How late this worker's loop runs a timer: the delays above include it (a launch
     # read late is a launch timed late).
     lags: list[float] = []
@@ -202,8 +234,11 @@ async def _worker(args: argparse.Namespace) -> int:
     await asyncio.get_running_loop().run_in_executor(None, sys.stdin.read)
     beating.cancel()
     lagging.cancel()
+    await asyncio.gather(beating, lagging, return_exceptions=True)
     print(json.dumps({"delays": bench.delays, "launches": bench.launches, "lags": lags,
                       "heartbeats": bench.heartbeats_sent, "kills": bench.kills,
+                      "received": bench.received, "ack_delays": bench.ack_delays,
+                      "ack_delays_pending": bench.ack_delays_pending,
                       "superseded": bench.superseded}), flush=True)
     return 0
 
@@ -226,6 +261,13 @@ def main() -> int:
     ap.add_argument("--min-s", type=float, default=4.0, help="shortest simulated trial")
     ap.add_argument("--max-s", type=float, default=12.0, help="longest simulated trial")
     ap.add_argument("--heartbeat-s", type=float, default=1.0)
+    ap.add_argument("--acks", choices=["folded", "separate"], default="folded",
+                    help="the agents read acknowledgements carried with the server's other "
+                         "messages, or (as older agents) get each in a message of its own")
+    ap.add_argument("--beats", choices=["spread", "together"], default="spread",
+                    help="each agent's heartbeats from its own phase in the interval (as "
+                         "agents that registered at different times), or all of a worker "
+                         "process's agents in one burst every interval")
     ap.add_argument("--no-processed", action="store_true",
                     help="agents do not say in heartbeats how many messages they handled "
                          "(as before: a launch still on its way counts as missing)")
@@ -459,6 +501,7 @@ def run_once(args: argparse.Namespace, secured: bool) -> dict[str, object]:
                  "--agents", str(cuts[k + 1] - cuts[k]), "--gpus", str(args.gpus),
                  "--address", agent_address, "--min-s", str(args.min_s),
                  "--max-s", str(args.max_s), "--heartbeat-s", str(args.heartbeat_s),
+                 "--beats", args.beats, "--acks", args.acks,
                  "--no-pending", str(no_pending),
                  *(["--no-processed"] if args.no_processed else []),
                  *(["--certs", str(tmp / "certs")] if secured else [])],
@@ -505,6 +548,9 @@ def run_once(args: argparse.Namespace, secured: bool) -> dict[str, object]:
             bench.launches += got["launches"]
             bench.heartbeats_sent += got["heartbeats"]
             bench.kills += got["kills"]
+            bench.received += got["received"]
+            bench.ack_delays += got["ack_delays"]
+            bench.ack_delays_pending += got["ack_delays_pending"]
             bench.superseded += got["superseded"]
         if spy is not None:
             spy.send_signal(signal.SIGINT)  # py-spy writes its file on SIGINT
@@ -518,6 +564,8 @@ def run_once(args: argparse.Namespace, secured: bool) -> dict[str, object]:
         d = sorted(bench.delays)
         result = {
             "tls": secured, "agents": args.agents, "agent_procs": args.agent_procs,
+            "heartbeats": f"every {args.heartbeat_s:g} s, {args.beats}",
+            "acks": args.acks,
             "pinned": (f"server on CPU {','.join(map(str, server_cpu))}, agents on "
                        f"{','.join(map(str, others))}") if pinned else "no",
             "gpus": args.agents * args.gpus, "trials": total,
@@ -533,12 +581,23 @@ def run_once(args: argparse.Namespace, secured: bool) -> dict[str, object]:
             "server_batch_p99_ms": stats.get("batch_p99_ms"),
             # How late the server's gRPC loop and the agent workers' loops ran a timer set
             # every 50 ms: where a message waits in transport, on either side.
+            # The cyclic garbage collector's full collections in the server: each stops
+            # every thread, the loop too.
+            "server_gc_full_collections": stats.get("gc_full_collections"),
+            "server_gc_full_max_ms": stats.get("gc_full_max_ms"),
+            "server_gc_full_ms": stats.get("gc_full_last_ms"),
             "server_loop_lag_p50_ms": stats.get("loop_lag_p50_ms"),
             "server_loop_lag_p99_ms": stats.get("loop_lag_p99_ms"),
             "agents_loop_lag_p50_ms": _at(agent_lags, 0.5),
             "agents_loop_lag_p99_ms": _at(agent_lags, 0.99),
             "heartbeats_handled": stats.get("heartbeats"),
             "heartbeats_per_s": round(stats.get("heartbeats", 0) / wall, 1),
+            # Messages the server wrote to the agents' streams, per second of the study.
+            "server_messages_per_s": round(bench.received / wall, 1),
+            "exit_ack_p50_ms": _at(bench.ack_delays, 0.5),
+            "exit_ack_p99_ms": _at(bench.ack_delays, 0.99),
+            "exit_ack_while_pending_p50_ms": _at(bench.ack_delays_pending, 0.5),
+            "exit_ack_while_pending_p99_ms": _at(bench.ack_delays_pending, 0.99),
             "relaunch_delay_samples": len(d),
             "relaunch_delay_p50_ms": round(1000 * statistics.median(d), 1) if d else None,
             "relaunch_delay_p99_ms": _at(d, 0.99),
