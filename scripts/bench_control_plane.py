@@ -80,6 +80,7 @@ class SimAgent:
         self.up: asyncio.Queue[pb.AgentMessage] = asyncio.Queue()
         self.running: dict[str, int] = {}
         self.processed = 0  # the server's messages handled (said in heartbeats)
+        self.beats = 0
         self.registered = asyncio.Event()
         self.up.put_nowait(pb.AgentMessage(register=pb.Register(
             node=name, cores=22 * gpus, backend="bench", folded_acks=bench.folded_acks,
@@ -118,8 +119,10 @@ class SimAgent:
 
     def heartbeat(self) -> None:
         running = [pb.RunningTrial(trial_id=t, gpu_index=g) for t, g in self.running.items()]
+        self.beats += 1  # numbered, as an agent's are: the server acknowledges each
         self.up.put_nowait(pb.AgentMessage(heartbeat=pb.Heartbeat(
-            running=running, processed=self.processed if self.bench.say_processed else 0)))
+            running=running, seq=self.beats,
+            processed=self.processed if self.bench.say_processed else 0)))
         self.bench.heartbeats_sent += 1
 
     def finish(self, trial_id: str) -> None:
