@@ -90,17 +90,22 @@ def test_an_exits_acknowledgement_rides_with_its_successors_launch(tmp_path: Pat
             trial_id=launch.trial_id, exit_code=0, attempt=launch.attempt))
         svc.agent_message(session, exit_msg)
         got: list[pb.ServerMessage] = []
-        wait(lambda: bool(got.extend(m for m in session.drain() if m is not None)
-                          or got))
+
+        def drained() -> bool:
+            with svc.locked():  # never between a batch's acknowledgements and commands
+                got.extend(m for m in session.drain() if m is not None)
+            return bool(got)
+
+        wait(drained)
         # One message: the successor's launch, carrying the exit's acknowledgement.
         assert [m.WhichOneof("body") for m in got] == ["launch"]
         assert list(got[0].acks) == [ack_id(exit_msg)]
         assert got[0].launch.trial_id != launch.trial_id
-        # A heartbeat's acknowledgement, with nothing else to send: alone.
+        # A heartbeat's acknowledgement, on receipt: carried, never an Acked message.
         svc.agent_message(session, pb.AgentMessage(heartbeat=pb.Heartbeat(seq=3)))
-        (alone,) = session.drain()
-        assert alone is not None and alone.WhichOneof("body") is None
-        assert list(alone.acks) == ["heartbeat:3"]
+        later = [m for m in session.drain() if m is not None]
+        assert [a for m in later for a in m.acks] == ["heartbeat:3"]
+        assert not any(m.HasField("acked") for m in later)
     finally:
         svc.stop()
         store.close()
