@@ -23,7 +23,8 @@ import time
 from _instances import EXAMPLES, MIXES, first_decision, heterogeneous
 
 from hypersack.policies import make_policy
-from hypersack.policies.base import Item, check_plan
+from hypersack.policies.base import Item
+from hypersack.policies.plans import check_plan
 
 # label, policy, options: pack at its defaults (effort 80,000, capped at 500 ms), capped
 # at 5 ms, without its compiled LP start (lp: false, the pure-Python portfolio), and with

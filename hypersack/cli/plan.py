@@ -11,7 +11,8 @@ from hypersack.core.types import TrialState
 from hypersack.orchestrator.commands import LaunchGroup, ProfileWorkload, launched
 from hypersack.orchestrator.events import NodeJoined, StudySubmitted
 from hypersack.orchestrator.orchestrator import Orchestrator
-from hypersack.policies.base import COMPUTE_SCALE, CORE_SCALE, Need, why_unplaced
+from hypersack.policies.base import COMPUTE_SCALE, CORE_SCALE, Need
+from hypersack.policies.plans import why_unplaced
 from hypersack.policies.registry import make_policy
 from hypersack.store.memory import MemoryStore
 

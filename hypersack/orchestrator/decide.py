@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import logging
 import math
-from collections.abc import Mapping
 from dataclasses import dataclass, replace
 
 from hypersack.core.types import (
@@ -30,16 +29,17 @@ from hypersack.orchestrator.pruning import Pruning
 from hypersack.orchestrator.state import CoreState, Decision
 from hypersack.policies.base import (
     ClusterView,
+    FitBounds,
     Item,
     Need,
     Placement,
-    PlanError,
     Policy,
-    check_plan,
     compute_capacity,
     default_value,
+    fits_empty,
     run_time_and_speed,
 )
+from hypersack.policies.plans import PlanError, check_plan
 from hypersack.policies.registry import make_policy
 from hypersack.sampler.profiles import demand_with_override
 
@@ -271,7 +271,7 @@ class Decider:
                         batch.append(g.item)
         claim.pending = self.book.has_pending(claim.study_id)
         # Waiting for room: what is pending did not fit now but fits an empty GPU.
-        claim.unfit = [it for it in unfit if _fits_empty(it, view)] \
+        claim.unfit = [it for it in unfit if fits_empty(it, view)] \
             if claim.pending and not cut else []
         return commands, cut
 
@@ -289,7 +289,7 @@ class Decider:
         # passed its share or its last pending trial was seen.
         waiting = self.s.pending_groups.get(trials[0].study_id)
         open_groups = len(waiting) if waiting is not None else -1
-        fits = _FitBounds(view)
+        fits = FitBounds(view)
         groups: dict[tuple[int, int | None, float], _Scan] = {}
         for t in trials:
             group = self.book.group(t)
@@ -334,7 +334,7 @@ class Decider:
                 cap = self.s.config.ratio(g.arch, space.settings.oversubscription) * 100.0
                 gpus[g.arch] = (cap, max(g.full_memory, gpus.get(g.arch, (0.0, 0))[1]))
         fused: dict[str, _Fused] = {}
-        fits = _FitBounds(view)
+        fits = FitBounds(view)
         for ((key, _, _), _, segment), members in classes.items():
             widths: dict[int, dict[str, Need]] = {}
             run_times: dict[int, dict[str, float]] = {}
@@ -443,56 +443,6 @@ class _Fused:
         run_time, speed = run_time_and_speed(self.run_times[w])
         return Item(f"fused:{self.members[0].id}", self.widths[w], run_time,
                     value=self.single_value * w, speed=speed)
-
-
-class _FitBounds:
-    """Upper bounds on how many items of given needs fit in one view (`bound`, plus
-    one). Each architecture's distinct free states (most free compute first, with how
-    many GPUs are in each) are read from the nodes' cached columns, so a need stops at
-    the first state too full for one item instead of walking every GPU of the cluster
-    (at 8,000 GPUs, sorting them all took a tenth of a decision)."""
-
-    def __init__(self, view: ClusterView) -> None:
-        counts: dict[tuple[str, int, int], int] = {}
-        for node in view.nodes:
-            for key, n in node.columns.free:
-                counts[key] = counts.get(key, 0) + n
-        self._free: dict[str, list[tuple[int, int, int]]] = {}
-        for (arch, compute, memory), n in counts.items():
-            self._free.setdefault(arch, []).append((compute, memory, n))
-        for gpus in self._free.values():
-            gpus.sort(reverse=True)
-
-    def bound(self, needs: Mapping[str, Need]) -> int:
-        total = 0
-        big = 1 << 30
-        for arch, need in needs.items():
-            gpus = self._free.get(arch)
-            if not gpus:
-                continue
-            if need.compute <= 0 and need.memory <= 0:
-                return big
-            for compute, memory, n in gpus:
-                if need.compute > 0:
-                    if compute < need.compute:
-                        break  # sorted: no GPU after this holds one
-                    by_compute = compute // need.compute
-                else:
-                    by_compute = big
-                total += n * min(by_compute, memory // need.memory if need.memory > 0
-                                 else big)
-        return total + 1
-
-
-def _fits_empty(item: Item, view: ClusterView) -> bool:
-    """Whether the item fits some GPU of the view once that GPU and its node are empty."""
-    for node in view.nodes:
-        for g in node.gpus:
-            need = item.needs.get(g.arch)
-            if need is not None and need.compute <= g.full_compute and \
-                    need.memory <= g.full_memory and need.cores <= node.full_cores:
-                return True
-    return False
 
 
 def _closed(view: ClusterView, closed: set[tuple[str, int]]) -> ClusterView:

@@ -46,7 +46,8 @@ from hypersack.core.types import (
     UserRecord,
     WorkloadKey,
 )
-from hypersack.policies.base import ClusterView, GpuBin, Item, Need, NodeBin, Policy, check_plan
+from hypersack.policies.base import ClusterView, GpuBin, Item, Need, NodeBin, Policy
+from hypersack.policies.plans import check_plan
 from hypersack.store.base import Store
 
 KEY = WorkloadKey(model="resnet18", batch_size=64)

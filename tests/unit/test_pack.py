@@ -29,7 +29,7 @@ from hypersack.policies import (
     register_policy,
     registry,
 )
-from hypersack.policies.base import PlanError, check_plan
+from hypersack.policies.plans import PlanError, check_plan
 
 
 def node(name: str, cores: int, *gpus: GpuBin) -> NodeBin:
@@ -495,7 +495,7 @@ def test_plans_are_checked_under_python_O_too() -> None:
     # `python -O` strips asserts: the production check must not be one.
     code = textwrap.dedent("""
         from hypersack.policies import ClusterView, GpuBin, Item, Need, NodeBin, Placement, Plan
-        from hypersack.policies.base import PlanError, check_plan
+        from hypersack.policies.plans import PlanError, check_plan
         assert False, "asserts are on"  # stripped under -O: the check below must still run
         items = [Item(f"t{i}", {"A100": Need(20000, 1000, 1000)}) for i in range(2)]
         g = GpuBin("a", 0, "A100", 30000, 40000, 30000, 40000)

@@ -12,8 +12,9 @@ from hypothesis import strategies as st
 
 from hypersack.core.errors import InvalidInput, UnknownName
 from hypersack.policies import ClusterView, GpuBin, Item, Need, NodeBin, make_policy, policy_names
-from hypersack.policies.base import Policy, check_plan, why_unplaced
+from hypersack.policies.base import Policy
 from hypersack.policies.greedy import EarliestFinishPolicy
+from hypersack.policies.plans import check_plan, why_unplaced
 from hypersack.testing.contracts import PolicyContract, instances
 
 ALL = policy_names()

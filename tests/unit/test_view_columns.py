@@ -6,8 +6,7 @@ from __future__ import annotations
 
 import random
 
-from hypersack.orchestrator.decide import _FitBounds
-from hypersack.policies.base import ClusterView, Flat, GpuBin, Need, NodeBin
+from hypersack.policies.base import ClusterView, FitBounds, Flat, GpuBin, Need, NodeBin
 
 
 def _view(rng: random.Random) -> ClusterView:
@@ -56,7 +55,7 @@ def test_fit_bounds_by_free_state_are_the_bounds_by_gpu() -> None:
     rng = random.Random(11)
     for _ in range(200):
         view = _view(rng)
-        fits = _FitBounds(view)
+        fits = FitBounds(view)
         for _ in range(5):
             needs = {a: Need(rng.choice([0, 400, 2500, 9000]), rng.choice([0, 800, 5000]), 1)
                      for a in rng.sample(["A100", "H100"], rng.randint(1, 2))}
