@@ -523,6 +523,7 @@ def run_once(args: argparse.Namespace, secured: bool) -> dict[str, object]:
             if args.mixed else "[resnet18]",
             batch_sizes="[64, 128, 256, 512]" if args.mixed else "[128]"), "load.yaml")
         submit_s = time.monotonic() - t_submit
+        cpu_submit_s = cpu_seconds(proc) - cpu_at_submit
         total = sum(study.counts.values())
         last_print = 0.0
         while True:
@@ -609,6 +610,11 @@ def run_once(args: argparse.Namespace, secured: bool) -> dict[str, object]:
             # CPU the server spent from the submission to the study's end, per trial: its
             # cost, whatever else shares the machine's cores.
             "server_cpu_ms_per_trial": round(1000 * cpu_s / max(1, total), 2),
+            # The same split: the submission (expanding and storing the trials) and the
+            # rest (deciding, launching, exits, heartbeats).
+            "server_cpu_ms_per_trial_submit": round(1000 * cpu_submit_s / max(1, total), 2),
+            "server_cpu_ms_per_trial_after": round(1000 * (cpu_s - cpu_submit_s)
+                                                   / max(1, total), 2),
             # How busy the server's and the agents' cores were during the study: an
             # agents' core near 100 % means the delays measure the load generator.
             "server_core_busy_pct": round(100 * _mean(cores[c] for c in server_cpu), 1),
