@@ -590,6 +590,10 @@ def run_once(args: argparse.Namespace, secured: bool) -> dict[str, object]:
             "server_gc_full_collections": stats.get("gc_full_collections"),
             "server_gc_full_max_ms": stats.get("gc_full_max_ms"),
             "server_gc_full_ms": stats.get("gc_full_last_ms"),
+            # The five-minute collections among them, and the objects they freed: the
+            # cycles that piled up meanwhile.
+            "server_gc_scheduled": [stats.get("gc_scheduled_runs"),
+                                    stats.get("gc_scheduled_freed")],
             "server_loop_lag_p50_ms": stats.get("loop_lag_p50_ms"),
             "server_loop_lag_p99_ms": stats.get("loop_lag_p99_ms"),
             "agents_loop_lag_p50_ms": _at(agent_lags, 0.5),

@@ -5,7 +5,7 @@ state (with the allocations it implies). Other modules listen to transitions
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from hypersack.core.errors import NotFound
@@ -21,7 +21,7 @@ from hypersack.orchestrator.commands import (
     Command,
     DropCheckpoint,
 )
-from hypersack.orchestrator.journal import JournaledDict, journaled
+from hypersack.orchestrator.journal import OrderedJournaledDict, journaled
 from hypersack.orchestrator.state import HOLDS_NOTHING, RUNG_ORDER, CoreState
 
 log = logging.getLogger(__name__)
@@ -120,18 +120,24 @@ class Book:
         promotions first)."""
         return self.s.place.get(t.id, 0) - int(t.done_epochs) * RUNG_ORDER
 
-    def waiting_in(self, study_id: str) -> JournaledDict[str, int]:
+    def waiting_in(self, study_id: str) -> OrderedJournaledDict[str]:
         waiting = self.s.waiting.get(study_id)
         if waiting is None:
-            waiting = self.s.waiting[study_id] = journaled(self.s.journal)
+            waiting = self.s.waiting[study_id] = OrderedJournaledDict(self.s.journal)
         return waiting
 
     def pending_of(self, study_id: str) -> list[TrialRecord]:
         """The study's PENDING trials, in the study's order."""
+        return list(self.pending_in_order(study_id))
+
+    def pending_in_order(self, study_id: str) -> Iterator[TrialRecord]:
+        """The same, one at a time: a decision that reads the first few of 20,000 pending
+        trials does not build the rest (the order is kept as trials come and go)."""
         waiting = self.s.waiting.get(study_id)
         if not waiting:
-            return []
-        return [self.s.trials[tid] for tid in sorted(waiting, key=waiting.__getitem__)]
+            return iter(())
+        trials = self.s.trials
+        return (trials[tid] for _, tid in list(waiting.ordered()))
 
     def has_pending(self, study_id: str) -> bool:
         return bool(self.s.waiting.get(study_id))

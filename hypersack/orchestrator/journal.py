@@ -15,6 +15,7 @@ comes back with other parameters; a study id with another space).
 
 from __future__ import annotations
 
+import bisect
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any, Generic, Protocol, TypeVar
@@ -129,6 +130,56 @@ class JournaledDict(dict[K, V]):
 
     popitem: Callable[..., Any] = _refused
     __ior__: Callable[..., Any] = _refused
+
+
+class OrderedJournaledDict(JournaledDict[K, int]):
+    """A journaled dict that also keeps its keys in order of their values (then keys), as
+    they change: a decision reads the first few of a study's 20,000 pending trials
+    without sorting them all (`ordered`). After an undo, which writes past the methods
+    below, the order is built again when next asked for."""
+
+    def __init__(self, journal: Journal) -> None:
+        super().__init__(journal)
+        self._order: list[tuple[int, K]] | None = []
+        journal.on_rollback(self._forget)
+
+    def _forget(self) -> None:
+        self._order = None
+
+    def _remove(self, value: int, key: K) -> None:
+        if self._order is not None:
+            i = bisect.bisect_left(self._order, (value, key))
+            del self._order[i]
+
+    def __setitem__(self, key: K, value: int) -> None:
+        old = dict.get(self, key, _MISSING)
+        super().__setitem__(key, value)
+        if old is not _MISSING:
+            self._remove(old, key)
+        if self._order is not None:
+            bisect.insort(self._order, (value, key))
+
+    def __delitem__(self, key: K) -> None:
+        old = dict.__getitem__(self, key)
+        super().__delitem__(key)
+        self._remove(old, key)
+
+    def pop(self, key: K, *default: Any) -> Any:
+        if key not in self:
+            return dict.pop(self, key, *default)
+        value = dict.__getitem__(self, key)
+        del self[key]
+        return value
+
+    def clear(self) -> None:
+        super().clear()
+        self._order = []
+
+    def ordered(self) -> list[tuple[int, K]]:
+        """(value, key) in order; the caller reads it, and copies it to keep it."""
+        if self._order is None:
+            self._order = sorted((v, k) for k, v in self.items())
+        return self._order
 
 
 def journaled(journal: Journal, items: Iterable[tuple[K, V]] = ()) -> JournaledDict[K, V]:

@@ -73,7 +73,7 @@ class Preemption:
         open_nodes = self.s.nodes_for(claim.study_id, open_nodes)
         view = _freed(self.s.cluster.view(open_nodes, ratios), victims)
         pending = self.book.pending_of(claim.study_id)
-        batch = self.decider.plain_items(pending, archs, view)
+        batch = self.decider.plain_items(claim.study_id, pending, archs, view)
         if not batch:
             return []
         now = self.s.clock.now()

@@ -33,7 +33,13 @@ from hypersack.orchestrator import fusion
 from hypersack.orchestrator.cluster import ClusterState, Node
 from hypersack.orchestrator.commands import Command
 from hypersack.orchestrator.config import OrchestratorConfig
-from hypersack.orchestrator.journal import Journal, JournaledDict, JournaledLog, journaled
+from hypersack.orchestrator.journal import (
+    Journal,
+    JournaledDict,
+    JournaledLog,
+    OrderedJournaledDict,
+    journaled,
+)
 from hypersack.policies.base import ClusterView, Item, Need, Plan, Policy
 from hypersack.sampler.planning import Slot
 from hypersack.store.base import Store
@@ -73,7 +79,7 @@ class CoreState:
         self.open: dict[str, int] = journaled(j)  # trials not yet terminal, per study
         # PENDING trials per study (trial id -> its place in the study), so a decision
         # costs what waits, not the study's size.
-        self.waiting: dict[str, JournaledDict[str, int]] = journaled(j)
+        self.waiting: dict[str, OrderedJournaledDict[str]] = journaled(j)
         # Per study, how many PENDING trials each workload group (see Book.group) has:
         # a decision stops scanning once every group waiting has passed what could fit.
         self.pending_groups: dict[str, JournaledDict[tuple[int, int | None, float], int]] = \

@@ -388,7 +388,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                       "gc_full_collections": len(pauses),
                       "gc_full_max_ms": round(1000 * max(pauses, default=0.0), 3),
                       "gc_full_total_ms": round(1000 * sum(pauses), 3),
-                      "gc_full_last_ms": [round(1000 * x, 1) for x in pauses[-50:]]}),
+                      "gc_full_last_ms": [round(1000 * x, 1) for x in pauses[-50:]],
+                      "gc_scheduled_runs": server.service.full_gc.runs,
+                      "gc_scheduled_freed": server.service.full_gc.freed}),
           flush=True)
     return 0
 

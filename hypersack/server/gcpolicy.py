@@ -42,6 +42,7 @@ class FullCollections:
         self._last = clock()
         self._started = False
         self.runs = 0
+        self.freed = 0  # objects the scheduled collections freed, all together
 
     def start(self) -> None:
         global _users, _saved
@@ -76,6 +77,7 @@ class FullCollections:
         freed = gc.collect()
         self._last = self._clock()
         self.runs += 1
-        log.debug("full garbage collection: %d objects freed in %.1f ms", freed,
-                  1000 * (time.perf_counter() - began))
+        self.freed += freed
+        log.info("full garbage collection: %d objects freed in %.1f ms", freed,
+                 1000 * (time.perf_counter() - began))
         return True

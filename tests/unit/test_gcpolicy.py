@@ -52,6 +52,7 @@ def test_a_full_collection_runs_every_interval_and_frees_cycles() -> None:
         clock.advance(1.0)
         assert full.due_now() and full.runs == 1
         assert len(seen) == 1 and seen[0] >= 1  # the cycle was freed
+        assert full.freed == seen[0]
         assert not full.due_now()  # the next one, an interval later
         clock.advance(300.0)
         assert full.due_now() and full.runs == 2

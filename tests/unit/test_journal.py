@@ -100,3 +100,47 @@ def test_a_log_undoes_its_appends_and_their_counts() -> None:
     assert list(log) == [1.0, 2.0] and log.count == 2 and log.total == 3.0
     assert log[-1] == 2.0 and len(log) == 2
     j.end()
+
+
+def test_an_ordered_dict_keeps_its_keys_in_value_order_through_changes_and_undo() -> None:
+    """A study's pending trials in their order, kept as they come and go (a decision
+    reads the first few of 20,000 without sorting them): after every change and after
+    any undo, `ordered` is what sorting gives."""
+    import random
+
+    from hypersack.orchestrator.journal import OrderedJournaledDict
+
+    rng = random.Random(3)
+    j = Journal()
+    d: OrderedJournaledDict[str] = OrderedJournaledDict(j)
+
+    def check() -> None:
+        assert d.ordered() == sorted((v, k) for k, v in d.items())
+
+    for _ in range(40):
+        j.begin()
+        marks = [j.mark()]
+        for _ in range(rng.randint(1, 30)):
+            key = f"t{rng.randint(0, 25):02d}"
+            op = rng.random()
+            if op < 0.5:
+                d[key] = rng.randint(-5, 40)
+            elif op < 0.7:
+                d.pop(key, None)
+            elif op < 0.8 and key in d:
+                del d[key]
+            elif op < 0.85:
+                d.setdefault(key, rng.randint(0, 9))
+            elif op < 0.9:
+                d.update({key: rng.randint(0, 9)})
+            elif op < 0.92:
+                d.clear()
+            else:
+                marks.append(j.mark())
+            check()
+        if rng.random() < 0.5:
+            j.rollback_to(rng.choice(marks))  # an event's undo, or the batch's
+            check()
+            d["after"] = rng.randint(0, 9)  # changes after an undo keep the order too
+            check()
+        j.end()

@@ -307,13 +307,16 @@ def test_the_pending_scan_stops_early_and_passes_the_same_trials(shorthand: str)
     assert pending
     archs = frozenset(g.arch for n in parse_shorthand(shorthand).nodes for g in n.gpus)
     view = orch.s.cluster.view(orch.s.cluster.open_nodes(), {})
-    early = orch.decider.plain_items(pending, archs, view)
+    early = orch.decider.plain_items(study_id, pending, archs, view)
+    # As a decision reads them: one at a time, in order, only as far as needed.
+    lazy = orch.decider.plain_items(study_id, orch.book.pending_in_order(study_id), archs,
+                                    view)
     counts = orch.s.pending_groups.pop(study_id)
-    full = orch.decider.plain_items(pending, archs, view)  # without the counts: every trial
+    full = orch.decider.plain_items(study_id, pending, archs, view)  # every trial
     orch.s.pending_groups[study_id] = counts
     assert sum(counts.values()) == len(pending)
     assert len(full) < len(pending)  # groups hold trials back: the scan may stop early
-    assert [it.id for it in early] == [it.id for it in full]
+    assert [it.id for it in early] == [it.id for it in full] == [it.id for it in lazy]
     assert [(it.needs, it.run_time_s) for it in early] == [(it.needs, it.run_time_s)
                                                            for it in full]
 
