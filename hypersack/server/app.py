@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import gc
 import json
 import logging
 import signal
@@ -200,7 +199,6 @@ class HyperSackServer:
         self.service.start()
         self._loop.run(self._grpc.start())
         self._lag = self._loop.post(watch_lag(self.service.histograms.observe_lag))
-        gc.callbacks.append(self.service.histograms.on_gc)
         self._set_health(health_pb2.HealthCheckResponse.SERVING)
         log.info("hypersack-server %s listening on %s (port %d), database %s", __version__,
                  self.settings.listen, self.port, self.settings.db)
@@ -236,8 +234,6 @@ class HyperSackServer:
             self._loop.run(self._health.enter_graceful_shutdown())
             if self._lag is not None:
                 self._lag.cancel()
-            if self.service.histograms.on_gc in gc.callbacks:
-                gc.callbacks.remove(self.service.histograms.on_gc)
             self.service.stop()
             self._loop.run(self._grpc.stop(grace_s))
             self._pool.shutdown(wait=False, cancel_futures=True)

@@ -36,9 +36,11 @@ class FullCollections:
     not when the collector's own thresholds say."""
 
     def __init__(self, every_s: float = FULL_EVERY_S,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = time.monotonic,
+                 on_gc: Callable[[str, dict[str, int]], None] | None = None) -> None:
         self.every_s = every_s
         self._clock = clock
+        self._on_gc = on_gc  # a gc.callbacks hook while started (the pauses' timing)
         self._last = clock()
         self._started = False
         self.runs = 0
@@ -56,12 +58,16 @@ class FullCollections:
                 young, middle = _saved[0], _saved[1]
                 gc.set_threshold(young, middle, NEVER)
             _users += 1
+        if self._on_gc is not None:
+            gc.callbacks.append(self._on_gc)
 
     def stop(self) -> None:
         global _users, _saved
         if not self._started:
             return
         self._started = False
+        if self._on_gc is not None and self._on_gc in gc.callbacks:
+            gc.callbacks.remove(self._on_gc)
         with _lock:
             _users -= 1
             if _users == 0 and _saved is not None:

@@ -107,7 +107,7 @@ class AgentSession:
             self.queued += 1
             if trials:
                 self.in_flight.append((self.queued, trials))
-        self._woken()
+        self.wake()
 
     def ack(self, ack: str, wake: bool = True) -> None:
         """Acknowledge a report: carried with the next message written to the agent, or
@@ -124,11 +124,7 @@ class AgentSession:
                 del self.acks[0]  # the agent sends that report again
             self.acks.append(ack)
         if wake:
-            self._woken()
-
-    def wake(self) -> None:
-        """Have the stream's writer send what is queued (the acknowledgements too)."""
-        self._woken()
+            self.wake()
 
     def put_first(self, msg: pb.ServerMessage) -> None:
         """Queue a message ahead of everything queued (the registration's answer)."""
@@ -171,16 +167,17 @@ class AgentSession:
                     self.node, self.outbox.qsize())
         self.drain()
         self.outbox.put(None)
-        self._woken()
+        self.wake()
         if self.on_overflow is not None:
             self.on_overflow()
 
     def close(self) -> None:
         """End the stream once what is queued before has been sent."""
         self.outbox.put(None)
-        self._woken()
+        self.wake()
 
-    def _woken(self) -> None:
+    def wake(self) -> None:
+        """Have the stream's writer send what is queued (the acknowledgements too)."""
         on_send = self.on_send
         if on_send is not None:
             on_send()

@@ -132,7 +132,7 @@ class SchedulerService:
         self.store_failure: str | None = None
         self.on_store: Callable[[str | None], None] | None = None
         self._retry: list[Event] = []
-        self.full_gc = FullCollections()
+        self.full_gc = FullCollections(on_gc=self.histograms.on_gc)
 
     # ----------------------------------------------------------------- lifecycle
     def start(self) -> None:

@@ -77,7 +77,10 @@ def test_the_service_times_full_collections_for_metrics(tmp_path: Path) -> None:
     svc.start()
     try:
         assert gc.get_threshold()[2] == NEVER
+        gc.collect()  # a full collection while the service runs: timed for /metrics
+        assert len(svc.histograms.gc_pauses) >= 1
     finally:
         svc.stop()
         store.close()
     assert gc.get_threshold() == before
+    assert svc.histograms.on_gc not in gc.callbacks  # the hook goes with the service
