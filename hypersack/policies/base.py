@@ -21,9 +21,9 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from itertools import chain, repeat
-from operator import itemgetter
+from operator import attrgetter
 from types import MappingProxyType
-from typing import NamedTuple, Protocol
+from typing import Any, NamedTuple, Protocol
 
 from hypersack.core.types import Demand, ceil_units, floor_units
 
@@ -323,14 +323,17 @@ class Flat:
         # Each node's cached columns joined, without a Python step per GPU or per column
         # (at 8,000 GPUs this was a fifth of a decision).
         cols = [n.columns for n in nodes]
-        archs = list(map(itemgetter(0), cols))
+
+        def joined(name: str) -> list[Any]:
+            return list(chain.from_iterable(map(attrgetter(name), cols)))
+
         self.node_of: list[int] = list(chain.from_iterable(
-            map(repeat, range(len(cols)), map(len, archs))))
-        self.arch: list[str] = list(chain.from_iterable(archs))
-        self.index: list[int] = list(chain.from_iterable(map(itemgetter(1), cols)))
-        self.compute: list[int] = list(chain.from_iterable(map(itemgetter(2), cols)))
-        self.memory: list[int] = list(chain.from_iterable(map(itemgetter(3), cols)))
-        self.slots: list[int] = list(chain.from_iterable(map(itemgetter(4), cols)))
+            map(repeat, range(len(cols)), (len(c.arch) for c in cols))))
+        self.arch: list[str] = joined("arch")
+        self.index: list[int] = joined("indexes")
+        self.compute: list[int] = joined("compute")
+        self.memory: list[int] = joined("memory")
+        self.slots: list[int] = joined("slots")
 
     def __len__(self) -> int:
         return len(self.arch)
