@@ -27,7 +27,7 @@ from hypersack._proto.v1 import hypersack_pb2 as pb
 from hypersack._proto.v1 import hypersack_pb2_grpc as pb_grpc
 from hypersack.agent.accounts import TrialUsers
 from hypersack.agent.checkpoints import Checkpoints
-from hypersack.agent.devices import DeviceBackend, DeviceState, Measured
+from hypersack.agent.devices import DeviceBackend, DeviceState, Measured, profile_window
 from hypersack.agent.fence import FENCED_MARK, Lease, fence_of, kill_grace_of, watchdog_argv
 from hypersack.agent.groups import MemberJob, fused_argv, fused_spec
 from hypersack.agent.guard import CommandPolicy, clean_env
@@ -840,8 +840,11 @@ class Agent:
                 key=m.key, arch=m.arch, ok=False,
                 error=f"{why}; log tail: {job.log_tail(1000)}"))
         try:
+            now = time.time()
             measured = Measured(cpu_cores=float(result.get("cpu_cores", 0.0)),
-                                peak_rss_mib=float(result.get("peak_rss_mib", 0.0)))
+                                peak_rss_mib=float(result.get("peak_rss_mib", 0.0)),
+                                window=profile_window(result.get("window"), (
+                                    now - (time.monotonic() - job.started_at) - 1.0, now)))
             compute, memory, cores = self.backend.demand(device, measured)
             versions = " ".join(v for v in (str(result.get("versions", "")),
                                             self.backend.versions()) if v)

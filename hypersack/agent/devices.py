@@ -8,8 +8,10 @@ tests and for demos of a cluster on one machine; its trials run on the CPU. `nvm
 
 from __future__ import annotations
 
+import math
 import platform
 from abc import ABC, abstractmethod
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import psutil
@@ -34,6 +36,52 @@ class Measured:
 
     cpu_cores: float
     peak_rss_mib: float
+    # When its timed iterations ran (wall clock, seconds since the epoch): the device's
+    # samples in this window are the workload's use; those before it are the process's
+    # start (imports, CUDA context, data), which is most of a short profile run's life.
+    window: tuple[float, float] | None = None
+
+
+def profile_window(value: object, life: tuple[float, float]) -> tuple[float, float] | None:
+    """A profile result's `window` ([start, end] in seconds since the epoch) cut to the
+    process's `life`, or None where it is missing, not two finite, ordered numbers, or
+    outside that life (the result is the trial's output: hostile)."""
+    if not isinstance(value, (list, tuple)) or len(value) != 2:
+        return None
+    try:
+        start, end = (float(v) for v in value)
+    except (TypeError, ValueError):
+        return None
+    if not (math.isfinite(start) and math.isfinite(end) and start <= end):
+        return None
+    start, end = max(start, life[0]), min(end, life[1])
+    return (start, end) if start <= end else None
+
+
+# NVML's utilization is the share of its last sample period (1/6 s to 1 s by device)
+# with a kernel running, so the readings just after the window still tell of it.
+WINDOW_GRACE_S = 0.25
+
+
+def busy_share(samples: Sequence[tuple[float, float]],
+               window: tuple[float, float] | None) -> float | None:
+    """A profile run's compute share (%) from the device's utilization samples (time,
+    %): their mean within its timed window (and NVML's averaging period after it); the
+    first sample after the window's start where the window fell between two samples.
+    Without a window (a program that marks no iterations: its whole run is its profile),
+    the mean after the first fifth of the run (its start). None: no samples."""
+    if not samples:
+        return None
+    if window is not None:
+        start, end = window
+        inside = [u for t, u in samples if start < t <= end + WINDOW_GRACE_S]
+        if inside:
+            return sum(inside) / len(inside)
+        after = [u for t, u in samples if t > start]
+        if after:
+            return after[0]
+    busy = [u for _, u in samples[len(samples) // 5:]] or [u for _, u in samples]
+    return sum(busy) / len(busy)
 
 
 @dataclass(frozen=True)

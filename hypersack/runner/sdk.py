@@ -285,6 +285,10 @@ def _write_profile(path: str, iters_per_epoch: int) -> None:
     # Set-up: from process start to the start of the first iteration, taken as the end
     # of the first one less one timed iteration.
     setup = max(0.0, p.marks[0] - iter_time - _process_start_perf()) if warmup else 0.0
+    # The timed iterations' span on the wall clock, which the agent shares: it reads the
+    # device's use over this window alone, not over the process's start.
+    to_wall = time.time() - time.perf_counter()
+    began = p.marks[warmup - 1] if warmup else _IMPORTED
     result = {
         "cpu_cores": cpu_s / total if total > 0 else 0.0,
         "peak_rss_mib": _peak_rss_mib(),
@@ -294,6 +298,7 @@ def _write_profile(path: str, iters_per_epoch: int) -> None:
         "iters_per_epoch": max(1, int(iters_per_epoch)),
         "iterations": len(times),
         "setup_s": setup,
+        "window": [began + to_wall, p.marks[-1] + to_wall],
         **p.info,
     }
     fd = _inherited(ENV_PROFILE_FD)

@@ -284,3 +284,75 @@ def test_each_attempt_checkpoints_in_its_own_folder_from_the_newest_earlier_one(
     fourth = agent.checkpoints.attempt("s-1", "s-1-t00000", 4)
     assert (fourth / "checkpoint.json").read_text() == '{"epoch": 6}'  # the newest
     assert agent.checkpoints.attempt("s-1", "s-1-t00000", 4) == fourth  # made once
+
+
+def test_a_profiles_compute_share_is_read_over_its_timed_iterations_only() -> None:
+    """A short profile run is mostly its process's start (imports, a CUDA context, the
+    data) with the GPU idle; its share is the device's use while its timed iterations
+    ran (a ResNet-34 that keeps an H100 busy was profiled at 6 % over the whole run)."""
+    from hypersack.agent.devices import WINDOW_GRACE_S, busy_share
+
+    start = [(100.0 + 0.05 * i, 0.0) for i in range(140)]  # 7 s of start-up, idle
+    timed = [(107.0 + 0.05 * i, 95.0) for i in range(1, 9)]  # 0.4 s of iterations
+    after = [(107.4 + 0.05 * i, 0.0) for i in range(6, 20)]  # exit, past NVML's period
+    samples = start + timed + after
+    assert busy_share(samples, None) < 10  # the whole run's mean: what went wrong
+    assert busy_share(samples, (107.0, 107.4)) == pytest.approx(95.0)
+    # NVML's reading just after the window still tells of it.
+    assert busy_share([(106.9, 0.0), (107.4 + WINDOW_GRACE_S / 2, 80.0)],
+                      (107.0, 107.3)) == 80.0
+    # A window between two samples: the first one after it began.
+    assert busy_share([(106.0, 0.0), (108.0, 70.0), (109.0, 10.0)], (107.0, 107.01)) == 70.0
+    assert busy_share([], (1.0, 2.0)) is None
+
+
+@pytest.mark.parametrize("value", [None, "1,2", [1.0], [1, 2, 3], ["a", 2], [2.0, 1.0],
+                                   [float("nan"), 2.0], [1.0, float("inf")], {"a": 1},
+                                   [0.0, 5.0], [500.0, 600.0]])
+def test_a_hostile_profile_window_is_ignored(value: object) -> None:
+    """The window is the trial's own output: anything but two ordered, finite numbers
+    inside the process's life is no window (the whole run is measured instead)."""
+    from hypersack.agent.devices import profile_window
+
+    assert profile_window(value, (10.0, 20.0)) is None
+
+
+def test_a_profile_window_is_cut_to_the_process_life() -> None:
+    from hypersack.agent.devices import profile_window
+
+    assert profile_window([12, 15], (10.0, 20.0)) == (12.0, 15.0)
+    assert profile_window([5.0, 15.0], (10.0, 20.0)) == (10.0, 15.0)
+    assert profile_window([15.0, 99.0], (10.0, 20.0)) == (15.0, 20.0)
+
+
+def test_the_nvml_backend_measures_a_profile_over_its_window(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Wired end to end through a stand-in for pynvml: the device is idle for the
+    profile process's first 0.5 s (its start) and busy after; the demand is the busy
+    share, not the run's mean."""
+    import time
+    import types
+
+    from hypersack.agent.nvml import NvmlBackend
+
+    t0 = time.time()
+    fake = types.SimpleNamespace(
+        nvmlInit=lambda: None, nvmlDeviceGetCount=lambda: 1,
+        nvmlDeviceGetHandleByIndex=lambda i: i,
+        nvmlDeviceGetName=lambda h: b"NVIDIA H100 80GB HBM3",
+        nvmlDeviceGetUUID=lambda h: "GPU-0000",
+        nvmlDeviceGetMemoryInfo=lambda h: types.SimpleNamespace(total=80 * 2**30, used=0),
+        nvmlDeviceGetUtilizationRates=lambda h: types.SimpleNamespace(
+            gpu=90 if time.time() >= t0 + 0.5 else 0),
+        nvmlDeviceGetComputeRunningProcesses=lambda h: [
+            types.SimpleNamespace(pid=1, usedGpuMemory=512 * 2**20)])
+    monkeypatch.setitem(sys.modules, "pynvml", fake)
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    backend = NvmlBackend()
+    (device,) = backend.devices()
+    proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(1.2)"])
+    backend.start_measuring(device, proc.pid)
+    proc.wait(timeout=30)
+    time.sleep(0.1)
+    compute, memory, _ = backend.demand(device, Measured(1.0, 10.0, window=(t0 + 0.6, t0 + 1.0)))
+    assert compute == pytest.approx(90.0) and memory == 512

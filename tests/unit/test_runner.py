@@ -7,6 +7,7 @@ import os
 import pickle
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -153,19 +154,27 @@ def test_zoo_model_trains_and_profiles_on_the_cpu(tmp_path: Path, model: str) ->
 @pytest.mark.parametrize("marks,timed", [(1, 1), (3, 2), (30, 10)])
 def test_a_profile_measures_what_a_short_program_runs(tmp_path: Path, marks: int,
                                                       timed: int) -> None:
-    program = ("from hypersack.runner import sdk\nimport time\n"
+    program = ("from hypersack.runner import sdk\nimport time\ntime.sleep(0.3)\n"
                f"for _ in range({marks}):\n    time.sleep(0.01)\n"
                "    sdk.iteration(iters_per_epoch=5)\nprint('trained')\n")
     env = {**os.environ, sdk.ENV_PROFILE: str(tmp_path / "profile.json"),
            sdk.ENV_PROFILE_ITERATIONS: "10", sdk.ENV_PROFILE_WARMUP: "1"}
+    began = time.time()
     done = subprocess.run([sys.executable, "-c", program], env=env, capture_output=True,
                           text=True, timeout=60, cwd=tmp_path)
+    ended = time.time()
     assert done.returncode == 0, done.stderr
     # Ten timed iterations end the run early; fewer, and the program runs to its end.
     assert ("trained" in done.stdout) == (marks < 11)
     result = json.loads((tmp_path / "profile.json").read_text())
     assert result["iterations"] == timed and result["iters_per_epoch"] == 5
     assert 0.009 < result["iter_time_s"] < 5
+    # The timed iterations' span on the wall clock, without the 0.3 s start before them
+    # (the agent reads the GPU's use over it); a single mark is timed from the import.
+    start, end = result["window"]
+    assert began < start <= end < ended
+    if marks > 1:
+        assert start - began > 0.3 and end - start >= 0.9 * timed * 0.01
 
 
 def test_whole_numbers_stay_integers_in_commands() -> None:
