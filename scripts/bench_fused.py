@@ -40,8 +40,10 @@ def batch(model: str, size: int, seed: int):  # type: ignore[no-untyped-def]
 
 
 def worker(model: str, width: int, steps: int, warmup: int, size: int, threads: int,
-           device: str = "cpu", precision: str = "fp32") -> dict[str, float]:
-    """Train `width` fused members (width 1: one plain model, as a separate run does)."""
+           device: str = "cpu", precision: str = "fp32",
+           compile: str = "none") -> dict[str, float]:
+    """Train `width` fused members (width 1: one plain model, as a separate run does);
+    `compile`: the fused pass's torch.compile mode, or none."""
     import torch
 
     sys.path.insert(0, str(ROOT))
@@ -71,7 +73,8 @@ def worker(model: str, width: int, steps: int, warmup: int, size: int, threads: 
         group = FusedGroup(lambda: build(model), [Member(f"t{k}", lr=0.01 * (k + 1),
                                                          momentum=0.9, seed=k)
                                                   for k in range(width)],
-                           device=on, precision=precision)
+                           device=on, precision=precision,
+                           compile=None if compile == "none" else compile)
 
         def step() -> None:
             group.step(x, y)
@@ -94,13 +97,13 @@ def worker(model: str, width: int, steps: int, warmup: int, size: int, threads: 
 
 
 def run(model: str, width: int, processes: int, args: argparse.Namespace,
-        precision: str) -> dict[str, float]:
+        precision: str, compile: str = "none") -> dict[str, float]:
     """`processes` workers of `width` members each, started together; their sum."""
     # The machine's cores are shared fairly: all for one fused process, an equal part
     # for each of K separate ones.
     threads = max(1, (os.cpu_count() or 1) // processes)
     cmd = [sys.executable, __file__, "--worker", model, str(width), str(args.steps),
-           str(args.warmup), str(args.batch), str(threads), args.device, precision]
+           str(args.warmup), str(args.batch), str(threads), args.device, precision, compile]
     procs = [subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True) for _ in range(processes)]
     outs = [p.communicate()[0] for p in procs]
     if any(p.returncode for p in procs):
@@ -110,10 +113,13 @@ def run(model: str, width: int, processes: int, args: argparse.Namespace,
             "rss_per_member_mib": sum(r["peak_rss_mib"] for r in results) / (width * processes)}
 
 
-def measure(model: str, precision: str, k: int, args: argparse.Namespace) -> dict[str, object]:
-    fused = run(model, k, 1, args, precision)
-    separate = run(model, 1, k, args, precision)
-    return {"model": model, "precision": precision, "K": k,
+def measure(model: str, precision: str, k: int, args: argparse.Namespace,
+            compile: str = "none", separate: dict[str, float] | None = None,
+            ) -> dict[str, object]:
+    fused = run(model, k, 1, args, precision, compile if k > 1 else "none")
+    separate = separate or run(model, 1, k, args, precision)
+    return {"model": model, "precision": precision, "K": k, "compile": compile,
+            "_separate": separate,
             "fused_samples_per_s": round(fused["samples_per_s"], 1),
             "separate_samples_per_s": round(separate["samples_per_s"], 1),
             "fused_over_separate": round(fused["samples_per_s"] / separate["samples_per_s"], 3),
@@ -124,7 +130,7 @@ def measure(model: str, precision: str, k: int, args: argparse.Namespace) -> dic
 def main() -> int:
     if len(sys.argv) > 1 and sys.argv[1] == "--worker":
         model, width, steps, warmup, size, threads = sys.argv[2], *map(int, sys.argv[3:8])
-        print(json.dumps(worker(model, width, steps, warmup, size, threads, *sys.argv[8:10])))
+        print(json.dumps(worker(model, width, steps, warmup, size, threads, *sys.argv[8:11])))
         return 0
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--models", default="resnet18,bert_tiny")
@@ -135,21 +141,31 @@ def main() -> int:
     ap.add_argument("--device", default="cpu", help="cpu, or cuda (the first GPU)")
     ap.add_argument("--precisions", default="fp32",
                     help="comma-separated: fp32, bf16, fp16 (mixed precision: on a GPU)")
+    ap.add_argument("--compile", default="none",
+                    help="comma-separated modes of the fused pass, each measured against the "
+                         "same separate run: none (eager), default, reduce-overhead, "
+                         "max-autotune-no-cudagraphs (torch.compile's)")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
     rows = []
     for model in args.models.split(","):
         for precision in args.precisions.split(","):
             for k in map(int, args.widths.split(",")):
-                rows.append(measure(model, precision, k, args))
-                print(json.dumps(rows[-1]), file=sys.stderr, flush=True)
+                separate = None
+                for mode in args.compile.split(","):
+                    if k == 1 and mode != args.compile.split(",")[0]:
+                        continue  # width 1 is the plain model: nothing to compile
+                    row = measure(model, precision, k, args, mode, separate)
+                    separate = row.pop("_separate")  # type: ignore[assignment]
+                    rows.append(row)
+                    print(json.dumps(rows[-1]), file=sys.stderr, flush=True)
     if args.json:
         print(json.dumps(rows, indent=2))
     else:
-        print(f"{'model':<10}{'prec':>5}{'K':>3}{'fused/s':>10}{'separate/s':>12}{'ratio':>8}"
+        print(f"{'model':<10}{'prec':>5}{'K':>3}{'compile':>16}{'fused/s':>10}{'separate/s':>12}{'ratio':>8}"
               f"{'MiB/member fused':>18}{'separate':>10}")
         for r in rows:
-            print(f"{r['model']:<10}{r['precision']:>5}{r['K']:>3}"
+            print(f"{r['model']:<10}{r['precision']:>5}{r['K']:>3}{r['compile']:>16}"
                   f"{r['fused_samples_per_s']:>10}{r['separate_samples_per_s']:>12}"
                   f"{r['fused_over_separate']:>8}{r['fused_mib_per_member']:>18}"
                   f"{r['separate_mib_per_member']:>10}")

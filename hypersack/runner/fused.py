@@ -64,7 +64,8 @@ class FusedGroup:
     def __init__(self, build: Callable[[], nn.Module], members: Sequence[Member],
                  loss: Loss = nn.functional.cross_entropy,
                  device: torch.device | None = None, optimizer: str = "sgd",
-                 clip_value: float | None = None, precision: str = "fp32") -> None:
+                 clip_value: float | None = None, precision: str = "fp32",
+                 compile: str | None = None) -> None:
         if not members:
             raise ValueError("a fused group needs at least one member")
         if optimizer not in optim.OPTIMIZERS:
@@ -107,6 +108,13 @@ class FusedGroup:
         self._velocity = [torch.zeros_like(p) for p in self.params.values()]
         self._second = ([torch.zeros_like(p) for p in self.params.values()]
                         if optimizer != "sgd" else [])
+        # The forward-backward pass, or the same compiled by torch.compile in `compile`'s
+        # mode ("default", "reduce-overhead", ...): on a GPU, vmap's batching costs the
+        # host more than the device's work for small models (docs/gpu.md); a compiled
+        # pass is traced once per batch shape and then runs as generated kernels.
+        self._pass: Callable[..., Any] = self._forward_backward
+        if compile is not None:
+            self._pass = torch.compile(self._forward_backward, mode=compile, dynamic=False)
 
     @property
     def width(self) -> int:
@@ -184,6 +192,14 @@ class FusedGroup:
             out: Tensor = vmap(one, randomness="different")(self.params, self.buffers)
         return out
 
+    def _forward_backward(self, params: dict[str, Tensor], buffers: dict[str, Tensor],
+                          scale: Tensor, x: Tensor, y: Tensor) -> Any:
+        """Every member's gradients and (scaled loss, loss), stacked along K."""
+        with self._ops():
+            return vmap(grad_and_value(self._member_loss, has_aux=True),
+                        in_dims=(0, 0, 0, None, None), randomness="different")(
+                params, buffers, scale, x, y)
+
     def step(self, x: Tensor, y: Tensor) -> Tensor:
         """One training step of every live member on the batch (x, y); each member's
         loss (K,), NaN for one that diverged now or before."""
@@ -191,11 +207,7 @@ class FusedGroup:
         # (BatchNorm's running statistics, small) are put back afterwards, like its
         # parameters, also for one that diverges in this very step.
         before = {n: t.clone() for n, t in self.buffers.items()}
-        with self._ops():
-            grads, (_, losses) = vmap(grad_and_value(self._member_loss, has_aux=True),
-                                      in_dims=(0, 0, 0, None, None),
-                                      randomness="different")(
-                self.params, self.buffers, self.scales.scale, x, y)
+        grads, (_, losses) = self._pass(self.params, self.buffers, self.scales.scale, x, y)
         names = list(self.params)
         g = [grads[n] for n in names]
         k = self.width
