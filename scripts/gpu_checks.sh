@@ -13,8 +13,11 @@
 #   backward  backward-fused optimizer steps against the standard loop (step time)
 #   start     launch to first iteration of a CUDA trial, cold and warm
 #   fused     fused groups K=1..8 in fp32, bf16 and fp16 against separate processes, under MPS
-#   learned   the learned oversubscription ratio against fixed 1.5, 2.5 and 4 with MPS,
-#             the node reporting 96 cores, and the relaunch delay of a real agent
+#   compiled  fused groups K=8 with the pass compiled by torch.compile, against eager and
+#             separate processes, under MPS
+#   learned   the learned oversubscription ratio against fixed 1.5, 2.5 and 4 with MPS:
+#             ResNet-34 at batch 512, which keeps an H100 busy alone, the node reporting
+#             96 cores; and the relaunch delay of a real agent
 #
 # Python packages the machine lacks can be placed as wheels in .whl/: they are installed
 # beside its Python (in /tmp/hs-site), nothing else is touched. The GPU's settings are
@@ -66,7 +69,7 @@ from hypersack.agent.nvml import NvmlBackend
 print(NvmlBackend().devices())"
 }
 
-for p in ${*:-env tests backward start fused learned}; do
+for p in ${*:-env tests backward start fused compiled learned}; do
     case $p in
         env) export -f env_report; export PY; part env 60 bash -c env_report ;;
         tests) part tests 240 "$PY" -m pytest -p no:cacheprovider -o addopts="-q" -rs \
@@ -80,10 +83,18 @@ for p in ${*:-env tests backward start fused learned}; do
             part fused 240 "$PY" scripts/bench_fused.py --device cuda --models resnet18 \
                 --precisions fp32,bf16,fp16 --widths 1,2,4,8 --batch 64 --steps 10 --warmup 2
             mps_off ;;
+        compiled) mps_on
+            part compiled 300 "$PY" scripts/bench_fused.py --device cuda --models resnet18 \
+                --precisions fp32,bf16 --widths 8 --batch 64 --steps 10 --warmup 3 \
+                --compile none,default
+            mps_off ;;
         # The node reports 96 cores: in the runs so far the cores (16) or memory bound how
         # many trials ran, at every ratio, so the ratio never did (docs/gpu.md).
-        learned) part learned 360 "$PY" scripts/gpu_learned_ratio.py --sweep 1.5 2.5 4 \
-            --learn 2.5 --seconds 60 --learn-seconds 110 --warmup 20 --cores 96 ;;
-        *) echo "unknown part $p (env tests backward start fused learned)"; exit 2 ;;
+        # ResNet-18 left the GPU mostly idle per trial, so the cores or the memory bound
+        # how many ran; ResNet-34 at batch 512 takes most of the GPU alone.
+        learned) part learned 330 "$PY" scripts/gpu_learned_ratio.py --sweep 1.5 2.5 4 \
+            --learn 2.5 --seconds 50 --learn-seconds 90 --warmup 20 --cores 96 \
+            --model resnet34 --batch 512 --samples 16384 --epochs 10 ;;
+        *) echo "unknown part $p (env tests backward start fused compiled learned)"; exit 2 ;;
     esac
 done

@@ -41,7 +41,7 @@ from hypersack.agent.nvml import NvmlBackend
 
 SPACE = """\
 name: gpu-share
-models: [resnet18]
+models: [{model}]
 hyperparameters:
   batch_size: [{batch}]
   lr: {lrs}
@@ -96,6 +96,9 @@ class Relaunches:
 
 def main() -> None:
     p = parser(__doc__)
+    p.add_argument("--model", default="resnet18", choices=["resnet18", "resnet34"],
+                   help="the built-in trainer's model (resnet34 at a large batch keeps an H100 "
+                        "busy, so each trial's profiled share is large and the ratio binds)")
     p.add_argument("--batch", type=int, default=64)
     p.add_argument("--samples", type=int, default=8192, help="training samples per epoch")
     p.add_argument("--cores", type=float, default=None,
@@ -117,9 +120,10 @@ def main() -> None:
         raise SystemExit("no GPU found through NVML")
     arch = devices[0].arch
     lrs = [round(1e-4 * (i + 1), 6) for i in range(args.trials)]
-    space = SPACE.format(batch=args.batch, lrs=json.dumps(lrs), epochs=args.epochs,
+    space = SPACE.format(model=args.model, batch=args.batch, lrs=json.dumps(lrs),
+                         epochs=args.epochs,
                          samples=args.samples)
-    print(f"{len(devices)} x {arch} ({devices[0].memory_mib} MiB); trials: ResNet-18, "
+    print(f"{len(devices)} x {arch} ({devices[0].memory_mib} MiB); trials: {args.model}, "
           f"batch {args.batch}, {args.epochs} epochs of {args.samples} synthetic samples",
           flush=True)
     relaunch = Relaunches()
