@@ -19,6 +19,7 @@ import asyncio
 import threading
 from collections.abc import AsyncIterator, Callable, Coroutine, Iterable, Iterator, Mapping
 from concurrent import futures
+from contextlib import contextmanager
 from types import SimpleNamespace
 from typing import Any, TypeVar
 
@@ -161,20 +162,42 @@ class Waker:
     """Runs callbacks on an event loop from other threads, with one wake-up of the loop
     (a write to its self-pipe) for all the callbacks asked for before it runs, however
     many streams they are for: the event worker's decision may queue launches for tens of
-    agents at once. A callback asked for again before it ran runs once."""
+    agents at once. A callback asked for again before it ran runs once. While `held`,
+    callbacks wait and the loop is woken once when the hold ends: a batch's
+    acknowledgements and commands, however many, cost one wake-up."""
 
     def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
         self._loop = loop
         self._lock = threading.Lock()
         self._due: dict[Callable[[], None], None] = {}  # in the order asked for
+        self._scheduled = False  # the loop is asked to run what is due
+        self._holds = 0
 
     def call(self, callback: Callable[[], None]) -> None:
         with self._lock:
-            if callback in self._due:
-                return
             self._due[callback] = None
-            if len(self._due) > 1:
-                return  # the loop is already asked to run what is due
+            if self._scheduled or self._holds:
+                return
+            self._scheduled = True
+        self._schedule()
+
+    @contextmanager
+    def held(self) -> Iterator[None]:
+        """Callbacks asked for inside wait for its end (one wake-up for all of them)."""
+        with self._lock:
+            self._holds += 1
+        try:
+            yield
+        finally:
+            with self._lock:
+                self._holds -= 1
+                go = not self._holds and bool(self._due) and not self._scheduled
+                if go:
+                    self._scheduled = True
+            if go:
+                self._schedule()
+
+    def _schedule(self) -> None:
         try:
             self._loop.call_soon_threadsafe(self._run)
         except RuntimeError:
@@ -183,6 +206,7 @@ class Waker:
     def _run(self) -> None:
         with self._lock:
             due, self._due = self._due, {}
+            self._scheduled = False
         for callback in due:
             callback()
 

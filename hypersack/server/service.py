@@ -13,6 +13,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable
+from contextlib import AbstractContextManager, nullcontext
 from functools import partial
 from typing import Any
 
@@ -131,6 +132,9 @@ class SchedulerService:
         # tick's at the latest), so that an exit is not lost to a full or read-only disk.
         self.store_failure: str | None = None
         self.on_store: Callable[[str | None], None] | None = None
+        # Set by the agents' servicer (bridge.Waker.held): the wake-ups of the streams
+        # a batch writes to wait for its end, and the loop is woken once.
+        self.hold_wakes: Callable[[], AbstractContextManager[None]] = nullcontext
         self._retry: list[Event] = []
         self.full_gc = FullCollections(on_gc=self.histograms.on_gc)
 
@@ -452,9 +456,11 @@ class SchedulerService:
                 # same agents (an exit's, with its successor's launch).
                 acked: list[AgentSession] = []
                 committed = partial(self.intake.acknowledge, items, acked)
-                if self._apply_retrying(*events, committed=committed) is not None:
-                    for session in acked:
-                        session.wake()
+                # Every stream the batch writes to is woken with one wake-up of the loop.
+                with self.hold_wakes():
+                    if self._apply_retrying(*events, committed=committed) is not None:
+                        for session in acked:
+                            session.wake()
             done = time.monotonic()
             self.batch_time.append(done - began)
             self.histograms.batch.observe(done - began)

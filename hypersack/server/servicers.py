@@ -427,6 +427,7 @@ class AgentLinkServicer(pb_grpc.AgentLinkServicer):
         # loop's self-pipe.
         if self._waker is None:
             self._waker = Waker(loop)  # every stream is served on the one loop
+            self._s.hold_wakes = self._waker.held
         session.on_send = partial(self._waker.call, wake.set)
         handler = asyncio.current_task()
         if handler is not None:  # cut the stream of an agent that does not read

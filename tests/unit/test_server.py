@@ -177,6 +177,20 @@ def test_one_wake_up_of_the_loop_for_many_streams() -> None:
         blocker.set()
         loop_thread.run(_running_loop())
         assert ran.count(51) == 1 and writes == 8
+        # While held (a batch's acknowledgements and commands), nothing wakes the loop,
+        # even when it is idle; the hold's end wakes it once for all of them.
+        with waker.held():
+            for i in range(60, 70):
+                waker.call(functools.partial(ran.append, i))
+            with waker.held():  # holds nest: the outer end wakes
+                waker.call(functools.partial(ran.append, 70))
+            loop_thread.run(_running_loop())  # the loop runs, and finds nothing due
+            assert writes == 9 and not set(range(60, 71)) & set(ran)
+        loop_thread.run(_running_loop())
+        assert ran[-11:] == list(range(60, 71)) and writes == 11
+        with waker.held():  # a hold with nothing asked for wakes nothing
+            pass
+        assert writes == 11
     finally:
         loop_thread.close()
 
