@@ -91,7 +91,7 @@ class Membership:
             slot = gpu.profiling
             if slot is None:
                 continue
-            self.s.cluster.end_profile(slot)
+            self.s.cluster.profile_jobs.end(slot)
             self.s.profiling_dirty = True
             log.info("node %s joined again: profiling %s on %s is planned again",
                      node.spec.name, slot[0].label(), slot[1])

@@ -105,7 +105,7 @@ class Profiling:
         """A node's profile result counts only for the profile job given to that node:
         any other is refused (and logged with the node's name), so that no node can
         write the cluster's history of a workload."""
-        if not self.s.cluster.profiling_on(node, slot):
+        if not self.s.cluster.profile_jobs.running_on(node, slot):
             log.warning("node %s sent a profile %s for %s on %s, a job it was not given: "
                         "refused", short(node, 80), what, slot[0].label(), slot[1])
             raise StaleEvent(f"node {short(node, 80)} was given no profile job for "
@@ -115,7 +115,7 @@ class Profiling:
         profile = event.profile
         slot = (profile.key, profile.arch)
         self._given(slot, event.node, "result")
-        self.s.cluster.end_profile(slot)
+        self.s.cluster.profile_jobs.end(slot)
         self.s.profiles[slot] = profile
         self.s.forget_profile_failure(slot)
         self.s.profile_sample.pop(slot, None)
@@ -158,7 +158,7 @@ class Profiling:
         width's failure only stops fusing at that width."""
         slot = (event.key, event.arch)
         self._given(slot, event.node, "failure")
-        self.s.cluster.end_profile(slot)
+        self.s.cluster.profile_jobs.end(slot)
         log.warning("profiling %s on %s failed: %s", event.key.label(), event.arch,
                     short(event.reason, 500))
         sample = self.s.trials.get(self.s.profile_sample.pop(slot, ""))
@@ -260,7 +260,7 @@ class Profiling:
         if not archs:
             return []
         self.state_demands(active, archs)
-        in_flight = self.s.cluster.in_flight()
+        in_flight = self.s.cluster.profile_jobs.in_flight()
         wanted: list[Slot] = []
         samples: dict[WorkloadKey, TrialRecord] = {}  # a waiting trial of each workload
         for study in active:
@@ -298,14 +298,15 @@ class Profiling:
             # a thousand joins cost a million).
             self.s.profiling_waiting = False
             return []
-        plan = planning.plan_profiles(wanted, self.s.cluster.gpu_slots(open_nodes), allowed)
+        jobs = self.s.cluster.profile_jobs
+        plan = planning.plan_profiles(wanted, jobs.slots(open_nodes), allowed)
         for slot, g in plan.reserve:
             node = self.s.cluster.live(g.node)
-            self.s.cluster.reserve(node, node.gpus[g.index], slot)
+            jobs.reserve(node, node.gpus[g.index], slot)
         commands: list[Command] = []
         for slot, g in plan.start:
             node = self.s.cluster.live(g.node)
-            self.s.cluster.start_profile(node, node.gpus[g.index], slot)
+            jobs.start(node, node.gpus[g.index], slot)
             sample = samples[fusion.fused_key(slot[0], 1)]
             self.s.profile_sample[slot] = sample.id
             commands.append(ProfileWorkload(key=slot[0], arch=slot[1], node=node.name,

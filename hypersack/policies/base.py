@@ -151,9 +151,84 @@ class NodeBin:
                        tuple(free.items()))
 
 
+class JoinedColumns:
+    """The nodes' columns joined in one set of lists (what Flat copies), with the free
+    states counted over them (what FitBounds reads), kept by whoever builds views
+    (ClusterState) and patched node by node as nodes change: a decision at a thousand
+    nodes then copies lists instead of joining a thousand nodes' columns. `seq` counts
+    the patches: a view made before the last one no longer matches (ClusterView.joined)."""
+
+    def __init__(self, nodes: Sequence[NodeBin], count_free: bool = True) -> None:
+        cols = [n.columns for n in nodes]
+        self.seq = 0
+        self.node_names = [n.name for n in nodes]
+        self.node_cores = [n.cores for n in nodes]
+        self.offsets: list[int] = []
+        at = 0
+        for c in cols:
+            self.offsets.append(at)
+            at += len(c.arch)
+
+        def joined(name: str) -> list[Any]:
+            return list(chain.from_iterable(map(attrgetter(name), cols)))
+
+        self.node_of: list[int] = list(chain.from_iterable(
+            map(repeat, range(len(cols)), (len(c.arch) for c in cols))))
+        self.arch: list[str] = joined("arch")
+        self.index: list[int] = joined("indexes")
+        self.compute: list[int] = joined("compute")
+        self.memory: list[int] = joined("memory")
+        self.slots: list[int] = joined("slots")
+        self.free: dict[tuple[str, int, int], int] = {}
+        if count_free:
+            for c in cols:
+                self._count(c, 1)
+
+    def _count(self, cols: Columns, sign: int) -> None:
+        free = self.free
+        for key, n in cols.free:
+            left = free.get(key, 0) + sign * n
+            if left:
+                free[key] = left
+            else:
+                del free[key]
+
+    def patch(self, i: int, old: NodeBin, new: NodeBin) -> None:
+        """Node `i` changed from `old` to `new` (same name, same GPUs)."""
+        a, b = old.columns, new.columns
+        start = self.offsets[i]
+        end = start + len(a.arch)
+        self.compute[start:end] = b.compute
+        self.memory[start:end] = b.memory
+        self.slots[start:end] = b.slots
+        self.node_cores[i] = new.cores
+        self._count(a, -1)
+        self._count(b, 1)
+        self.seq += 1
+
+
 @dataclass(frozen=True)
 class ClusterView:
     nodes: tuple[NodeBin, ...]
+    # The same nodes' columns already joined, where the builder keeps them (see
+    # JoinedColumns): valid while their `seq` is still `joined_seq`. Not init fields: a
+    # view made from another (dataclasses.replace, `after`) has other nodes, and none.
+    joined: JoinedColumns | None = field(default=None, init=False, compare=False,
+                                         repr=False)
+    joined_seq: int = field(default=-1, init=False, compare=False, repr=False)
+
+    @classmethod
+    def with_columns(cls, nodes: tuple[NodeBin, ...], joined: JoinedColumns) -> ClusterView:
+        """A view of `nodes` whose columns `joined` holds, as they are now."""
+        view = cls(nodes)
+        object.__setattr__(view, "joined", joined)
+        object.__setattr__(view, "joined_seq", joined.seq)
+        return view
+
+    def columns(self) -> JoinedColumns | None:
+        """The joined columns of exactly these nodes, or None (join them)."""
+        j = self.joined
+        return j if j is not None and j.seq == self.joined_seq else None
 
     def gpus(self) -> list[GpuBin]:
         return [g for n in self.nodes for g in n.gpus]
@@ -313,27 +388,26 @@ class Policy(Protocol):
         ...
 
 
+def _same(values: list[Any]) -> list[Any]:
+    return values
+
+
 class Flat:
     """The cluster as parallel lists indexed by GPU position: what the policies work on."""
 
     def __init__(self, cluster: ClusterView) -> None:
-        nodes = cluster.nodes
-        self.node_names = [n.name for n in nodes]
-        self.node_cores = [n.cores for n in nodes]
-        # Each node's cached columns joined, without a Python step per GPU or per column
-        # (at 8,000 GPUs this was a fifth of a decision).
-        cols = [n.columns for n in nodes]
-
-        def joined(name: str) -> list[Any]:
-            return list(chain.from_iterable(map(attrgetter(name), cols)))
-
-        self.node_of: list[int] = list(chain.from_iterable(
-            map(repeat, range(len(cols)), (len(c.arch) for c in cols))))
-        self.arch: list[str] = joined("arch")
-        self.index: list[int] = joined("indexes")
-        self.compute: list[int] = joined("compute")
-        self.memory: list[int] = joined("memory")
-        self.slots: list[int] = joined("slots")
+        # Copies: a policy's takes never reach the builder's lists.
+        kept = cluster.columns()
+        j = kept or JoinedColumns(cluster.nodes, count_free=False)
+        own: Callable[[list[Any]], list[Any]] = list if kept is not None else _same
+        self.node_names: list[str] = own(j.node_names)
+        self.node_cores: list[int] = own(j.node_cores)
+        self.node_of: list[int] = own(j.node_of)
+        self.arch: list[str] = own(j.arch)
+        self.index: list[int] = own(j.index)
+        self.compute: list[int] = own(j.compute)
+        self.memory: list[int] = own(j.memory)
+        self.slots: list[int] = own(j.slots)
 
     def __len__(self) -> int:
         return len(self.arch)
@@ -397,10 +471,12 @@ class FitBounds:
     (at 8,000 GPUs, sorting them all took a tenth of a decision)."""
 
     def __init__(self, view: ClusterView) -> None:
-        counts: dict[tuple[str, int, int], int] = {}
-        for node in view.nodes:
-            for key, n in node.columns.free:
-                counts[key] = counts.get(key, 0) + n
+        j = view.columns()
+        counts: dict[tuple[str, int, int], int] = {} if j is None else j.free
+        if j is None:
+            for node in view.nodes:
+                for key, n in node.columns.free:
+                    counts[key] = counts.get(key, 0) + n
         self._free: dict[str, list[tuple[int, int, int]]] = {}
         for (arch, compute, memory), n in counts.items():
             self._free.setdefault(arch, []).append((compute, memory, n))

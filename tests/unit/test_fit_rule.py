@@ -42,9 +42,9 @@ def test_the_flat_arrays_answer_as_the_fit_rule(
         node = cluster.add(NodeRecord(spec=spec, draining=False), 0.0)
         for i, (_, _, job) in enumerate(specs):
             if job == "profiling":
-                cluster.start_profile(node, node.gpus[i], (None, "x"))  # type: ignore[arg-type]
+                cluster.profile_jobs.start(node, node.gpus[i], (None, "x"))  # type: ignore[arg-type]
             elif job == "draining":
-                cluster.reserve(node, node.gpus[i], (None, "x"))  # type: ignore[arg-type]
+                cluster.profile_jobs.reserve(node, node.gpus[i], (None, "x"))  # type: ignore[arg-type]
     open_nodes = cluster.open_nodes()
     every = [(node, gpu) for node in open_nodes for gpu in node.gpus.values()]
     for k, (where, compute, memory, cores) in enumerate(demands):

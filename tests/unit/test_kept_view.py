@@ -1,0 +1,127 @@
+"""The view of the open nodes that ClusterState keeps across decisions (patched where
+nodes changed, its columns joined once) is always the view built afresh: over a random
+walk of joins, leaves, drains, allocations, releases, profile jobs, ratio changes and
+undone batches, at two sets of ratios at once."""
+
+from __future__ import annotations
+
+import random
+
+from hypersack.core.types import Demand, GpuSpec, NodeRecord, NodeSpec
+from hypersack.orchestrator.cluster import ClusterState
+from hypersack.orchestrator.journal import Journal
+from hypersack.policies.base import ClusterView, FitBounds, Flat, Need, compute_capacity
+
+ARCHS = ("A100", "H100")
+
+
+def _same(kept: ClusterView, fresh: ClusterView) -> None:
+    assert kept.columns() is not None and fresh.columns() is None  # the two paths
+    assert kept.nodes == fresh.nodes
+    a, b = Flat(kept), Flat(fresh)
+    for name in ("node_names", "node_cores", "node_of", "arch", "index", "compute",
+                 "memory", "slots"):
+        assert getattr(a, name) == getattr(b, name), name
+    assert FitBounds(kept)._free == FitBounds(fresh)._free
+
+
+def test_the_kept_view_is_always_the_view_built_afresh() -> None:
+    rng = random.Random(3)
+    ratios = {"A100": 3.0, "H100": 2.5}
+    journal = Journal()
+    cluster = ClusterState(journal, lambda arch, own: own.get(arch, ratios[arch]))
+    running: dict[str, tuple[str, int, Demand]] = {}
+    names = 0
+    kept_views = 0
+    previous = cluster.open_nodes()
+    for step in range(1500):
+        nodes = list(cluster)
+        op = rng.random()
+        if op < 0.08 or not nodes:
+            spec = NodeSpec(name=f"n{names:03d}", cores=rng.choice([8, 88]), gpus=tuple(
+                GpuSpec(index=i, arch=rng.choice(ARCHS), memory_mib=81920, uuid=f"{names}-{i}")
+                for i in range(rng.randint(1, 4))))
+            names += 1
+            cluster.add(NodeRecord(spec=spec, draining=False), 0.0)
+        elif op < 0.11:
+            gone = rng.choice(nodes).name
+            cluster.remove(gone)
+            running = {t: r for t, r in running.items() if r[0] != gone}
+        elif op < 0.14:
+            node = rng.choice(nodes)
+            cluster.set_draining(node, not node.draining)
+        elif op < 0.55:
+            node = rng.choice(nodes)
+            index = rng.choice(sorted(node.gpus))
+            gpu = node.gpus[index]
+            demand = Demand(compute_pct=rng.choice([10.0, 40.0, 90.0]),
+                            memory_mib=rng.choice([1000, 20000]), cores=rng.choice([1.0, 4.0]))
+            cap = compute_capacity(ratios[gpu.arch])
+            if not cluster.shortfalls(node, gpu, Need.of(demand), cap):
+                tid = f"t{step}"
+                cluster.allocate(tid, node, gpu, demand)
+                running[tid] = (node.name, index, demand)
+        elif op < 0.85 and running:
+            tid = rng.choice(sorted(running))
+            name, index, demand = running.pop(tid)
+            cluster.release(tid, name, index, demand)
+        elif op < 0.9:
+            node = rng.choice(nodes)
+            index = rng.choice(sorted(node.gpus))
+            slot = (None, f"p{step}")
+            if rng.random() < 0.5:
+                cluster.profile_jobs.start(node, node.gpus[index], slot)  # type: ignore[arg-type]
+            else:
+                cluster.profile_jobs.reserve(node, node.gpus[index], slot)  # type: ignore[arg-type]
+        elif op < 0.93:
+            for node in nodes:
+                for gpu in node.gpus.values():
+                    for slot in (gpu.profiling, gpu.reserved_for):
+                        if slot is not None:
+                            cluster.profile_jobs.end(slot)
+        elif op < 0.96:
+            ratios = {"A100": rng.choice([2.0, 3.0]), "H100": rng.choice([1.5, 2.5])}
+        else:
+            # A batch that changes nodes and is undone: the nodes come back as they were.
+            journal.begin()
+            mark = journal.mark()
+            before = dict(running)
+            for tid in sorted(running)[:3]:
+                name, index, demand = running.pop(tid)
+                cluster.release(tid, name, index, demand)
+            journal.rollback_to(mark)
+            journal.end()
+            running = before
+        for own in ({}, {"A100": 1.5}):
+            open_nodes = cluster.open_nodes()
+            kept = cluster.view(open_nodes, own)
+            if kept.columns() is not None:
+                kept_views += 1
+                _same(kept, cluster.view(list(open_nodes), own))
+                assert cluster.view(open_nodes, own) is kept  # nothing changed: the same
+        # A list of the open nodes taken before a join, leave or drain (a decision cycle's
+        # own) is another set of nodes: its view is built for it.
+        assert cluster.view(previous, {}).nodes == cluster.view(list(previous), {}).nodes
+        previous = cluster.open_nodes()
+    assert kept_views > 2000
+
+
+def test_a_list_from_before_a_membership_change_never_stands_for_the_open_nodes() -> None:
+    """A decision cycle's own list of the open nodes, taken before a node left and
+    another joined (as many as before), gets its own view, and the open nodes' view
+    after it has the node that joined."""
+    cluster = ClusterState(Journal(), lambda arch, own: 3.0)
+
+    def join(name: str) -> None:
+        spec = NodeSpec(name=name, cores=8, gpus=(
+            GpuSpec(index=0, arch="A100", memory_mib=81920, uuid=name),))
+        cluster.add(NodeRecord(spec=spec, draining=False), 0.0)
+
+    join("a")
+    join("b")
+    before = cluster.open_nodes()
+    cluster.view(before, {})
+    cluster.remove("b")
+    join("c")
+    assert [n.name for n in cluster.view(before, {}).nodes] == ["a", "b"]
+    assert [n.name for n in cluster.view(cluster.open_nodes(), {}).nodes] == ["a", "c"]
