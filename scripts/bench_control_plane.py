@@ -289,6 +289,10 @@ def main() -> int:
                     help="record the server with py-spy into this file (an SVG flame "
                          "graph, or collapsed stacks for FILE.txt; needs py-spy, and ptrace "
                          "allowed)")
+    ap.add_argument("--profile-after-submit", action="store_true",
+                    help="start recording once the submission returns (the steady state: "
+                         "exits, heartbeats and relaunches, not the registrations and the "
+                         "first placement)")
     ap.add_argument("--tls", choices=["off", "on", "both"], default="off",
                     help="run plain, secured, or both in one run (then the ratios)")
     args = ap.parse_args()
@@ -457,13 +461,17 @@ def run_once(args: argparse.Namespace, secured: bool) -> dict[str, object]:
     if pinned:
         time.sleep(0.2)  # taskset execs the server: the same pid
     spy = None
-    if args.profile:
+
+    def record() -> subprocess.Popen[bytes]:
         fmt = ["--format", "raw"] if args.profile.endswith(".txt") else []
         # --gil: samples of the thread holding the GIL only (the server's one core's
         # work), not of threads waiting for it.
-        spy = subprocess.Popen(["py-spy", "record", "--pid", str(server.pid), "--rate", "100",
-                                "--gil", "--output", args.profile, "--nonblocking", *fmt],
-                               stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
+        return subprocess.Popen(["py-spy", "record", "--pid", str(server.pid), "--rate",
+                                 "100", "--gil", "--output", args.profile, "--nonblocking",
+                                 *fmt], stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
+
+    if args.profile and not args.profile_after_submit:
+        spy = record()
     workers: list[subprocess.Popen[str]] = []
     peak_rss = [0]
     peak_threads = [0]
@@ -523,6 +531,8 @@ def run_once(args: argparse.Namespace, secured: bool) -> dict[str, object]:
             if args.mixed else "[resnet18]",
             batch_sizes="[64, 128, 256, 512]" if args.mixed else "[128]"), "load.yaml")
         submit_s = time.monotonic() - t_submit
+        if args.profile and args.profile_after_submit:
+            spy = record()  # the trials' life only: exits, heartbeats, relaunches
         cpu_submit_s = cpu_seconds(proc) - cpu_at_submit
         total = sum(study.counts.values())
         last_print = 0.0

@@ -2,7 +2,7 @@
 """What one event costs the orchestrator itself, without gRPC: the server-side part of
 the exit-to-next-launch delay.
 
-A cluster of N nodes x 4 A100-80GB (88 cores), studies of random SP1 trials (example
+A cluster of N nodes x 4 A100-80GB (88 cores; `--gpus`), studies of random SP1 trials (example
 estimated profiles, ratio 3), an in-memory store. Each step ends one running trial (the
 one started first) and times `handle(TrialFinished)`, which decides again; then a Tick
 that changes nothing is timed. Reported: p50/p99 per event in ms, the decisions taken,
@@ -44,10 +44,11 @@ from hypersack.store.memory import MemoryStore
 MODELS = ["shufflenet", "mobilenet_v2", "vit_tiny", "deit_tiny", "resnet18", "resnet34"]
 
 
-def space(name: str, trials: int, seed: int, policy: str = "wfd") -> object:
+def space(name: str, trials: int, seed: int, policy: str = "wfd",
+          models: list[str] | None = None, batch_sizes: list[int] | None = None) -> object:
     return parse_space({
-        "name": name, "models": MODELS,
-        "hyperparameters": {"batch_size": [64, 128, 256, 512],
+        "name": name, "models": models or MODELS,
+        "hyperparameters": {"batch_size": batch_sizes or [64, 128, 256, 512],
                             "lr": {"distribution": "loguniform", "low": 1e-5, "high": 0.1}},
         "search": {"type": "random", "samples": trials, "seed": seed},
         "settings": {"epochs": 1, "policy": policy, "fusion": "off"},
@@ -56,13 +57,14 @@ def space(name: str, trials: int, seed: int, policy: str = "wfd") -> object:
 
 
 def run(nodes: int, trials: int, studies: int, exits: int, profile: bool,
-        policy: str = "wfd") -> dict[str, float]:
+        policy: str = "wfd", gpus: int = 4, models: list[str] | None = None,
+        batch_sizes: list[int] | None = None) -> dict[str, float]:
     store = MemoryStore()
     for p in load_profiles(EXAMPLES / "profiles-estimates.yaml"):
         store.put_profile(p)
     clock = ManualClock(0.0)
     orch = Orchestrator(store, clock, OrchestratorConfig())
-    for node in parse_shorthand(f"{nodes}x4xA100-80GB@88").nodes:
+    for node in parse_shorthand(f"{nodes}x{gpus}xA100-80GB@{22 * gpus}").nodes:
         orch.handle(NodeJoined(node))
     started: dict[str, tuple[float, str, int]] = {}
 
@@ -74,7 +76,7 @@ def run(nodes: int, trials: int, studies: int, exits: int, profile: bool,
                     started[m.trial_id] = (clock.now(), m.node, m.attempt)
 
     for i in range(studies):
-        study = space(f"s{i}", trials // studies, i, policy)
+        study = space(f"s{i}", trials // studies, i, policy, models, batch_sizes)
         note(orch.handle(StudySubmitted(study, owner=f"u{i}")))
     keep_out_of_gc()  # as the server does after a submission
     exit_ms: list[float] = []
@@ -118,9 +120,17 @@ def main() -> None:
     parser.add_argument("--policy", default="wfd",
                         help="the studies' policy (default wfd, as measured before; the "
                              "server's default is eft)")
+    parser.add_argument("--gpus", type=int, default=4, help="GPUs per node (22 cores each)")
+    parser.add_argument("--models", default="",
+                        help="comma-separated (default: six of the paper's; "
+                             "bench_control_plane.py's study is resnet18 at batch 128)")
+    parser.add_argument("--batch-sizes", default="", help="comma-separated (default 64-512)")
     args = parser.parse_args()
-    base = run(20, 1_000, 1, args.exits, False, args.policy)
-    big = run(args.nodes, args.trials, args.studies, args.exits, args.profile, args.policy)
+    models = args.models.split(",") if args.models else None
+    sizes = [int(b) for b in args.batch_sizes.split(",")] if args.batch_sizes else None
+    base = run(20, 1_000, 1, args.exits, False, args.policy, args.gpus, models, sizes)
+    big = run(args.nodes, args.trials, args.studies, args.exits, args.profile, args.policy,
+              args.gpus, models, sizes)
     print(f"{'':28}{'exit p50':>10}{'exit p99':>10}{'tick p50':>10}{'tick p99':>10}"
           f"{'decisions':>11}{'pending':>9}")
     for label, r in (("20 nodes, 1,000 trials", base),
