@@ -289,6 +289,8 @@ def main() -> int:
                     help="record the server with py-spy into this file (an SVG flame "
                          "graph, or collapsed stacks for FILE.txt; needs py-spy, and ptrace "
                          "allowed)")
+    ap.add_argument("--gather-ms", type=float, default=None,
+                    help="the server's batch_gather_ms (default: its own default)")
     ap.add_argument("--profile-after-submit", action="store_true",
                     help="start recording once the submission returns (the steady state: "
                          "exits, heartbeats and relaunches, not the registrations and the "
@@ -440,6 +442,8 @@ def run_once(args: argparse.Namespace, secured: bool) -> dict[str, object]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("HYPERSACK_")}
     # The server takes 512 agents by default (max_agents); room for these.
     env["HYPERSACK_MAX_AGENTS"] = str(max(512, args.agents + 16))
+    if args.gather_ms is not None:
+        env["HYPERSACK_BATCH_GATHER_MS"] = f"{args.gather_ms:g}"
     cpus = sorted(os.sched_getaffinity(0))
     pinned = args.pin == "on" or (args.pin == "auto" and len(cpus) >= 2
                                   and shutil.which("taskset") is not None)
@@ -580,6 +584,7 @@ def run_once(args: argparse.Namespace, secured: bool) -> dict[str, object]:
             "tls": secured, "agents": args.agents, "agent_procs": args.agent_procs,
             "heartbeats": f"every {args.heartbeat_s:g} s, {args.beats}",
             "acks": args.acks,
+            "batch_gather_ms": "server default" if args.gather_ms is None else args.gather_ms,
             "pinned": (f"server on CPU {','.join(map(str, server_cpu))}, agents on "
                        f"{','.join(map(str, others))}") if pinned else "no",
             "gpus": args.agents * args.gpus, "trials": total,

@@ -109,7 +109,8 @@ class HyperSackServer:
                 heartbeat_interval_s=settings.heartbeat_interval_s,
                 tick_interval_s=settings.tick_interval_s, default_retries=settings.retries,
                 max_study_trials=settings.max_study_trials, max_watches=settings.max_watches,
-                max_agents=settings.max_agents)
+                max_agents=settings.max_agents,
+                batch_gather_s=settings.batch_gather_ms / 1000)
         except (sqlite3.Error, ValidationError, StoreError, InvalidInput, ValueError) as exc:
             self._lock.release()
             hint = "" if isinstance(exc, DamagedDatabase) else \

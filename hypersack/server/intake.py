@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import queue
 import threading
 import time
@@ -247,10 +248,14 @@ def to_message(c: Command) -> pb.ServerMessage:
 class Intake:
     """The agents' messages between their streams and the event worker."""
 
-    def __init__(self) -> None:
+    def __init__(self, gather_s: float = 0.0) -> None:
         self._inbox: queue.Queue[Queued] = queue.Queue()
         # Heartbeats waiting for a batch, the latest per node, oldest first (next_batch).
         self._beats: dict[str, Queued] = {}
+        # Under load, how long a batch waits after its first message for more (next_batch),
+        # and when the last message taken arrived.
+        self.gather_s = gather_s
+        self._last_arrival = -math.inf
 
     def put(self, session: AgentSession, msg: pb.AgentMessage) -> None:
         """Queue one message from an agent. A heartbeat is acknowledged on receipt, batch
@@ -277,11 +282,23 @@ class Intake:
             items.append(self._inbox.get(timeout=0 if self._beats else wait_s))
         except queue.Empty:
             pass
+        # Under load (this message came within `gather_s` of the last one), the batch
+        # waits until `gather_s` after it for the messages that follow: each batch costs
+        # a commit, a decision and a wake-up of the agents' loop whatever its size, and
+        # one message per batch was a fifth of the server's core at a thousand nodes.
+        # An idle server applies a message at once.
+        end = -math.inf
+        if items and items[0][2] - self._last_arrival < self.gather_s:
+            end = items[0][2] + self.gather_s
         while len(items) < 5000:
             try:
-                items.append(self._inbox.get_nowait())
+                left = end - time.monotonic()
+                items.append(self._inbox.get(timeout=left) if left > 0
+                             else self._inbox.get_nowait())
             except queue.Empty:
                 break
+        if items:
+            self._last_arrival = max(self._last_arrival, items[-1][2])
         urgent: list[Queued] = []
         for item in items:
             if item[1].WhichOneof("body") == "heartbeat":

@@ -98,7 +98,7 @@ class SchedulerService:
                  clock: Clock | None = None, heartbeat_interval_s: float = 5.0,
                  tick_interval_s: float = 1.0, default_retries: int | None = None,
                  max_study_trials: int = 100_000, max_watches: int = 32,
-                 max_agents: int = 512) -> None:
+                 max_agents: int = 512, batch_gather_s: float = 0.0) -> None:
         self._clock = clock or SystemClock()
         self._lock = threading.RLock()
         self.orch = Orchestrator(store, self._clock, config)
@@ -111,7 +111,8 @@ class SchedulerService:
         self._ticker: threading.Thread | None = None
         self.stats = {"events": 0, "heartbeats": 0, "stale": 0, "refused": 0, "batches": 0,
                       "failed_batches": 0, "profile_jobs": 0, "profiles_failed": 0}
-        self.intake = Intake()  # the agents' messages, grouped into batches
+        # The agents' messages, grouped into batches (gathered under load).
+        self.intake = Intake(batch_gather_s)
         # Seconds from an exit's arrival to the end of the batch that handled it (its
         # decision taken, committed and the launches queued to the streams): the server's
         # own share of the exit-to-relaunch delay. The latest 100,000.

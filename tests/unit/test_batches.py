@@ -88,3 +88,35 @@ def test_a_node_s_messages_keep_their_order(tmp_path: Path) -> None:
     assert [m.WhichOneof("body") for s, m, _ in batch if s.node == "x"] == \
         ["heartbeat", "exited"]
 
+
+
+def _exit(tid: str) -> pb.AgentMessage:
+    return pb.AgentMessage(exited=pb.TrialExited(trial_id=tid))
+
+
+def test_under_load_a_batch_gathers_what_follows_and_idle_it_does_not_wait(
+        tmp_path: Path) -> None:
+    """Reports arriving within `gather_s` of each other are applied together (a batch
+    costs a commit, a decision and a wake-up whatever its size); a report after a quiet
+    spell is applied at once."""
+    import threading
+
+    svc = SchedulerService(SqliteStore(tmp_path / "s.db"), batch_gather_s=1.5)
+    _queue(svc, "n1", _exit("t1"), time.monotonic())
+    began = time.monotonic()
+    assert _kinds(svc.intake.next_batch(wait_s=0)) == ["exited"]  # idle: at once
+    assert time.monotonic() - began < 1.0
+    # Busy: the next report came right after the last one; one more follows while the
+    # batch gathers, and goes with it.
+    _queue(svc, "n2", _exit("t2"), time.monotonic())
+    later = threading.Timer(0.05, lambda: _queue(svc, "n3", _exit("t3"), time.monotonic()))
+    later.start()
+    try:
+        batch = svc.intake.next_batch(wait_s=0)
+    finally:
+        later.join()
+    assert [m.exited.trial_id for _, m, _ in batch] == ["t2", "t3"]
+    # Off (0): what is queued, at once.
+    svc.intake.gather_s = 0.0
+    _queue(svc, "n4", _exit("t4"), time.monotonic())
+    assert [m.exited.trial_id for _, m, _ in svc.intake.next_batch(wait_s=0)] == ["t4"]
