@@ -191,6 +191,13 @@ def test_one_wake_up_of_the_loop_for_many_streams() -> None:
         with waker.held():  # a hold with nothing asked for wakes nothing
             pass
         assert writes == 11
+
+        async def on_the_loop() -> None:  # asked on the loop's own thread: no write
+            waker.call(functools.partial(ran.append, 80))
+
+        loop_thread.run(on_the_loop())
+        loop_thread.run(_running_loop())
+        assert ran[-1] == 80 and writes == 13  # the two runs' own writes only
     finally:
         loop_thread.close()
 
