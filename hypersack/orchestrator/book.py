@@ -161,9 +161,10 @@ class Book:
         for sid in sorted(self.s.dirty_studies):
             if sid in self.s.studies:
                 self.s.store.update_study(self.s.studies[sid])
-        for tid in sorted(self.s.dirty):
-            if tid in self.s.trials:
-                self.s.store.update_trial(self.s.trials[tid])
+        trials = self.s.trials
+        changed = [trials[tid] for tid in sorted(self.s.dirty) if tid in trials]
+        if changed:
+            self.s.store.update_trials(changed)
         if self.s.spans:
             self.s.store.add_spans(list(self.s.spans.values()))
             self.s.spans.clear()

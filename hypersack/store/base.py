@@ -71,6 +71,12 @@ class Store(ABC):
     def update_trial(self, trial: TrialRecord) -> None:
         """Raises NotFound for an unknown trial."""
 
+    def update_trials(self, trials: Sequence[TrialRecord]) -> None:
+        """Several at once (a batch's), all or none; NotFound for an unknown trial."""
+        with self.transaction():
+            for t in trials:
+                self.update_trial(t)
+
     @abstractmethod
     def put_node(self, node: NodeRecord) -> None: ...
 

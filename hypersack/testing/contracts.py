@@ -148,6 +148,48 @@ class StoreContract:
             store.update_trial(changed)
         assert store.get_trial(trials[0].id).state == TrialState.RUNNING
 
+    def test_trials_updated_together_all_or_none(self, store: Store) -> None:
+        s, trials = sample_study()
+        store.add_study(s, trials)
+        running = [t.model_copy(update={"state": TrialState.RUNNING}) for t in trials[:2]]
+        store.update_trials(running)
+        assert [t.state for t in store.list_trials("s-1")] == [
+            TrialState.RUNNING, TrialState.RUNNING, TrialState.PENDING]
+        ghost = trials[2].model_copy(update={"id": "s-1-nope", "state": TrialState.RUNNING})
+        done = trials[2].model_copy(update={"state": TrialState.COMPLETED})
+        with pytest.raises(NotFound, match="s-1-nope"), store.transaction():
+            store.update_trials([done, ghost])
+        assert store.get_trial(trials[2].id).state == TrialState.PENDING
+        store.update_trials([])
+
+    def test_savepoints_undo_their_own_writes_only(self, store: Store) -> None:
+        """Nested savepoints inside a transaction (an event's, inside its batch's): one
+        that raises undoes what was written inside it, nothing before or after it, also
+        where an outer one wrote nothing before it."""
+        s, trials = sample_study()
+        store.add_study(s, trials)
+        running = TrialState.RUNNING
+
+        def state(i: int) -> TrialState:
+            return store.get_trial(trials[i].id).state
+
+        with store.transaction():
+            with store.savepoint():  # writes nothing before its inner one
+                with pytest.raises(RuntimeError), store.savepoint():
+                    store.update_trial(trials[0].model_copy(update={"state": running}))
+                    raise RuntimeError("refused")
+                store.update_trial(trials[1].model_copy(update={"state": running}))
+            with pytest.raises(RuntimeError), store.savepoint():
+                raise RuntimeError("refused before writing anything")
+            with pytest.raises(RuntimeError), store.savepoint():
+                with store.savepoint():
+                    store.update_trial(trials[2].model_copy(update={"state": running}))
+                raise RuntimeError("refused after an inner one wrote")
+            store.put_profile(sample_profile())
+        assert [state(i) for i in range(3)] == [TrialState.PENDING, running,
+                                                TrialState.PENDING]
+        assert len(store.list_profiles()) == 1
+
     def test_learning_curves_and_spans(self, store: Store) -> None:
         s, trials = sample_study()
         store.add_study(s, trials)

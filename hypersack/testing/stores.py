@@ -96,6 +96,9 @@ class FailingStore(Store):
     def update_trial(self, trial: TrialRecord) -> None:
         self.inner.update_trial(trial)
 
+    def update_trials(self, trials: Sequence[TrialRecord]) -> None:
+        self.inner.update_trials(trials)
+
     def put_node(self, node: NodeRecord) -> None:
         self.inner.put_node(node)
 

@@ -166,7 +166,8 @@ def test_a_node_heard_in_a_batch_the_store_undid_was_still_heard() -> None:
 
 
 class _BuggyStore(FailingStore):
-    """Raises a plain error (not the store failing) on the next `bugs` trial updates."""
+    """Raises a plain error (not the store failing) on the next `bugs` trial updates
+    (one trial's, or a batch's)."""
 
     bugs = 0
 
@@ -175,6 +176,12 @@ class _BuggyStore(FailingStore):
             self.bugs -= 1
             raise RuntimeError("a bug, not a full disk")
         super().update_trial(trial)
+
+    def update_trials(self, trials: Any) -> None:  # a batch's, as the book flushes them
+        if self.bugs:
+            self.bugs -= 1
+            raise RuntimeError("a bug, not a full disk")
+        super().update_trials(trials)
 
 
 def test_a_batch_that_fails_for_itself_is_dropped_and_the_server_goes_on(
