@@ -17,12 +17,12 @@ from hypersack.orchestrator.journal import Journal, journaled
 from hypersack.policies.base import (
     ClusterView,
     GpuBin,
-    JoinedColumns,
     Need,
     NodeBin,
     compute_capacity,
     core_units,
 )
+from hypersack.policies.columns import JoinedColumns
 from hypersack.sampler.planning import GpuSlot, Slot
 
 # What keeps a need off a GPU: the answers of the one fit rule (`ClusterState.shortfalls`).

@@ -30,16 +30,15 @@ from hypersack.orchestrator.pruning import Pruning
 from hypersack.orchestrator.state import CoreState, Decision
 from hypersack.policies.base import (
     ClusterView,
-    FitBounds,
     Item,
     Need,
     Placement,
     Policy,
     compute_capacity,
     default_value,
-    fits_empty,
     run_time_and_speed,
 )
+from hypersack.policies.columns import FitBounds, fits_empty
 from hypersack.policies.plans import PlanError, check_plan
 from hypersack.policies.registry import make_policy
 from hypersack.sampler.profiles import demand_with_override

@@ -20,12 +20,15 @@ import math
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from itertools import chain, repeat
-from operator import attrgetter
 from types import MappingProxyType
 from typing import Any, NamedTuple, Protocol
 
 from hypersack.core.types import Demand, ceil_units, floor_units
+from hypersack.policies.columns import Columns, JoinedColumns
+
+# Importers that found these here before they moved to policies/columns.py still do.
+from hypersack.policies.columns import FitBounds as FitBounds
+from hypersack.policies.columns import fits_empty as fits_empty
 
 COMPUTE_SCALE = 100  # units per compute percent
 CORE_SCALE = 1000  # units per core
@@ -109,17 +112,6 @@ class GpuBin:
         return self.total_memory if self.total_memory >= 0 else self.memory
 
 
-class Columns(NamedTuple):
-    """A node's GPUs as columns, in its order (what Flat concatenates), and its GPUs'
-    distinct free states with how many GPUs are in each."""
-    arch: tuple[str, ...]
-    indexes: tuple[int, ...]
-    compute: tuple[int, ...]
-    memory: tuple[int, ...]
-    slots: tuple[int, ...]
-    free: tuple[tuple[tuple[str, int, int], int], ...]  # ((arch, compute, memory), GPUs)
-
-
 _NO_LIMIT = 1 << 60  # a GPU's slots when it has no limit
 
 
@@ -149,62 +141,6 @@ class NodeBin:
                        tuple(g.compute for g in gpus), tuple(g.memory for g in gpus),
                        tuple(_NO_LIMIT if g.slots is None else g.slots for g in gpus),
                        tuple(free.items()))
-
-
-class JoinedColumns:
-    """The nodes' columns joined in one set of lists (what Flat copies), with the free
-    states counted over them (what FitBounds reads), kept by whoever builds views
-    (ClusterState) and patched node by node as nodes change: a decision at a thousand
-    nodes then copies lists instead of joining a thousand nodes' columns. `seq` counts
-    the patches: a view made before the last one no longer matches (ClusterView.joined)."""
-
-    def __init__(self, nodes: Sequence[NodeBin], count_free: bool = True) -> None:
-        cols = [n.columns for n in nodes]
-        self.seq = 0
-        self.node_names = [n.name for n in nodes]
-        self.node_cores = [n.cores for n in nodes]
-        self.offsets: list[int] = []
-        at = 0
-        for c in cols:
-            self.offsets.append(at)
-            at += len(c.arch)
-
-        def joined(name: str) -> list[Any]:
-            return list(chain.from_iterable(map(attrgetter(name), cols)))
-
-        self.node_of: list[int] = list(chain.from_iterable(
-            map(repeat, range(len(cols)), (len(c.arch) for c in cols))))
-        self.arch: list[str] = joined("arch")
-        self.index: list[int] = joined("indexes")
-        self.compute: list[int] = joined("compute")
-        self.memory: list[int] = joined("memory")
-        self.slots: list[int] = joined("slots")
-        self.free: dict[tuple[str, int, int], int] = {}
-        if count_free:
-            for c in cols:
-                self._count(c, 1)
-
-    def _count(self, cols: Columns, sign: int) -> None:
-        free = self.free
-        for key, n in cols.free:
-            left = free.get(key, 0) + sign * n
-            if left:
-                free[key] = left
-            else:
-                del free[key]
-
-    def patch(self, i: int, old: NodeBin, new: NodeBin) -> None:
-        """Node `i` changed from `old` to `new` (same name, same GPUs)."""
-        a, b = old.columns, new.columns
-        start = self.offsets[i]
-        end = start + len(a.arch)
-        self.compute[start:end] = b.compute
-        self.memory[start:end] = b.memory
-        self.slots[start:end] = b.slots
-        self.node_cores[i] = new.cores
-        self._count(a, -1)
-        self._count(b, 1)
-        self.seq += 1
 
 
 @dataclass(frozen=True)
@@ -461,58 +397,6 @@ def classes(items: Sequence[Item]) -> tuple[list[Item], list[list[int]]]:
     for its in members:
         its.sort(key=lambda i: -items[i].run_time_s)  # stable: ties keep their order
     return reps, members
-
-
-class FitBounds:
-    """Upper bounds on how many items of given needs fit in one view (`bound`, plus
-    one). Each architecture's distinct free states (most free compute first, with how
-    many GPUs are in each) are read from the nodes' cached columns, so a need stops at
-    the first state too full for one item instead of walking every GPU of the cluster
-    (at 8,000 GPUs, sorting them all took a tenth of a decision)."""
-
-    def __init__(self, view: ClusterView) -> None:
-        j = view.columns()
-        counts: dict[tuple[str, int, int], int] = {} if j is None else j.free
-        if j is None:
-            for node in view.nodes:
-                for key, n in node.columns.free:
-                    counts[key] = counts.get(key, 0) + n
-        self._free: dict[str, list[tuple[int, int, int]]] = {}
-        for (arch, compute, memory), n in counts.items():
-            self._free.setdefault(arch, []).append((compute, memory, n))
-        for gpus in self._free.values():
-            gpus.sort(reverse=True)
-
-    def bound(self, needs: Mapping[str, Need]) -> int:
-        total = 0
-        big = 1 << 30
-        for arch, need in needs.items():
-            gpus = self._free.get(arch)
-            if not gpus:
-                continue
-            if need.compute <= 0 and need.memory <= 0:
-                return big
-            for compute, memory, n in gpus:
-                if need.compute > 0:
-                    if compute < need.compute:
-                        break  # sorted: no GPU after this holds one
-                    by_compute = compute // need.compute
-                else:
-                    by_compute = big
-                total += n * min(by_compute, memory // need.memory if need.memory > 0
-                                 else big)
-        return total + 1
-
-
-def fits_empty(item: Item, view: ClusterView) -> bool:
-    """Whether the item fits some GPU of the view once that GPU and its node are empty."""
-    for node in view.nodes:
-        for g in node.gpus:
-            need = item.needs.get(g.arch)
-            if need is not None and need.compute <= g.full_compute and \
-                    need.memory <= g.full_memory and need.cores <= node.full_cores:
-                return True
-    return False
 
 
 def __getattr__(name: str) -> object:
