@@ -12,7 +12,6 @@ import logging
 import os
 import queue
 import random
-import resource
 import subprocess
 import threading
 import time
@@ -27,7 +26,7 @@ from hypersack._proto.v1 import hypersack_pb2 as pb
 from hypersack._proto.v1 import hypersack_pb2_grpc as pb_grpc
 from hypersack.agent.accounts import TrialUsers
 from hypersack.agent.checkpoints import Checkpoints
-from hypersack.agent.devices import DeviceBackend, DeviceState, Measured, profile_window
+from hypersack.agent.devices import DeviceBackend, DeviceState
 from hypersack.agent.fence import FENCED_MARK, Lease, fence_of, kill_grace_of, watchdog_argv
 from hypersack.agent.groups import MemberJob, fused_argv, fused_spec
 from hypersack.agent.guard import CommandPolicy, clean_env
@@ -44,6 +43,7 @@ from hypersack.agent.launcher import (
 )
 from hypersack.agent.mps import TIME_SLICING, MpsControl
 from hypersack.agent.procs import Records, kill_strays
+from hypersack.agent.profile_runs import as_fused_profile, profile_message
 from hypersack.agent.reports import fenced_by_watchdog, metrics_message
 from hypersack.agent.warm import WARM_MARK, WarmPool, WarmProcess
 from hypersack.core import trial_env as sdk
@@ -709,20 +709,7 @@ class Agent:
                  sdk.ENV_PROFILE_WARMUP: str(m.warmup), **mps_env}, profile=True,
                 owner=m.owner)
             if key.fusion_width > 1:
-                # A fused width: the workload's trial K times over in one fused process,
-                # the members' seeds apart; the SDK times the group's iterations.
-                if m.program.builtin != "train" or key.fusion_width > MAX_FUSED_MEMBERS:
-                    raise HyperSackError(f"fused width {key.fusion_width} of a workload that "
-                                         f"is not the built-in trainer's, or too wide")
-                params = json.loads(m.params_json or "{}")
-                options = json.loads(m.program.options_json or "{}")
-                seed = int(params.get("seed", options.get("seed", 0)))
-                job.argv = fused_argv()
-                job.env[sdk.ENV_FUSED] = json.dumps(fused_spec(
-                    key, m.epochs, options,
-                    [(f"member-{k}", {**params, "seed": seed + k},
-                      job.workdir / f"member-{k}.jsonl", None)
-                     for k in range(key.fusion_width)]))
+                as_fused_profile(job, key, m)
             job.start()
         except (HyperSackError, ValueError, OSError) as exc:
             self._send(outbox, pb.AgentMessage(profile=pb.ProfileResult(
@@ -818,51 +805,5 @@ class Agent:
 
     def _profile_result(self, job: Job, code: int) -> pb.AgentMessage:
         m = self._profile_keys.pop(job.id)
-        result = job.profile_result()
         device = next(d for d in self.backend.devices() if d.index == job.gpu_index)
-        if code == 0 and result is None:
-            # A program that marks no iterations (no SDK) ran to its end: the whole run
-            # is its profile, one iteration per epoch (coarse, and never longer than
-            # the trial).
-            wall = max(0.001, time.monotonic() - job.started_at)
-            # The largest resident size of any child this agent waited for: at least
-            # this program's (an overestimate, the safe side for a demand).
-            children_mib = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024
-            result = {"iter_time_s": wall / max(1.0, m.epochs), "iters_per_epoch": 1,
-                      "iterations": 0, "cpu_cores": 1.0,
-                      "peak_rss_mib": max(float(job.peak_memory_mib), children_mib)}
-        if code != 0 or result is None:
-            if code == sdk.OOM_EXIT_CODE:
-                why = f"out of memory on {m.arch} (device {job.gpu_index}, {device.memory_mib} MiB)"
-            else:
-                why = f"exit code {code}"
-            return pb.AgentMessage(profile=pb.ProfileResult(
-                key=m.key, arch=m.arch, ok=False,
-                error=f"{why}; log tail: {job.log_tail(1000)}"))
-        try:
-            now = time.time()
-            measured = Measured(cpu_cores=float(result.get("cpu_cores", 0.0)),
-                                peak_rss_mib=float(result.get("peak_rss_mib", 0.0)),
-                                window=profile_window(result.get("window"), (
-                                    now - (time.monotonic() - job.started_at) - 1.0, now)))
-            compute, memory, cores = self.backend.demand(device, measured)
-            versions = " ".join(v for v in (str(result.get("versions", "")),
-                                            self.backend.versions()) if v)
-            record = pb.ProfileRecord(
-                key=m.key, arch=m.arch, compute_pct=compute, memory_mib=memory, cores=cores,
-                iter_time_s=float(result["iter_time_s"]),
-                iters_per_epoch=int(result["iters_per_epoch"]),
-                data_fraction=float(result.get("data_fraction", 0.0)),
-                setup_s=float(result.get("setup_s", 0.0)),
-                eval_s_per_epoch=float(result.get("eval_s_per_epoch", 0.0)),
-                versions=versions, measured_at=time.time(),
-                source=f"measured on {self.node} ({self.backend.name}, "
-                       + (f"{int(result.get('iterations', m.iterations))} iterations)"
-                          if result.get("iterations", 1) else
-                          "the whole run: the program marks no iterations)"))
-            return pb.AgentMessage(profile=pb.ProfileResult(key=m.key, arch=m.arch, ok=True,
-                                                            profile=record))
-        except (KeyError, ValueError, TypeError) as exc:
-            return pb.AgentMessage(profile=pb.ProfileResult(
-                key=m.key, arch=m.arch, ok=False, error=f"unreadable profile result: {exc}"))
-
+        return profile_message(m, job, code, device, self.backend, self.node)
