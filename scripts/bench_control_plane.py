@@ -291,6 +291,8 @@ def main() -> int:
                          "allowed)")
     ap.add_argument("--gather-ms", type=float, default=None,
                     help="the server's batch_gather_ms (default: its own default)")
+    ap.add_argument("--profile-rate", type=int, default=100,
+                    help="py-spy's samples a second (more: finer shares, more overhead)")
     ap.add_argument("--profile-after-submit", action="store_true",
                     help="start recording once the submission returns (the steady state: "
                          "exits, heartbeats and relaunches, not the registrations and the "
@@ -471,7 +473,8 @@ def run_once(args: argparse.Namespace, secured: bool) -> dict[str, object]:
         # --gil: samples of the thread holding the GIL only (the server's one core's
         # work), not of threads waiting for it.
         return subprocess.Popen(["py-spy", "record", "--pid", str(server.pid), "--rate",
-                                 "100", "--gil", "--output", args.profile, "--nonblocking",
+                                 str(args.profile_rate), "--gil", "--output", args.profile,
+                                 "--nonblocking",
                                  *fmt], stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
 
     if args.profile and not args.profile_after_submit:
