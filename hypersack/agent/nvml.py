@@ -122,7 +122,8 @@ class NvmlBackend(DeviceBackend):
 
     def observe(self, jobs: dict[str, tuple[GpuSpec, list[int]]]) -> dict[str, Usage]:
         """GPU memory (per process, from the running-process list) and SM utilization
-        (per-process samples since the last call) of each trial's processes."""
+        (per-process samples since the last call; the device's, for a trial alone on its
+        GPU where NVML has none, as under MPS) of each trial's processes."""
         nv = self._nvml
         by_device: dict[int, list[str]] = {}
         for job_id, (device, _) in jobs.items():
@@ -145,12 +146,21 @@ class NvmlBackend(DeviceBackend):
                                                  int(sample.timeStamp))
             except Exception as exc:  # no samples yet, or not supported (MPS clients)
                 log.debug("NVML process utilization: %s", exc)
+            alone = 0.0
+            if not util and len(job_ids) == 1:
+                # Under MPS NVML keeps no per-process utilization. A trial alone on its
+                # GPU owns the device's: without it a profile that read too low (its
+                # compute share) would never be corrected by what the trial uses.
+                try:
+                    alone = float(nv.nvmlDeviceGetUtilizationRates(h).gpu)
+                except Exception as exc:
+                    log.debug("NVML utilization: %s", exc)
             for job_id in job_ids:
                 pids = jobs[job_id][1]
                 mem = sum(memory.get(pid, 0) for pid in pids)
                 if mem:
                     out[job_id] = Usage(mem, max((util.get(pid, 0.0) for pid in pids),
-                                                 default=0.0))
+                                                 default=0.0) or alone)
         return out
 
     def start_measuring(self, device: GpuSpec, pid: int) -> None:

@@ -356,3 +356,35 @@ def test_the_nvml_backend_measures_a_profile_over_its_window(
     time.sleep(0.1)
     compute, memory, _ = backend.demand(device, Measured(1.0, 10.0, window=(t0 + 0.6, t0 + 1.0)))
     assert compute == pytest.approx(90.0) and memory == 512
+
+
+def test_under_mps_a_trial_alone_on_its_gpu_is_seen_using_the_devices_compute(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """NVML keeps no per-process utilization for MPS clients: a trial alone on its GPU
+    is seen at the device's, so a profile that read too low can be corrected; two
+    trials on one GPU cannot be told apart, and are not guessed at."""
+    import types
+
+    from hypersack.agent.nvml import NvmlBackend
+
+    def no_samples(h: int, last: int) -> list[object]:
+        raise RuntimeError("NVML_ERROR_NOT_SUPPORTED")  # as for MPS clients
+
+    fake = types.SimpleNamespace(
+        nvmlInit=lambda: None, nvmlDeviceGetCount=lambda: 2,
+        nvmlDeviceGetHandleByIndex=lambda i: i,
+        nvmlDeviceGetName=lambda h: b"NVIDIA H100 80GB HBM3",
+        nvmlDeviceGetUUID=lambda h: f"GPU-{h}",
+        nvmlDeviceGetMemoryInfo=lambda h: types.SimpleNamespace(total=80 * 2**30, used=0),
+        nvmlDeviceGetUtilizationRates=lambda h: types.SimpleNamespace(gpu=(88, 97)[h]),
+        nvmlDeviceGetComputeRunningProcesses=lambda h: [
+            types.SimpleNamespace(pid=pid, usedGpuMemory=1024 * 2**20)
+            for pid in ((11,), (21, 22))[h]],
+        nvmlDeviceGetProcessUtilization=no_samples)
+    monkeypatch.setitem(sys.modules, "pynvml", fake)
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    backend = NvmlBackend()
+    gpu0, gpu1 = backend.devices()
+    seen = backend.observe({"alone": (gpu0, [11]), "a": (gpu1, [21]), "b": (gpu1, [22])})
+    assert seen["alone"].utilization_pct == 88.0 and seen["alone"].memory_mib == 1024
+    assert seen["a"].utilization_pct == seen["b"].utilization_pct == 0.0
