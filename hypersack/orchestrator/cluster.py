@@ -194,6 +194,7 @@ class ClusterState:
         self._owners = None
         self._epoch += 1
         self._kept.clear()
+        self.profile_jobs.changed()
 
     def owners(self) -> frozenset[str]:
         """The owners the nodes are kept for ("": anyone's), over every node: a decision
@@ -394,6 +395,33 @@ class ProfileJobs:
 
     def __init__(self, cluster: ClusterState) -> None:
         self._cluster = cluster
+        # The slots in flight and the nodes with a GPU reserved, from one walk of every
+        # GPU, kept until a job starts, is reserved or ends, or the membership changes (an
+        # undone batch too): asked at each node's join, a walk each made a thousand
+        # joins cost millions of steps.
+        self._kept: tuple[frozenset[Slot], frozenset[str]] | None = None
+
+    def changed(self) -> None:
+        self._kept = None
+
+    def _walk(self) -> tuple[frozenset[Slot], frozenset[str]]:
+        if self._kept is None:
+            slots: set[Slot] = set()
+            reserved: set[str] = set()
+            for n in self._cluster:
+                for g in n.gpus.values():
+                    if g.profiling is not None:
+                        slots.add(g.profiling)
+                    if g.reserved_for is not None:
+                        slots.add(g.reserved_for)
+                        reserved.add(n.name)
+            self._kept = frozenset(slots), frozenset(reserved)
+        return self._kept
+
+    def any_reserved(self) -> bool:
+        """Whether an open node has a GPU reserved (draining) for a profile job."""
+        return any(not node.draining for node in map(self._cluster.get, self._walk()[1])
+                   if node is not None)
 
     def slots(self, nodes: list[Node]) -> list[GpuSlot]:
         """What profile planning needs to know of these nodes' GPUs."""
@@ -401,19 +429,20 @@ class ProfileJobs:
                         profiling=g.profiling, reserved_for=g.reserved_for)
                 for n in nodes for i, g in sorted(n.gpus.items())]
 
-    def in_flight(self) -> set[Slot]:
+    def in_flight(self) -> frozenset[Slot]:
         """Profiles running or waiting for a GPU to drain, anywhere."""
-        return {s for n in self._cluster for g in n.gpus.values()
-                for s in (g.profiling, g.reserved_for) if s is not None}
+        return self._walk()[0]
 
     def start(self, node: Node, gpu: Gpu, slot: Slot) -> None:
         self._cluster.touch(node)
+        self._kept = None
         gpu.profiling = slot
         if gpu.reserved_for == slot:
             gpu.reserved_for = None
 
     def reserve(self, node: Node, gpu: Gpu, slot: Slot) -> None:
         self._cluster.touch(node)
+        self._kept = None
         gpu.reserved_for = slot
 
     def running_on(self, node: str, slot: Slot) -> bool:
@@ -423,6 +452,7 @@ class ProfileJobs:
 
     def end(self, slot: Slot) -> None:
         """A profile job ended (measured or failed): its GPU takes trials again."""
+        self._kept = None
         for node in self._cluster:
             for gpu in node.gpus.values():
                 if slot in (gpu.profiling, gpu.reserved_for):

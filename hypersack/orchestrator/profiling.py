@@ -224,14 +224,15 @@ class Profiling:
         and its pending trials of that workload), one at a time, and none past a width
         that failed or that the memory fit so far (a + b*K) says no GPU holds."""
         largest: dict[str, int] = {}
-        for node in open_nodes:
-            for g in node.gpus.values():
-                largest[g.arch] = max(largest.get(g.arch, 0), g.memory_mib)
         out: list[Slot] = []
         for study in active:
             space = self.s.spaces[study.id]
             if not self.s.fusion_on(space):
                 continue
+            if not largest:  # walked only where a study may fuse (each join asks)
+                for node in open_nodes:
+                    for g in node.gpus.values():
+                        largest[g.arch] = max(largest.get(g.arch, 0), g.memory_mib)
             counts: dict[WorkloadKey, int] = {}
             for t in self.book.pending_of(study.id):
                 if fusion.class_of(t) is not None:
@@ -263,16 +264,24 @@ class Profiling:
         in_flight = self.s.cluster.profile_jobs.in_flight()
         wanted: list[Slot] = []
         samples: dict[WorkloadKey, TrialRecord] = {}  # a waiting trial of each workload
+        # Per workload (its small number): what it lacks is asked once, not per trial
+        # (hashing a workload key per trial was most of a 50,000-trial submission's walk).
+        statuses: dict[int, str] = {}
         for study in active:
             for tid in self.s.by_study[study.id]:
                 t = self.s.trials[tid]
                 if t.state not in (TrialState.PENDING, TrialState.PROFILING):
                     continue
-                samples.setdefault(t.key, t)
-                for slot in planning.missing(t.key, archs, self.s.profiles, self.s.profile_failed):
-                    if slot not in in_flight and slot not in wanted:
-                        wanted.append(slot)
-                status = planning.status(t.key, archs, self.s.profiles, self.s.profile_failed)
+                number = self.book.key_number(t)
+                status = statuses.get(number)
+                if status is None:
+                    samples.setdefault(t.key, t)
+                    for slot in planning.missing(t.key, archs, self.s.profiles,
+                                                 self.s.profile_failed):
+                        if slot not in in_flight and slot not in wanted:
+                            wanted.append(slot)
+                    status = statuses[number] = planning.status(
+                        t.key, archs, self.s.profiles, self.s.profile_failed)
                 if status == "known":
                     if t.state == TrialState.PROFILING:
                         self.book.set(t, state=TrialState.PENDING)
@@ -292,13 +301,12 @@ class Profiling:
             sample = samples.get(fusion.fused_key(slot[0], 1))
             return sample is None or owners[g.node].takes(self.s.studies[sample.study_id].owner)
 
-        if not wanted and not any(g.reserved_for is not None
-                                  for n in open_nodes for g in n.gpus.values()):
+        jobs = self.s.cluster.profile_jobs
+        if not wanted and not jobs.any_reserved():
             # Nothing to plan (each node's join asks, and building every GPU's slot made
             # a thousand joins cost a million).
             self.s.profiling_waiting = False
             return []
-        jobs = self.s.cluster.profile_jobs
         plan = planning.plan_profiles(wanted, jobs.slots(open_nodes), allowed)
         for slot, g in plan.reserve:
             node = self.s.cluster.live(g.node)
@@ -319,8 +327,8 @@ class Profiling:
         # Run again at the next exit while a wanted profile found no GPU or a reserved
         # GPU has yet to drain.
         assigned = {slot for slot, _ in (*plan.start, *plan.reserve)}
-        self.s.profiling_waiting = any(s not in assigned for s in wanted) or any(
-            g.reserved_for is not None for n in open_nodes for g in n.gpus.values())
+        self.s.profiling_waiting = any(s not in assigned for s in wanted) or \
+            jobs.any_reserved()
         return commands
 
     def fusion(self, space: SearchSpace) -> bool:

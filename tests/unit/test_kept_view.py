@@ -1,7 +1,8 @@
 """The view of the open nodes that ClusterState keeps across decisions (patched where
-nodes changed, its columns joined once) is always the view built afresh: over a random
-walk of joins, leaves, drains, allocations, releases, profile jobs, ratio changes and
-undone batches, at two sets of ratios at once."""
+nodes changed, its columns joined once) is always the view built afresh, and the profile
+jobs it keeps are those a walk of every GPU finds: over a random walk of joins, leaves,
+drains, allocations, releases, profile jobs, ratio changes and undone batches, at two
+sets of ratios at once."""
 
 from __future__ import annotations
 
@@ -89,6 +90,9 @@ def test_the_kept_view_is_always_the_view_built_afresh() -> None:
             for tid in sorted(running)[:3]:
                 name, index, demand = running.pop(tid)
                 cluster.release(tid, name, index, demand)
+            node = rng.choice(nodes)  # a profile job planned in the batch, undone with it
+            cluster.profile_jobs.reserve(node, node.gpus[min(node.gpus)], (None, f"u{step}"))  # type: ignore[arg-type]
+            cluster.profile_jobs.in_flight()
             journal.rollback_to(mark)
             journal.end()
             running = before
@@ -99,6 +103,12 @@ def test_the_kept_view_is_always_the_view_built_afresh() -> None:
                 kept_views += 1
                 _same(kept, cluster.view(list(open_nodes), own))
                 assert cluster.view(open_nodes, own) is kept  # nothing changed: the same
+        # The profile jobs in flight, kept between changes, are those a walk finds.
+        gpus = [(n, g) for n in cluster for g in n.gpus.values()]
+        assert cluster.profile_jobs.in_flight() == {
+            s for _, g in gpus for s in (g.profiling, g.reserved_for) if s is not None}
+        assert cluster.profile_jobs.any_reserved() == any(
+            g.reserved_for is not None and not n.draining for n, g in gpus)
         # A list of the open nodes taken before a join, leave or drain (a decision cycle's
         # own) is another set of nodes: its view is built for it.
         assert cluster.view(previous, {}).nodes == cluster.view(list(previous), {}).nodes
