@@ -172,7 +172,6 @@ class Waker:
         self._due: dict[Callable[[], None], None] = {}  # in the order asked for
         self._scheduled = False  # the loop is asked to run what is due
         self._holds = 0
-        self._loop_thread: int | None = None  # the loop's thread, once it ran us
 
     def call(self, callback: Callable[[], None]) -> None:
         with self._lock:
@@ -200,7 +199,11 @@ class Waker:
 
     def _schedule(self) -> None:
         try:
-            if threading.get_ident() == self._loop_thread:
+            try:
+                on_loop = asyncio.get_running_loop() is self._loop
+            except RuntimeError:  # another thread: no loop runs there
+                on_loop = False
+            if on_loop:
                 # Asked on the loop itself (a heartbeat's acknowledgement on receipt): it
                 # runs what is due next, without a write to its own self-pipe.
                 self._loop.call_soon(self._run)
@@ -210,7 +213,6 @@ class Waker:
             pass  # the loop is closed: the server stopped
 
     def _run(self) -> None:
-        self._loop_thread = threading.get_ident()
         with self._lock:
             due, self._due = self._due, {}
             self._scheduled = False
