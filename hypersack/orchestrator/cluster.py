@@ -113,9 +113,9 @@ class OpenNodes(list[Node]):
 
 @dataclass
 class _KeptView:
-    """A view of the open nodes at some ratios, patched node by node as they change."""
+    """A view of the open nodes at some ratios, patched node by node as they change
+    (dropped at any membership change)."""
 
-    epoch: int
     bins: list[NodeBin]
     position: dict[str, int]  # node name -> its place in `bins`
     joined: JoinedColumns
@@ -333,13 +333,12 @@ class ClusterState:
         key = tuple((arch, cap_of(arch)) for arch in sorted(self._opened()[1]))
         capkeys: dict[tuple[str, ...], tuple[int, ...]] = {}
         kept = self._kept.get(key)
-        if kept is None or kept.epoch != self._epoch or len(kept.bins) != len(nodes):
+        if kept is None or len(kept.bins) != len(nodes):
             if len(self._kept) >= 8:  # studies with their own ratios: a few at a time
                 self._kept.pop(next(iter(self._kept)))
             bins = [self._bin(node, cap_of, capkeys) for node in nodes]
             kept = self._kept[key] = _KeptView(
-                self._epoch, bins, {b.name: i for i, b in enumerate(bins)},
-                JoinedColumns(bins))
+                bins, {b.name: i for i, b in enumerate(bins)}, JoinedColumns(bins))
         elif kept.changed:
             for name in kept.changed:
                 i = kept.position.get(name)
@@ -435,14 +434,14 @@ class ProfileJobs:
 
     def start(self, node: Node, gpu: Gpu, slot: Slot) -> None:
         self._cluster.touch(node)
-        self._kept = None
+        self.changed()
         gpu.profiling = slot
         if gpu.reserved_for == slot:
             gpu.reserved_for = None
 
     def reserve(self, node: Node, gpu: Gpu, slot: Slot) -> None:
         self._cluster.touch(node)
-        self._kept = None
+        self.changed()
         gpu.reserved_for = slot
 
     def running_on(self, node: str, slot: Slot) -> bool:
@@ -452,7 +451,7 @@ class ProfileJobs:
 
     def end(self, slot: Slot) -> None:
         """A profile job ended (measured or failed): its GPU takes trials again."""
-        self._kept = None
+        self.changed()
         for node in self._cluster:
             for gpu in node.gpus.values():
                 if slot in (gpu.profiling, gpu.reserved_for):
