@@ -329,11 +329,7 @@ class SqliteStore(Store):
         return [TrialRecord.model_validate_json(r[0]) for r in rows]
 
     def update_trial(self, trial: TrialRecord) -> None:
-        with self.transaction():
-            cur = self._db.execute("UPDATE trials SET doc=? WHERE id=?",
-                                   (trial.model_dump_json(), trial.id))
-            if cur.rowcount == 0:
-                raise NotFound(f"no trial {trial.id!r}")
+        self.update_trials([trial])
 
     def update_trials(self, trials: Sequence[TrialRecord]) -> None:
         # One statement for a batch's changed trials (an exit's and its successor's).
