@@ -74,7 +74,7 @@ def profile_message(m: pb.ProfileWorkload, job: Job, code: int, device: GpuSpec,
             data_fraction=float(result.get("data_fraction", 0.0)),
             setup_s=float(result.get("setup_s", 0.0)),
             eval_s_per_epoch=float(result.get("eval_s_per_epoch", 0.0)),
-            versions=versions, measured_at=time.time(),
+            versions=versions, measured_at=now,
             source=f"measured on {node} ({backend.name}, "
                    + (f"{int(result.get('iterations', m.iterations))} iterations)"
                       if result.get("iterations", 1) else
