@@ -169,6 +169,19 @@ class ClusterView:
     def gpus(self) -> list[GpuBin]:
         return [g for n in self.nodes for g in n.gpus]
 
+    def node_named(self, name: str) -> NodeBin | None:
+        """The node of that name, if the view has it (by the kept columns' index, or
+        one built once per view: not a walk of every node per question)."""
+        j = self.columns()
+        if j is not None:
+            i = j.position.get(name)
+            return None if i is None else self.nodes[i]
+        index = self.__dict__.get("_by_name")
+        if index is None:
+            index = {n.name: n for n in self.nodes}
+            object.__setattr__(self, "_by_name", index)
+        return index.get(name)
+
     def after(self, items: Sequence[Item], plan: Plan) -> ClusterView:
         """What is left free once the plan's placements hold their needs."""
         by_id = {it.id: it for it in items}
@@ -335,6 +348,8 @@ class Flat:
         # Copies: a policy's takes never reach the builder's lists.
         kept = cluster.columns()
         j = kept or JoinedColumns(cluster.nodes, count_free=False)
+        # The kept columns, while this copy still equals them (see `roomy`).
+        self._kept = kept
         own: Callable[[list[Any]], list[Any]] = list if kept is not None else _same
         self.node_names: list[str] = own(j.node_names)
         self.node_cores: list[int] = own(j.node_cores)
@@ -352,7 +367,16 @@ class Flat:
         return (self.compute[g] >= need.compute and self.memory[g] >= need.memory
                 and self.slots[g] > 0 and self.node_cores[self.node_of[g]] >= need.cores)
 
+    def roomy(self, compute: int) -> list[int]:
+        """The positions of the GPUs with at least `compute` free: read from the kept
+        columns' order while nothing was taken (a policy asks before it places), else
+        by walking every GPU."""
+        if self._kept is not None:
+            return self._kept.roomy(compute)
+        return [g for g, c in enumerate(self.compute) if c >= compute]
+
     def take(self, g: int, need: Need) -> None:
+        self._kept = None
         self.compute[g] -= need.compute
         self.memory[g] -= need.memory
         self.slots[g] -= 1
@@ -360,6 +384,7 @@ class Flat:
 
     def give(self, g: int, need: Need) -> None:
         """Undo `take`."""
+        self._kept = None
         self.compute[g] += need.compute
         self.memory[g] += need.memory
         self.slots[g] += 1

@@ -7,6 +7,7 @@ decision.
 
 from __future__ import annotations
 
+from bisect import bisect_right, insort
 from collections.abc import Mapping, Sequence
 from itertools import chain, repeat
 from operator import attrgetter
@@ -55,6 +56,10 @@ class JoinedColumns:
         self.compute: list[int] = joined("compute")
         self.memory: list[int] = joined("memory")
         self.slots: list[int] = joined("slots")
+        self.position = {name: i for i, name in enumerate(self.node_names)}
+        # (free compute negated, GPU), most free first: built when first asked for, then
+        # patched with the columns (see `by_free`).
+        self._by_free: list[tuple[int, int]] | None = None
         self.free: dict[tuple[str, int, int], int] = {}
         if count_free:
             for c in cols:
@@ -74,6 +79,12 @@ class JoinedColumns:
         a, b = old.columns, new.columns
         start = self.offsets[i]
         end = start + len(a.arch)
+        order = self._by_free
+        if order is not None:
+            for g, was, now in zip(range(start, end), a.compute, b.compute, strict=True):
+                if was != now:
+                    del order[bisect_right(order, (-was, g)) - 1]
+                    insort(order, (-now, g))
         self.compute[start:end] = b.compute
         self.memory[start:end] = b.memory
         self.slots[start:end] = b.slots
@@ -81,6 +92,20 @@ class JoinedColumns:
         self._count(a, -1)
         self._count(b, 1)
         self.seq += 1
+
+    def by_free(self) -> list[tuple[int, int]]:
+        """Every GPU as (its free compute negated, its position), most free first: the
+        GPUs with room for a need are a prefix of it, found by bisection (a decision at
+        8,000 GPUs, most of them full, then looks at the few with room instead of all).
+        Read-only to the caller."""
+        if self._by_free is None:
+            self._by_free = sorted((-c, g) for g, c in enumerate(self.compute))
+        return self._by_free
+
+    def roomy(self, compute: int) -> list[int]:
+        """The positions of the GPUs with at least `compute` free, most free first."""
+        order = self.by_free()
+        return [g for _, g in order[:bisect_right(order, (-compute, len(order)))]]
 
 
 class FitBounds:

@@ -153,9 +153,8 @@ def _worst_fit(items: Sequence[Item], order: list[int], flat: Flat) -> list[tupl
     # A GPU with less free compute than the smallest need never comes off the heap
     # (the scan below stops there): left out, a full cluster of 8,000 GPUs costs a heap
     # of its few free ones, not of all.
-    heap = [(-flat.compute[g], g) for g in range(len(flat))
-            if flat.compute[g] >= low.compute and flat.slots[g] > 0
-            and flat.memory[g] >= low.memory]
+    heap = [(-flat.compute[g], g) for g in flat.roomy(low.compute)
+            if flat.slots[g] > 0 and flat.memory[g] >= low.memory]
     heapq.heapify(heap)
     failed: set[tuple[tuple[str, Need], ...]] = set()
     sigs: dict[int, tuple[tuple[str, Need], ...]] = {}
@@ -331,7 +330,7 @@ def _earliest_finish(items: Sequence[Item], order: list[int], flat: Flat,
             heapq.heappop(heap)  # stale: that GPU took an item (a fresher entry follows)
         return -heap[0][0] if heap else -1
 
-    for g in range(len(flat)):
+    for g in flat.roomy(low.compute):
         if open_(g):
             a = flat.arch[g]
             fresh.setdefault(a, []).append((0.0, share(g), g))

@@ -15,6 +15,7 @@ from hypersack.policies.base import (
     GpuBin,
     Item,
     Need,
+    NodeBin,
     Placement,
     Plan,
 )
@@ -61,12 +62,11 @@ def check_plan(items: Sequence[Item], cluster: ClusterView, plan: Plan) -> None:
     # Only the GPUs and nodes the placements touch: any other holds what the view says,
     # which is never below zero (at a thousand nodes, walking all made this check a
     # quarter of a decision).
-    nodes = {n.name: n for n in cluster.nodes}
     on_gpu: dict[tuple[str, int], tuple[GpuBin, list[int]]] = {}  # compute, memory, items
-    on_node: dict[str, int] = {}
+    on_node: dict[str, tuple[NodeBin, list[int]]] = {}  # cores
     objective = 0
     for p in plan.placements:
-        node = nodes.get(p.node)
+        node = cluster.node_named(p.node)
         gpus = node.columns.indexes if node is not None else ()
         if node is None or p.gpu_index not in gpus:
             raise PlanError(f"placement on unknown GPU {p.node}:{p.gpu_index}")
@@ -78,7 +78,7 @@ def check_plan(items: Sequence[Item], cluster: ClusterView, plan: Plan) -> None:
         held[0] += need.compute
         held[1] += need.memory
         held[2] += 1
-        on_node[p.node] = on_node.get(p.node, 0) + need.cores
+        on_node.setdefault(p.node, (node, [0]))[1][0] += need.cores
         objective += by_id[p.item_id].value
     for (node_name, index), (gpu, (compute, memory, count)) in on_gpu.items():
         name = f"GPU {node_name}:{index}"
@@ -88,8 +88,8 @@ def check_plan(items: Sequence[Item], cluster: ClusterView, plan: Plan) -> None:
             raise PlanError(f"{name} over its memory")
         if gpu.slots is not None and gpu.slots < count:
             raise PlanError(f"{name} over its slots")
-    for node_name, cores in on_node.items():
-        if nodes[node_name].cores < cores:
+    for node_name, (node, (cores,)) in on_node.items():
+        if node.cores < cores:
             raise PlanError(f"node {node_name} over its cores")
     if objective != plan.objective:
         raise PlanError(f"objective {plan.objective} != placed value {objective}")

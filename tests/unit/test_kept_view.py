@@ -11,7 +11,9 @@ import random
 from hypersack.core.types import Demand, GpuSpec, NodeRecord, NodeSpec
 from hypersack.orchestrator.cluster import ClusterState
 from hypersack.orchestrator.journal import Journal
-from hypersack.policies.base import ClusterView, FitBounds, Flat, Need, compute_capacity
+from hypersack.policies.base import ClusterView, FitBounds, Flat, Item, Need, compute_capacity
+from hypersack.policies.plans import check_plan
+from hypersack.policies.registry import make_policy
 
 ARCHS = ("A100", "H100")
 
@@ -24,6 +26,32 @@ def _same(kept: ClusterView, fresh: ClusterView) -> None:
                  "memory", "slots"):
         assert getattr(a, name) == getattr(b, name), name
     assert FitBounds(kept)._free == FitBounds(fresh)._free
+    # The GPUs with room for a need: from the kept order (bisected), as a walk finds them.
+    for compute in (0, 1, 40, 90, 150, 300, 10**6):
+        roomy = a.roomy(compute)
+        assert sorted(roomy) == b.roomy(compute), compute
+        assert roomy == sorted(roomy, key=lambda g: (-a.compute[g], g))
+    first = a.roomy(1)
+    if first:  # once a policy took some, the kept order no longer says: the copy's own
+        g = first[0]
+        a.take(g, Need(a.compute[g], 0, 0))
+        assert g not in a.roomy(1)
+    for n in fresh.nodes:
+        assert kept.node_named(n.name) == fresh.node_named(n.name) == n
+    assert kept.node_named("nowhere") is None and fresh.node_named("nowhere") is None
+
+
+def _same_plans(kept: ClusterView, fresh: ClusterView, rng: random.Random) -> None:
+    """The policies that start from the GPUs with room decide alike on both paths."""
+    needs = [{"A100": Need(c, m, k), "H100": Need(c - 10, m, k)}
+             for c, m, k in ((40, 1000, 1), (90, 20000, 4), (120, 1000, 1))]
+    items = [Item(f"i{i}", rng.choice(needs), run_time_s=rng.choice([10.0, 60.0]))
+             for i in range(rng.randint(1, 30))]
+    for name in ("wfd", "wf", "eft", "ffd"):
+        policy = make_policy(name)
+        on_kept, on_fresh = policy.place(items, kept), policy.place(items, fresh)
+        assert on_kept.placements == on_fresh.placements, name
+        check_plan(items, kept, on_kept)
 
 
 def test_the_kept_view_is_always_the_view_built_afresh() -> None:
@@ -101,7 +129,10 @@ def test_the_kept_view_is_always_the_view_built_afresh() -> None:
             kept = cluster.view(open_nodes, own)
             if kept.columns() is not None:
                 kept_views += 1
-                _same(kept, cluster.view(list(open_nodes), own))
+                fresh = cluster.view(list(open_nodes), own)
+                _same(kept, fresh)
+                if step % 10 == 0:
+                    _same_plans(kept, fresh, rng)
                 assert cluster.view(open_nodes, own) is kept  # nothing changed: the same
         # The profile jobs in flight, kept between changes, are those a walk finds.
         gpus = [(n, g) for n in cluster for g in n.gpus.values()]
