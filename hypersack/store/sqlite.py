@@ -167,6 +167,7 @@ class SqliteStore(Store):
             with self._lock:
                 self._db.execute("PRAGMA journal_mode=WAL")
                 self._db.execute("PRAGMA synchronous=NORMAL")
+                self._db.execute("PRAGMA cache_size=-65536")
                 self._db.execute("PRAGMA foreign_keys=ON")
                 self._db.executescript(_SCHEMA)
                 self._check_schema()
