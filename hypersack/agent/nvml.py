@@ -43,6 +43,19 @@ def visible(devices: tuple[GpuSpec, ...], cuda_visible: str | None) -> tuple[Gpu
     return tuple(out)
 
 
+MPS_SERVER = "nvidia-cuda-mps-server"
+
+
+def process_name(pid: int) -> str:
+    """A process's name (its /proc comm), or "" where it is gone or hidden."""
+    import psutil
+
+    try:
+        return str(psutil.Process(pid).name())
+    except psutil.Error:
+        return ""
+
+
 def nvml_available() -> bool:
     try:
         import pynvml
@@ -84,6 +97,7 @@ class NvmlBackend(DeviceBackend):
         # Per device being profiled: (time, utilization %) samples, memory samples.
         self._peaks: dict[int, tuple[list[tuple[float, float]], list[int]]] = {}
         self._util_seen: dict[int, int] = {}  # last process-utilization timestamp per device
+        self._mps_servers: dict[int, bool] = {}  # pid -> whether it is an MPS server
 
     def devices(self) -> tuple[GpuSpec, ...]:
         return self._devices
@@ -147,10 +161,14 @@ class NvmlBackend(DeviceBackend):
             except Exception as exc:  # no samples yet, or not supported (MPS clients)
                 log.debug("NVML process utilization: %s", exc)
             alone = 0.0
-            if not util and len(job_ids) == 1:
-                # Under MPS NVML keeps no per-process utilization. A trial alone on its
-                # GPU owns the device's: without it a profile that read too low (its
-                # compute share) would never be corrected by what the trial uses.
+            ours = {pid for job_id in job_ids for pid in jobs[job_id][1]}
+            busy = {pid for pid, u in util.items() if u > 0}
+            if len(job_ids) == 1 and not busy & ours and all(map(self._mps_server, busy)):
+                # Under MPS NVML keeps no utilization per client: it has no samples, or
+                # (an H100, driver 580) it counts the GPU's work to the MPS server's
+                # process. A trial alone on its GPU owns the device's: without it a
+                # profile that read too low (its compute share) would never be corrected
+                # by what the trial uses. Any other busy process is someone else's.
                 try:
                     alone = float(nv.nvmlDeviceGetUtilizationRates(h).gpu)
                 except Exception as exc:
@@ -162,6 +180,14 @@ class NvmlBackend(DeviceBackend):
                     out[job_id] = Usage(mem, max((util.get(pid, 0.0) for pid in pids),
                                                  default=0.0) or alone)
         return out
+
+    def _mps_server(self, pid: int) -> bool:
+        known = self._mps_servers.get(pid)
+        if known is None:
+            if len(self._mps_servers) > 1024:
+                self._mps_servers.clear()
+            known = self._mps_servers[pid] = process_name(pid) == MPS_SERVER
+        return known
 
     def start_measuring(self, device: GpuSpec, pid: int) -> None:
         """Sample the device every 50 ms while the profile run lives (it is alone there)."""

@@ -358,33 +358,49 @@ def test_the_nvml_backend_measures_a_profile_over_its_window(
     assert compute == pytest.approx(90.0) and memory == 512
 
 
+@pytest.mark.parametrize("mps_samples", ["none", "zeros", "server"])
 def test_under_mps_a_trial_alone_on_its_gpu_is_seen_using_the_devices_compute(
-        monkeypatch: pytest.MonkeyPatch) -> None:
-    """NVML keeps no per-process utilization for MPS clients: a trial alone on its GPU
-    is seen at the device's, so a profile that read too low can be corrected; two
-    trials on one GPU cannot be told apart, and are not guessed at."""
+        monkeypatch: pytest.MonkeyPatch, mps_samples: str) -> None:
+    """NVML keeps no per-process utilization for MPS clients: it either has no samples
+    or (as on an H100, driver 580) samples of 0 % for each client while the device is
+    busy. A trial alone on its GPU is then seen at the device's, so a profile that read
+    too low can be corrected; two trials on one GPU cannot be told apart, and are not
+    guessed at; and without MPS, a process of someone else's that keeps the GPU busy
+    is not taken for the trial's use."""
     import types
 
     from hypersack.agent.nvml import NvmlBackend
 
-    def no_samples(h: int, last: int) -> list[object]:
-        raise RuntimeError("NVML_ERROR_NOT_SUPPORTED")  # as for MPS clients
+    def samples(h: int, last: int) -> list[object]:
+        if h == 2:  # no MPS: the trial idle, a stranger's process busy
+            return [types.SimpleNamespace(pid=31, smUtil=0, timeStamp=5),
+                    types.SimpleNamespace(pid=99, smUtil=70, timeStamp=5)]
+        if mps_samples == "none":
+            raise RuntimeError("NVML_ERROR_NOT_SUPPORTED")
+        if mps_samples == "server":
+            return [types.SimpleNamespace(pid=7, smUtil=90, timeStamp=5)]
+        return [types.SimpleNamespace(pid=pid, smUtil=0, timeStamp=5)
+                for pid in ((11,), (21, 22))[h]]
 
     fake = types.SimpleNamespace(
-        nvmlInit=lambda: None, nvmlDeviceGetCount=lambda: 2,
+        nvmlInit=lambda: None, nvmlDeviceGetCount=lambda: 3,
         nvmlDeviceGetHandleByIndex=lambda i: i,
         nvmlDeviceGetName=lambda h: b"NVIDIA H100 80GB HBM3",
         nvmlDeviceGetUUID=lambda h: f"GPU-{h}",
         nvmlDeviceGetMemoryInfo=lambda h: types.SimpleNamespace(total=80 * 2**30, used=0),
-        nvmlDeviceGetUtilizationRates=lambda h: types.SimpleNamespace(gpu=(88, 97)[h]),
+        nvmlDeviceGetUtilizationRates=lambda h: types.SimpleNamespace(gpu=(88, 97, 70)[h]),
         nvmlDeviceGetComputeRunningProcesses=lambda h: [
             types.SimpleNamespace(pid=pid, usedGpuMemory=1024 * 2**20)
-            for pid in ((11,), (21, 22))[h]],
-        nvmlDeviceGetProcessUtilization=no_samples)
+            for pid in ((11,), (21, 22), (31, 99))[h]],
+        nvmlDeviceGetProcessUtilization=samples)
     monkeypatch.setitem(sys.modules, "pynvml", fake)
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    monkeypatch.setattr("hypersack.agent.nvml.process_name",
+                        lambda pid: {7: "nvidia-cuda-mps-server"}.get(pid, "python3"))
     backend = NvmlBackend()
-    gpu0, gpu1 = backend.devices()
-    seen = backend.observe({"alone": (gpu0, [11]), "a": (gpu1, [21]), "b": (gpu1, [22])})
+    gpu0, gpu1, gpu2 = backend.devices()
+    seen = backend.observe({"alone": (gpu0, [11]), "a": (gpu1, [21]), "b": (gpu1, [22]),
+                            "idle": (gpu2, [31])})
     assert seen["alone"].utilization_pct == 88.0 and seen["alone"].memory_mib == 1024
     assert seen["a"].utilization_pct == seen["b"].utilization_pct == 0.0
+    assert seen["idle"].utilization_pct == 0.0
