@@ -41,6 +41,7 @@ from hypersack.agent.launcher import (
     preload_of,
     safe_part,
 )
+from hypersack.agent.ledger import MAX_UNACKED, Beats, Unacked
 from hypersack.agent.mps import TIME_SLICING, MpsControl
 from hypersack.agent.procs import Records, kill_strays
 from hypersack.agent.profile_runs import as_fused_profile, profile_message
@@ -54,8 +55,6 @@ from hypersack.wire.convert import LOG_TAIL_CHARS, ack_id, key_from_pb, program_
 
 log = logging.getLogger(__name__)
 
-MAX_UNACKED = 10_000  # reports kept for the server's acknowledgement; the oldest go past it
-MAX_REPORT_TRIES = 100  # sends of one report (every RESEND_S) before it is dropped
 MAX_ACKS = 2 * MAX_UNACKED  # acknowledgements read from one server message
 MAX_SEND_BYTES = 3 << 20  # below the server's 4 MiB limit on one message
 METRICS_EVERY_S = 0.5  # at most this often, a trial's metrics go to the server
@@ -144,22 +143,17 @@ class Agent:
         self.heartbeat_timeout_s = 30.0
         self._profile_keys: dict[str, pb.ProfileWorkload] = {}
         self._stop = threading.Event()
-        # Exit and profile reports the server has not yet acknowledged as committed, by
-        # their ack id: (the message, the device it was about, when it was last sent,
-        # how many times it was sent; MAX_REPORT_TRIES at most).
-        # Sent again at each (re)connection and every `resend_s` until acknowledged, so
-        # no exit is lost to a broken stream or to a server whose store failed. Guarded
-        # by jobs_lock (heartbeats list the trials whose exits wait here as running).
-        self._unacked: dict[str, tuple[pb.AgentMessage, int, float, int]] = {}
+        # Exit and profile reports the server has not yet acknowledged as committed:
+        # sent again at each (re)connection and every `resend_s` until it does.
+        self._unacked = Unacked(self.jobs_lock)
         self.resend_s = 2.0
         # The fence (see hypersack.agent.fence): the lease its trials' watchdogs read,
         # renewed by each heartbeat the server acknowledges; the heartbeats' send times.
         self.lease = Lease(self.node_dir / "lease")
         self.lease.path.write_text("0")  # nothing may run before the server is heard
         self.fence_s = fence_of(self.heartbeat_timeout_s)
-        self._beats = 0
+        self._beats = Beats()
         self._processed = 0
-        self._beat_sent: dict[int, float] = {}
         self.watchdogs: dict[str, subprocess.Popen[bytes]] = {}  # by the job's key
         self.connected = threading.Event()
         self.sessions = 0
@@ -254,8 +248,7 @@ class Agent:
         nor may start them elsewhere) until their exit is committed."""
         with self.jobs_lock:
             jobs = list(self.jobs.values())
-            exited = [(m.exited, gpu) for m, gpu, _, _ in self._unacked.values()
-                      if m.WhichOneof("body") == "exited"]
+            exited = self._unacked.exits()
         return [pb.RunningTrial(trial_id=j.id, gpu_index=j.gpu_index,
                                 peak_memory_mib=j.peak_memory_mib,
                                 peak_utilization_pct=j.peak_util_pct, attempt=j.attempt)
@@ -373,9 +366,8 @@ class Agent:
                 yield msg
                 continue
             ack = ack_id(msg)
-            with self.jobs_lock:
-                if ack is not None:
-                    self._unacked.pop(ack, None)
+            if ack is not None:
+                self._unacked.forget(ack)
             log.error("dropped a %s message of %d bytes (at most %d are sent)%s",
                       msg.WhichOneof("body"), size, MAX_SEND_BYTES,
                       f": {ack}" if ack else "")
@@ -384,37 +376,14 @@ class Agent:
               gpu_index: int) -> None:
         """Send an exit or profile report, kept to be sent again until the server
         acknowledges it (see `_unacked`)."""
-        ack = ack_id(msg)
-        with self.jobs_lock:
-            if ack is not None:
-                self._unacked.pop(ack, None)
-                self._unacked[ack] = (msg, gpu_index, time.monotonic(), 1)
-                while len(self._unacked) > MAX_UNACKED:
-                    dropped = next(iter(self._unacked))
-                    del self._unacked[dropped]
-                    log.error("dropped the unacknowledged report %s: more than %d wait",
-                              dropped, MAX_UNACKED)
+        self._unacked.keep(msg, gpu_index)
         outbox.put(msg)
 
     def _send_unacked(self, outbox: queue.Queue[pb.AgentMessage | None], older_s: float
                       ) -> None:
         """Send again the reports not acknowledged and last sent more than `older_s` ago."""
-        now = time.monotonic()
-        with self.jobs_lock:
-            due = [(ack, m, gpu, tries) for ack, (m, gpu, at, tries) in self._unacked.items()
-                   if now - at >= older_s]
-            for ack, m, gpu, tries in due:
-                if tries >= MAX_REPORT_TRIES:
-                    # The server never takes it (it refuses it, or cannot read it): sending
-                    # it for ever would change nothing. The heartbeats settle the trial.
-                    del self._unacked[ack]
-                    log.error("dropped the report %s: the server did not acknowledge it "
-                              "after %d tries", ack, tries)
-                    continue
-                self._unacked[ack] = (m, gpu, now, tries + 1)
-        for _, m, _, tries in due:
-            if tries < MAX_REPORT_TRIES:
-                outbox.put(m)
+        for m in self._unacked.due(older_s):
+            outbox.put(m)
 
     def _fence_if_lapsed(self) -> None:
         """Stop every trial if the lease lapsed (the watchdogs do it too, and a frozen
@@ -469,12 +438,9 @@ class Agent:
             states = []
         self.device_states = states
         self.heartbeat_sent_at = time.monotonic()
-        self._beats += 1
-        self._beat_sent[self._beats] = self.heartbeat_sent_at
-        for old in [n for n in self._beat_sent if n <= self._beats - 64]:
-            del self._beat_sent[old]
+        seq = self._beats.sent(self.heartbeat_sent_at)
         return pb.AgentMessage(heartbeat=pb.Heartbeat(
-            seq=self._beats, running=running, processed=processed,
+            seq=seq, running=running, processed=processed,
             gpus=[self._gpu_state(s) for s in states]))
 
     def _gpu_state(self, s: DeviceState) -> pb.GpuState:
@@ -536,14 +502,11 @@ class Agent:
         """The server committed a report: a heartbeat renews the fence lease from when it
         was sent; an exit or profile report is not sent again."""
         if ack.startswith("heartbeat:"):
-            number = ack.removeprefix("heartbeat:")
-            sent = self._beat_sent.pop(int(number), None) \
-                if number.isdigit() and len(number) < 20 else None
+            sent = self._beats.acknowledged(ack.removeprefix("heartbeat:"))
             if sent is not None:
                 self.lease.renew(sent + self.fence_s)
             return
-        with self.jobs_lock:
-            self._unacked.pop(ack, None)
+        self._unacked.forget(ack)
 
     def _running_ids(self) -> set[str]:
         """The trials with an attempt still running on this node."""

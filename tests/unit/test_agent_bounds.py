@@ -11,9 +11,10 @@ import sys
 from pathlib import Path
 
 from hypersack._proto.v1 import hypersack_pb2 as pb
-from hypersack.agent.agent import MAX_REPORT_TRIES, MAX_SEND_BYTES, Agent
+from hypersack.agent.agent import MAX_SEND_BYTES, Agent
 from hypersack.agent.devices import FakeBackend
 from hypersack.agent.launcher import Job
+from hypersack.agent.ledger import MAX_REPORT_TRIES
 from hypersack.wire.convert import LOG_TAIL_CHARS, MAX_METRICS
 
 

@@ -120,7 +120,7 @@ def test_an_agent_reads_acknowledgements_carried_with_a_command(tmp_path: Path) 
                                                      attempt=1))
     agent._send(outbox, exit_msg, 0)
     beat = agent._heartbeat()
-    sent = agent._beat_sent[beat.heartbeat.seq]
+    sent = agent._beats.sent_at(beat.heartbeat.seq)
     before = agent._processed
     agent._command(pb.ServerMessage(acks=[ack_id(exit_msg) or "",
                                           f"heartbeat:{beat.heartbeat.seq}"]), outbox)
