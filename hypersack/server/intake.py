@@ -68,7 +68,9 @@ class AgentSession:
     node: str
     backend: str
     spec: NodeSpec
-    outbox: queue.Queue[pb.ServerMessage | None] = field(default_factory=queue.Queue)
+    # What is queued for its stream, oldest first (None: the stream ends there). A deque:
+    # appends and pops are atomic, without the condition a queue.Queue takes per call.
+    outbox: deque[pb.ServerMessage | None] = field(default_factory=deque)
     connected: bool = True
     last_seen: float = 0.0
     gpu_state: dict[int, pb.GpuState] = field(default_factory=dict)
@@ -100,11 +102,11 @@ class AgentSession:
         """Queue a message; `trials`: what it launches."""
         if self.overflowed:
             return
-        if self.outbox.qsize() >= MAX_OUTBOX:
+        if len(self.outbox) >= MAX_OUTBOX:
             self._overflow()
             return
         with self.flight_lock:
-            self.outbox.put(msg)
+            self.outbox.append(msg)
             self.queued += 1
             if trials:
                 self.in_flight.append((self.queued, trials))
@@ -130,7 +132,7 @@ class AgentSession:
     def put_first(self, msg: pb.ServerMessage) -> None:
         """Queue a message ahead of everything queued (the registration's answer)."""
         with self.flight_lock:
-            self.outbox.queue.appendleft(msg)
+            self.outbox.appendleft(msg)
             self.queued += 1
             self.in_flight = deque(((at + 1, t) for at, t in self.in_flight),
                                    maxlen=MAX_OUTBOX)
@@ -165,16 +167,16 @@ class AgentSession:
         self.overflowed = True
         self.connected = False
         log.warning("agent %s reads too slowly (%d messages queued): its stream is cut",
-                    self.node, self.outbox.qsize())
+                    self.node, len(self.outbox))
         self.drain()
-        self.outbox.put(None)
+        self.outbox.append(None)
         self.wake()
         if self.on_overflow is not None:
             self.on_overflow()
 
     def close(self) -> None:
         """End the stream once what is queued before has been sent."""
-        self.outbox.put(None)
+        self.outbox.append(None)
         self.wake()
 
     def wake(self) -> None:
@@ -186,10 +188,11 @@ class AgentSession:
     def drain(self) -> list[pb.ServerMessage | None]:
         """What is queued to send now, in order (None: the stream ends there)."""
         out: list[pb.ServerMessage | None] = []
-        while True:
+        outbox = self.outbox
+        while outbox:
             try:
-                out.append(self.outbox.get_nowait())
-            except queue.Empty:
+                out.append(outbox.popleft())
+            except IndexError:  # taken meanwhile (an overflow's drain)
                 break
         with self.flight_lock:
             acks, self.acks = self.acks, []
@@ -249,7 +252,9 @@ class Intake:
     """The agents' messages between their streams and the event worker."""
 
     def __init__(self, gather_s: float = 0.0) -> None:
-        self._inbox: queue.Queue[Queued] = queue.Queue()
+        # SimpleQueue: its put and get are C calls without the Python-level condition a
+        # queue.Queue takes (a thousand nodes put and get tens of thousands a minute).
+        self._inbox: queue.SimpleQueue[Queued] = queue.SimpleQueue()
         # Heartbeats waiting for a batch, the latest per node, oldest first (next_batch).
         self._beats: dict[str, Queued] = {}
         # Under load, how long a batch waits after its first message for more (next_batch),

@@ -31,4 +31,4 @@ def test_an_agent_that_does_not_read_is_cut_off() -> None:
     assert cut == [True] and session.overflowed and not session.connected
     assert session.drain() == [None]  # the queue is dropped; the stream ends
     session.send(kill)
-    assert session.outbox.qsize() == 0 and cut == [True]
+    assert len(session.outbox) == 0 and cut == [True]
