@@ -17,6 +17,8 @@
 #             separate processes, under MPS
 #   observe   what the NVML backend sees a running trial use, one and two busy processes
 #             on GPU 0, with MPS off and on (alone under MPS: the device's utilization)
+#   feedback  a profile imported too low (10 % compute), corrected by what its one running
+#             trial uses, through the server and a real agent, with MPS on and off
 #   learned   the learned oversubscription ratio against fixed 1.5, 2.5 and 4 with MPS:
 #             ResNet-34 at batch 512, which keeps an H100 busy alone, the node reporting
 #             96 cores; and the relaunch delay of a real agent
@@ -94,6 +96,9 @@ for p in ${*:-env tests backward start fused compiled learned}; do
             mps_on
             part observe_mps 60 "$PY" scripts/gpu_observe.py --seconds 8
             mps_off ;;
+        feedback) part feedback 100 "$PY" scripts/gpu_feedback.py --seconds 40 --low 10
+            part feedback_nomps 100 "$PY" scripts/gpu_feedback.py --seconds 40 --low 10 \
+                --no-mps ;;
         # The node reports 96 cores: in the runs so far the cores (16) or memory bound how
         # many trials ran, at every ratio, so the ratio never did (docs/gpu.md).
         # ResNet-18 left the GPU mostly idle per trial, so the cores or the memory bound
@@ -101,6 +106,6 @@ for p in ${*:-env tests backward start fused compiled learned}; do
         learned) part learned 330 "$PY" scripts/gpu_learned_ratio.py --sweep 1.5 2.5 4 \
             --learn 2.5 --seconds 50 --learn-seconds 90 --warmup 20 --cores 96 \
             --model resnet34 --batch 512 --samples 16384 --epochs 10 ;;
-        *) echo "unknown part $p (env tests backward start fused compiled observe learned)"; exit 2 ;;
+        *) echo "unknown part $p (env tests backward start fused compiled observe feedback learned)"; exit 2 ;;
     esac
 done
