@@ -62,6 +62,10 @@ class Decider:
         (reserving GPUs for large trials that found no room). The cycle's state is for
         the phases after (preemption)."""
         commands: list[Command] = []
+        if not any(self.book.has_pending(s.id) for s in active):
+            # Nothing waits: no decision, reservation or preemption to make. Most cycles
+            # at a thousand nodes follow exits with nothing pending.
+            return commands, CycleState([], {})
         claims, quotas = self.claims(active)
         cycle = CycleState(claims, quotas)
         capacity = float(self.s.cluster.open_gpus())  # open_nodes' GPUs, counted once

@@ -109,6 +109,25 @@ def test_the_first_study_takes_the_idle_cluster_and_freed_gpus_go_to_the_second(
         assert running(orch) == {"a-1": 2, "b-1": 2}
 
 
+def test_a_cycle_with_nothing_pending_weighs_no_shares(monkeypatch: pytest.MonkeyPatch
+                                                       ) -> None:
+    """With every trial of every study placed, an exit's decision cycle has nothing to
+    decide, reserve or preempt: it does not walk the cluster for the studies' standing
+    (at a thousand nodes most cycles are such)."""
+    orch, clock = orchestrator()
+    orch.handle(StudySubmitted(study("a", n=2)))
+    orch.handle(StudySubmitted(study("b", n=2, priority=1, preempt=True)))
+    assert running(orch) == {"a-1": 2, "b-1": 2}
+    weighed: list[int] = []
+    claims = orch.decider.claims
+    monkeypatch.setattr(orch.decider, "claims",
+                        lambda active: weighed.append(len(active)) or claims(active))
+    finish_one(orch, clock, "a-1")
+    assert weighed == [] and running(orch) == {"a-1": 1, "b-1": 2}
+    orch.handle(StudySubmitted(study("c", n=3)))  # one waits: its shares are weighed
+    assert weighed and running(orch) == {"a-1": 1, "b-1": 2, "c-1": 1}
+
+
 def test_weights_set_the_shares_between_studies() -> None:
     orch, clock = orchestrator("1x4xA100-80GB")  # 8 slots
     orch.handle(StudySubmitted(study("a", n=40)))
