@@ -62,6 +62,19 @@ def done_epochs(server: HyperSackServer, study: str) -> float:
         return float(sum(h.step for h in server.service.orch.last_steps(study).values()))
 
 
+def serve_agent(server: HyperSackServer, agent: Agent) -> threading.Thread:
+    """Run the agent (named `local`) on a thread until it has registered with the server
+    (at most 60 s): the thread."""
+    thread = threading.Thread(target=agent.run, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 60.0
+    while not ((s := server.service.sessions().get("local")) and s.connected):
+        if time.monotonic() > deadline or not thread.is_alive():
+            raise SystemExit("the local agent did not register in 60 s")
+        time.sleep(0.05)
+    return thread
+
+
 def one_run(ratio: float, learn: bool, seconds: float, args: argparse.Namespace, *,
             backend: DeviceBackend | None = None, arch: str = "A100",
             space: str | None = None, mps: Callable[[Path], MpsControl] | None = None,
@@ -86,14 +99,8 @@ def one_run(ratio: float, learn: bool, seconds: float, args: argparse.Namespace,
                       mps=mps(state / "mps") if mps else None)
         if watch is not None:
             watch(agent)
-        thread = threading.Thread(target=agent.run, daemon=True)
-        thread.start()
+        thread = serve_agent(server, agent)
         try:
-            deadline = time.monotonic() + 60.0
-            while not ((s := server.service.sessions().get("local")) and s.connected):
-                if time.monotonic() > deadline or not thread.is_alive():
-                    raise SystemExit("the local agent did not register in 60 s")
-                time.sleep(0.05)
             if space is None:
                 lrs = [round(1e-4 * (i + 1), 6) for i in range(args.trials)]
                 space = SPACE.format(lrs=json.dumps(lrs), epochs=args.epochs,

@@ -16,11 +16,14 @@ import argparse
 import logging
 import sys
 import tempfile
-import threading
 import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from cpu_learned_ratio import serve_agent
+from gpu_learned_ratio import SPACE
 
 from hypersack.agent.agent import Agent
 from hypersack.agent.devices import DeviceBackend, FakeBackend
@@ -31,21 +34,6 @@ from hypersack.cli.client import Client
 from hypersack.core.types import Demand, Profile, WorkloadKey
 from hypersack.server.app import HyperSackServer
 from hypersack.wire.settings import ServerSettings
-
-SPACE = """\
-name: feedback
-models: [resnet34]
-hyperparameters:
-  batch_size: [512]
-  lr: [0.01]
-settings:
-  epochs: {epochs}
-  fusion: "off"
-  retries: 0
-program:
-  builtin: train
-  options: {{dataset: synthetic, train_samples: {samples}, val_samples: 256}}
-"""
 
 
 def main() -> int:
@@ -80,19 +68,14 @@ def main() -> int:
         agent = Agent(server.address, "local", backend, state / "work", poll_interval_s=0.1,
                       commands=CommandPolicy.permissive(), inherit_env=True,
                       mps=None if args.no_mps else MpsControl(state / "mps", devices))
-        thread = threading.Thread(target=agent.run, daemon=True)
-        thread.start()
+        thread = serve_agent(server, agent)
         try:
-            deadline = time.monotonic() + 60.0
-            while not ((s := server.service.sessions().get("local")) and s.connected):
-                if time.monotonic() > deadline or not thread.is_alive():
-                    raise SystemExit("the local agent did not register in 60 s")
-                time.sleep(0.05)
             print(f"{arch}, MPS {'off' if args.no_mps else 'on'}; imported "
                   f"{key.label()} at {args.low:g} % compute", flush=True)
             with Client(server.address) as client:
-                study = client.submit(SPACE.format(epochs=args.epochs, samples=args.samples),
-                                      "feedback.yaml").id
+                space = SPACE.format(model="resnet34", batch=512, lrs="[0.01]",
+                                     epochs=args.epochs, samples=args.samples)
+                study = client.submit(space, "feedback.yaml").id
                 start = time.monotonic()
                 first = None
                 while (elapsed := time.monotonic() - start) < args.seconds:
