@@ -11,6 +11,14 @@ measured in the same run.
 
     python scripts/bench_decisions.py                        # 200 nodes, 10,000 trials
     python scripts/bench_decisions.py --studies 4 --profile  # with cProfile's top 15
+
+`--tail`: a study's tail instead, every trial placed and nothing pending (the thousand-
+node run's last 50 seconds): batches of `--batch` exits and one node's heartbeat, as
+the server applies them under load, with the SQLite store the server uses; reported in
+ms of CPU per exit (process time), against 20 nodes in the same run.
+
+    python scripts/bench_decisions.py --tail --nodes 1000 --gpus 8 --models resnet18 \
+        --batch-sizes 128 --exits 20000
 """
 
 from __future__ import annotations
@@ -18,8 +26,11 @@ from __future__ import annotations
 import argparse
 import cProfile
 import pstats
+import random
 import statistics
+import tempfile
 import time
+from pathlib import Path
 
 from _instances import EXAMPLES
 
@@ -28,6 +39,7 @@ from hypersack.core.cluster import parse_shorthand
 from hypersack.core.types import TrialState
 from hypersack.grid.space import parse_space
 from hypersack.orchestrator import (
+    Heartbeat,
     LaunchGroup,
     LaunchTrial,
     NodeJoined,
@@ -37,9 +49,11 @@ from hypersack.orchestrator import (
     Tick,
     TrialFinished,
 )
+from hypersack.orchestrator.events import RunningTrial
 from hypersack.sampler.profiles import load_profiles
 from hypersack.server.service import keep_out_of_gc
 from hypersack.store.memory import MemoryStore
+from hypersack.store.sqlite import SqliteStore
 
 MODELS = ["shufflenet", "mobilenet_v2", "vit_tiny", "deit_tiny", "resnet18", "resnet34"]
 
@@ -110,6 +124,52 @@ def run(nodes: int, trials: int, studies: int, exits: int, profile: bool,
             "decisions": orch.decision_count - decisions, "pending": pending}
 
 
+def _cluster(store: object, clock: ManualClock, nodes: int, gpus: int) -> Orchestrator:
+    for p in load_profiles(EXAMPLES / "profiles-estimates.yaml"):
+        store.put_profile(p)  # type: ignore[attr-defined]
+    orch = Orchestrator(store, clock, OrchestratorConfig())  # type: ignore[arg-type]
+    for spec in parse_shorthand(f"{nodes}x{gpus}xA100-80GB@{22 * gpus}").nodes:
+        orch.handle(NodeJoined(spec))
+    return orch
+
+
+def tail(nodes: int, gpus: int, exits: int, batch: int, models: list[str] | None,
+         batch_sizes: list[int] | None) -> float:
+    """CPU ms per exit with nothing pending (see the module's doc)."""
+    clock = ManualClock(0.0)
+    # How many trials the cluster holds at once: what the first decision places of many.
+    probe = _cluster(MemoryStore(), clock, nodes, gpus).handle(StudySubmitted(
+        space("probe", min(100_000, 20 * nodes * gpus), 0, "wfd", models, batch_sizes)))
+    fit = sum(isinstance(c, LaunchTrial) for c in probe)
+    with tempfile.TemporaryDirectory(prefix="hs-tail-") as tmp:
+        store = SqliteStore(Path(tmp) / "tail.db")
+        orch = _cluster(store, clock, nodes, gpus)
+        running: dict[str, dict[str, tuple[int, int]]] = {}
+        for c in orch.handle(StudySubmitted(space("tail", fit, 0, "wfd", models,
+                                                  batch_sizes))):
+            if isinstance(c, LaunchTrial):
+                running.setdefault(c.node, {})[c.trial_id] = (c.gpu_index, c.attempt)
+        keep_out_of_gc()
+        order = [(n, t) for n, ts in running.items() for t in ts]
+        random.Random(0).shuffle(order)
+        names = sorted(running)
+        exits = min(exits, len(order) - len(order) % batch)
+        began = time.process_time()
+        for k in range(0, exits, batch):
+            events: list[object] = []
+            for name, tid in order[k:k + batch]:
+                _, attempt = running[name].pop(tid)
+                events.append(TrialFinished(tid, name, attempt=attempt))
+            beat = names[(k // batch) % len(names)]
+            events.append(Heartbeat(beat, tuple(RunningTrial(t, g, 0, 0.0, a)
+                                                for t, (g, a) in running[beat].items())))
+            clock.advance(0.004)
+            orch.handle_batch(events)  # type: ignore[arg-type]
+        spent = time.process_time() - began
+        store.close()
+    return 1000 * spent / max(1, exits)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--nodes", type=int, default=200)
@@ -117,6 +177,9 @@ def main() -> None:
     parser.add_argument("--studies", type=int, default=1)
     parser.add_argument("--exits", type=int, default=400)
     parser.add_argument("--profile", action="store_true")
+    parser.add_argument("--tail", action="store_true",
+                        help="nothing pending: CPU per exit in batches (see above)")
+    parser.add_argument("--batch", type=int, default=3, help="exits per batch (--tail)")
     parser.add_argument("--policy", default="wfd",
                         help="the studies' policy (default wfd, as measured before; the "
                              "server's default is eft)")
@@ -128,6 +191,13 @@ def main() -> None:
     args = parser.parse_args()
     models = args.models.split(",") if args.models else None
     sizes = [int(b) for b in args.batch_sizes.split(",")] if args.batch_sizes else None
+    if args.tail:
+        small = tail(20, args.gpus, args.exits, args.batch, models, sizes)
+        large = tail(args.nodes, args.gpus, args.exits, args.batch, models, sizes)
+        print(f"nothing pending, {args.batch} exits and a heartbeat per batch, SQLite: "
+              f"20 nodes {small:.3f} ms of CPU per exit, {args.nodes} nodes {large:.3f} "
+              f"({large / small:.2f}x)")
+        return
     base = run(20, 1_000, 1, args.exits, False, args.policy, args.gpus, models, sizes)
     big = run(args.nodes, args.trials, args.studies, args.exits, args.profile, args.policy,
               args.gpus, models, sizes)
