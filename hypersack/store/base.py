@@ -20,7 +20,7 @@ from hypersack.core.types import (
 )
 
 
-class Store(ABC):
+class Transactional(ABC):
     """All writes inside `transaction()` land together or not at all.
 
     Single writer: the server (or the embedded driver) owns the store.
@@ -39,6 +39,10 @@ class Store(ABC):
         """Whether an exception raised inside a transaction is this store failing (it
         cannot write: read-only, full, I/O), not the caller's data being refused."""
         return isinstance(exc, StoreUnavailable)
+
+
+class StudyRecords(Transactional):
+    """Studies and their trials."""
 
     @abstractmethod
     def add_study(self, study: StudyRecord, trials: Sequence[TrialRecord]) -> None:
@@ -77,6 +81,10 @@ class Store(ABC):
             for t in trials:
                 self.update_trial(t)
 
+
+class ClusterRecords(Transactional):
+    """The node inventory and the profile history."""
+
     @abstractmethod
     def put_node(self, node: NodeRecord) -> None: ...
 
@@ -100,6 +108,10 @@ class Store(ABC):
     @abstractmethod
     def remove_profile(self, key: WorkloadKey, arch: str) -> None:
         """Removing an unknown profile is not an error."""
+
+
+class AccountRecords(Transactional):
+    """Users, their tokens, and the settings the server learned."""
 
     @abstractmethod
     def put_user(self, user: UserRecord) -> None:
@@ -129,6 +141,10 @@ class Store(ABC):
     def list_tokens(self) -> list[TokenRecord]:
         """By id; revoked ones too."""
 
+
+class RunRecords(Transactional):
+    """What trials did as they ran: their curves (history) and their attempts (spans)."""
+
     @abstractmethod
     def add_history(self, steps: Sequence[HistoryStep]) -> None:
         """Insert or replace each (trial, step); a trial keeps at most MAX_HISTORY_STEPS
@@ -153,7 +169,12 @@ class Store(ABC):
     def spans(self, study_id: str) -> list[Span]:
         """Every attempt of a study's trials that ran, by start."""
 
-    def close(self) -> None:  # noqa: B027 - optional hook
+
+class Store(StudyRecords, ClusterRecords, AccountRecords, RunRecords):
+    """Every record kind in one store, one transaction over all of them. The interface is
+    split by record kind (the classes above), and so are the implementations' rows."""
+
+    def close(self) -> None:
         """Release resources; the default has none."""
 
     def __enter__(self) -> Store:

@@ -19,12 +19,15 @@ from hypersack.core.types import (
     WorkloadKey,
     thinned,
 )
-from hypersack.store.base import Store
+from hypersack.store.base import AccountRecords, RunRecords, Store, Transactional
 
 _MISSING = object()
 
 
-class MemoryStore(Store):
+class _Tables(Transactional):
+    """The tables and their undo log; each record kind's methods are in the classes
+    below (one per kind, as the Store interface is split)."""
+
     def __init__(self) -> None:
         self._studies: dict[str, StudyRecord] = {}
         self._trials: dict[str, TrialRecord] = {}
@@ -80,6 +83,78 @@ class MemoryStore(Store):
             table.pop(key, None)
         else:
             table[key] = value
+
+    def _ids_of(self, study_id: str) -> list[str]:
+        """A study's trial ids, in order."""
+        return sorted(t.id for t in self._trials.values() if t.study_id == study_id)
+
+
+class _Accounts(_Tables, AccountRecords):
+
+    def put_user(self, user: UserRecord) -> None:
+        self._set(self._users, user.name, user)
+
+    def remove_user(self, name: str) -> None:
+        if name in self._users:
+            self._set(self._users, name, _MISSING)
+
+    def list_users(self) -> list[UserRecord]:
+        return sorted(self._users.values(), key=lambda u: u.name)
+
+    def put_setting(self, key: str, value: str) -> None:
+        self._set(self._settings, key, value)
+
+    def get_setting(self, key: str) -> str | None:
+        return self._settings.get(key)
+
+    def put_token(self, token: TokenRecord) -> None:
+        self._set(self._tokens, token.id, token)
+
+    def list_tokens(self) -> list[TokenRecord]:
+        return sorted(self._tokens.values(), key=lambda t: t.id)
+
+
+class _Runs(_Tables, RunRecords):
+
+    def add_history(self, steps: Sequence[HistoryStep]) -> None:
+        with self.transaction():
+            for h in steps:
+                if h.trial_id not in self._trials:
+                    raise NotFound(f"no trial {h.trial_id!r}")
+                if h.trial_id not in self._history:
+                    self._set(self._history, h.trial_id, {})
+                curve = self._history[h.trial_id]
+                self._set(curve, h.step, h)
+                for step in thinned(list(curve)):
+                    self._set(curve, step, _MISSING)
+
+    def history(self, *, study_id: str = "", trial_id: str = "",
+                after: tuple[str, int] = ("", -1), limit: int | None = None
+                ) -> list[HistoryStep]:
+        ids = [trial_id] if trial_id else self._ids_of(study_id)
+        rows = [h for tid in ids for _, h in sorted(self._history.get(tid, {}).items())
+                if (h.trial_id, h.step) > after]
+        return rows if limit is None else rows[:limit]
+
+    def last_steps(self, study_id: str) -> dict[str, HistoryStep]:
+        return {tid: curve[max(curve)] for tid in self._ids_of(study_id)
+                if (curve := self._history.get(tid))}
+
+    def add_spans(self, spans: Sequence[Span]) -> None:
+        for span in spans:
+            if span.trial_id not in self._trials:
+                raise NotFound(f"no trial {span.trial_id!r}")
+        for span in spans:
+            self._set(self._spans, (span.trial_id, span.attempt), span)
+
+    def spans(self, study_id: str) -> list[Span]:
+        return sorted((s for s in self._spans.values()
+                       if self._trials[s.trial_id].study_id == study_id),
+                      key=lambda s: (s.start, s.trial_id, s.attempt))
+
+
+class MemoryStore(_Accounts, _Runs, Store):
+    """Studies, trials, nodes and profiles; accounts and runs from the classes above."""
 
     def add_study(self, study: StudyRecord, trials: Sequence[TrialRecord]) -> None:
         if study.id in self._studies:
@@ -156,61 +231,3 @@ class MemoryStore(Store):
 
     def list_profiles(self) -> list[Profile]:
         return sorted(self._profiles.values(), key=lambda p: (p.key.label(), p.arch))
-
-    def put_user(self, user: UserRecord) -> None:
-        self._set(self._users, user.name, user)
-
-    def remove_user(self, name: str) -> None:
-        if name in self._users:
-            self._set(self._users, name, _MISSING)
-
-    def list_users(self) -> list[UserRecord]:
-        return sorted(self._users.values(), key=lambda u: u.name)
-
-    def put_setting(self, key: str, value: str) -> None:
-        self._set(self._settings, key, value)
-
-    def get_setting(self, key: str) -> str | None:
-        return self._settings.get(key)
-
-    def put_token(self, token: TokenRecord) -> None:
-        self._set(self._tokens, token.id, token)
-
-    def list_tokens(self) -> list[TokenRecord]:
-        return sorted(self._tokens.values(), key=lambda t: t.id)
-
-    def add_history(self, steps: Sequence[HistoryStep]) -> None:
-        with self.transaction():
-            for h in steps:
-                if h.trial_id not in self._trials:
-                    raise NotFound(f"no trial {h.trial_id!r}")
-                if h.trial_id not in self._history:
-                    self._set(self._history, h.trial_id, {})
-                curve = self._history[h.trial_id]
-                self._set(curve, h.step, h)
-                for step in thinned(list(curve)):
-                    self._set(curve, step, _MISSING)
-
-    def history(self, *, study_id: str = "", trial_id: str = "",
-                after: tuple[str, int] = ("", -1), limit: int | None = None
-                ) -> list[HistoryStep]:
-        ids = [trial_id] if trial_id else [t.id for t in self.list_trials(study_id)]
-        rows = [h for tid in ids for _, h in sorted(self._history.get(tid, {}).items())
-                if (h.trial_id, h.step) > after]
-        return rows if limit is None else rows[:limit]
-
-    def last_steps(self, study_id: str) -> dict[str, HistoryStep]:
-        return {t.id: curve[max(curve)] for t in self.list_trials(study_id)
-                if (curve := self._history.get(t.id))}
-
-    def add_spans(self, spans: Sequence[Span]) -> None:
-        for span in spans:
-            if span.trial_id not in self._trials:
-                raise NotFound(f"no trial {span.trial_id!r}")
-        for span in spans:
-            self._set(self._spans, (span.trial_id, span.attempt), span)
-
-    def spans(self, study_id: str) -> list[Span]:
-        return sorted((s for s in self._spans.values()
-                       if self._trials[s.trial_id].study_id == study_id),
-                      key=lambda s: (s.start, s.trial_id, s.attempt))

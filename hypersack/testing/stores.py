@@ -18,7 +18,7 @@ from hypersack.core.types import (
     UserRecord,
     WorkloadKey,
 )
-from hypersack.store.base import Store
+from hypersack.store.base import AccountRecords, RunRecords, Store
 from hypersack.store.memory import MemoryStore
 
 
@@ -26,7 +26,60 @@ class StoreFailure(StoreUnavailable):
     """What the failing store raises, as SQLite does on a read-only or full disk."""
 
 
-class FailingStore(Store):
+class _PassAccounts(AccountRecords):
+    """The failing store's accounts: its inner store's (a setting's write fails as a
+    commit does)."""
+
+    inner: Store
+
+    def put_user(self, user: UserRecord) -> None:
+        self.inner.put_user(user)
+
+    def remove_user(self, name: str) -> None:
+        self.inner.remove_user(name)
+
+    def list_users(self) -> list[UserRecord]:
+        return self.inner.list_users()
+
+    def put_setting(self, key: str, value: str) -> None:
+        with self.transaction():  # fails as a commit does (fail_commits)
+            self.inner.put_setting(key, value)
+
+    def get_setting(self, key: str) -> str | None:
+        return self.inner.get_setting(key)
+
+    def put_token(self, token: TokenRecord) -> None:
+        self.inner.put_token(token)
+
+    def list_tokens(self) -> list[TokenRecord]:
+        return self.inner.list_tokens()
+
+
+class _PassRuns(RunRecords):
+    """The failing store's runs: its inner store's."""
+
+    inner: Store
+
+    def add_history(self, steps: Sequence[HistoryStep]) -> None:
+        self.inner.add_history(steps)
+
+    def history(self, *, study_id: str = "", trial_id: str = "",
+                after: tuple[str, int] = ("", -1), limit: int | None = None
+                ) -> list[HistoryStep]:
+        return self.inner.history(study_id=study_id, trial_id=trial_id, after=after,
+                                  limit=limit)
+
+    def last_steps(self, study_id: str) -> dict[str, HistoryStep]:
+        return self.inner.last_steps(study_id)
+
+    def add_spans(self, spans: Sequence[Span]) -> None:
+        self.inner.add_spans(spans)
+
+    def spans(self, study_id: str) -> list[Span]:
+        return self.inner.spans(study_id)
+
+
+class FailingStore(_PassAccounts, _PassRuns, Store):
     """Another store, with failures injected: `fail_commits` makes that many of the next
     outermost transactions fail as they commit (their changes rolled back), and
     `fail_savepoints` that many savepoints fail as they are released, once
@@ -119,46 +172,6 @@ class FailingStore(Store):
 
     def remove_profile(self, key: WorkloadKey, arch: str) -> None:
         self.inner.remove_profile(key, arch)
-
-    def put_user(self, user: UserRecord) -> None:
-        self.inner.put_user(user)
-
-    def remove_user(self, name: str) -> None:
-        self.inner.remove_user(name)
-
-    def list_users(self) -> list[UserRecord]:
-        return self.inner.list_users()
-
-    def put_setting(self, key: str, value: str) -> None:
-        with self.transaction():  # fails as a commit does (fail_commits)
-            self.inner.put_setting(key, value)
-
-    def get_setting(self, key: str) -> str | None:
-        return self.inner.get_setting(key)
-
-    def put_token(self, token: TokenRecord) -> None:
-        self.inner.put_token(token)
-
-    def list_tokens(self) -> list[TokenRecord]:
-        return self.inner.list_tokens()
-
-    def add_history(self, steps: Sequence[HistoryStep]) -> None:
-        self.inner.add_history(steps)
-
-    def history(self, *, study_id: str = "", trial_id: str = "",
-                after: tuple[str, int] = ("", -1), limit: int | None = None
-                ) -> list[HistoryStep]:
-        return self.inner.history(study_id=study_id, trial_id=trial_id, after=after,
-                                  limit=limit)
-
-    def last_steps(self, study_id: str) -> dict[str, HistoryStep]:
-        return self.inner.last_steps(study_id)
-
-    def add_spans(self, spans: Sequence[Span]) -> None:
-        self.inner.add_spans(spans)
-
-    def spans(self, study_id: str) -> list[Span]:
-        return self.inner.spans(study_id)
 
     def close(self) -> None:
         self.inner.close()
