@@ -117,8 +117,7 @@ class _KeptView:
     (dropped at any membership change)."""
 
     bins: list[NodeBin]
-    position: dict[str, int]  # node name -> its place in `bins`
-    joined: JoinedColumns
+    joined: JoinedColumns  # its `position`: a node name's place in `bins`
     changed: set[str] = field(default_factory=set)  # touched since it was patched
     view: ClusterView | None = None  # the last one handed out, while nothing changed
 
@@ -337,11 +336,10 @@ class ClusterState:
             if len(self._kept) >= 8:  # studies with their own ratios: a few at a time
                 self._kept.pop(next(iter(self._kept)))
             bins = [self._bin(node, cap_of, capkeys) for node in nodes]
-            kept = self._kept[key] = _KeptView(
-                bins, {b.name: i for i, b in enumerate(bins)}, JoinedColumns(bins))
+            kept = self._kept[key] = _KeptView(bins, JoinedColumns(bins))
         elif kept.changed:
             for name in kept.changed:
-                i = kept.position.get(name)
+                i = kept.joined.position.get(name)
                 if i is None:
                     continue
                 new = self._bin(nodes[i], cap_of, capkeys)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from bisect import bisect_right, insort
 from collections.abc import Mapping, Sequence
+from functools import cached_property
 from itertools import chain, repeat
 from operator import attrgetter
 from typing import TYPE_CHECKING, Any, NamedTuple
@@ -56,7 +57,6 @@ class JoinedColumns:
         self.compute: list[int] = joined("compute")
         self.memory: list[int] = joined("memory")
         self.slots: list[int] = joined("slots")
-        self.position = {name: i for i, name in enumerate(self.node_names)}
         # (free compute negated, GPU), most free first: built when first asked for, then
         # patched with the columns (see `by_free`).
         self._by_free: list[tuple[int, int]] | None = None
@@ -92,6 +92,12 @@ class JoinedColumns:
         self._count(a, -1)
         self._count(b, 1)
         self.seq += 1
+
+    @cached_property
+    def position(self) -> dict[str, int]:
+        """Node name -> its place (names never change with the patches): built when
+        first asked for, so the columns a policy joins for a view of its own pay nothing."""
+        return {name: i for i, name in enumerate(self.node_names)}
 
     def by_free(self) -> list[tuple[int, int]]:
         """Every GPU as (its free compute negated, its position), most free first: the
