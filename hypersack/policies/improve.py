@@ -16,8 +16,12 @@ depend on the machine's speed unless the deadline cuts the search.
 
 from __future__ import annotations
 
+import functools
 import time
+from collections.abc import Callable, Iterator
+from typing import Any
 
+from hypersack.policies import kernels
 from hypersack.policies.base import Flat, Item, Need
 
 
@@ -67,127 +71,139 @@ def swap(classes: list[Item], flat: Flat, on: list[dict[int, list[int]]],
                         break
 
 
-_REPACK_CLASSES = 64  # the densest pending classes a GPU's knapsack considers
-_REPACK_NODES = 300  # branch-and-bound nodes per GPU
 _REPACK_ROUNDS = 3
+
+
+class Counts:
+    """The plan as counts per GPU and class, in the flat int64 sequences `kernels`
+    works on (NumPy arrays for the compiled rounds, lists for the plain ones), and back."""
+
+    def __init__(self, classes: list[Item], flat: Flat, on: list[dict[int, list[int]]],
+                 left: list[list[int]], fast: bool) -> None:
+        G, C = len(flat), len(classes)
+        archs = sorted(set(flat.arch))
+        arch_index = {a: i for i, a in enumerate(archs)}
+        A = len(archs)
+        need_c = [0] * (A * C)
+        need_m = [0] * (A * C)
+        need_k = [0] * (A * C)
+        rows = [0] * (A * C)
+        nrows = [0] * A
+        for a, ordered in _densest(classes, flat).items():
+            x = arch_index[a]
+            nrows[x] = len(ordered)
+            for r, (c, n, _) in enumerate(ordered):
+                rows[x * C + r] = c
+                need_c[x * C + c], need_m[x * C + c], need_k[x * C + c] = n
+        counts = [0] * (G * C)
+        tot = [0] * G
+        for g, own in enumerate(on):
+            for c, its in own.items():
+                counts[g * C + c] = len(its)
+                tot[g] += len(its)
+        self.G, self.C = G, C
+        cols: list[list[int]] = [
+            list(flat.compute), list(flat.memory), list(flat.slots), list(flat.node_cores),
+            list(flat.node_of), [arch_index[a] for a in flat.arch], need_c, need_m, need_k,
+            [rep.value for rep in classes], rows, nrows, counts, [len(x) for x in left], tot]
+        size = kernels.scratch_size(C, sum(tot) + sum(len(x) for x in left))
+        if fast:
+            import numpy as np
+
+            self.cols: list[Any] = [np.array(col, dtype=np.int64) for col in cols]
+            self.work: Any = np.zeros(size, dtype=np.int64)
+            self.new: Callable[[int, int], Any] = \
+                lambda n, fill: np.full(n, fill, dtype=np.int64)
+        else:
+            self.cols = cols
+            self.work = [0] * size
+            self.new = lambda n, fill: [fill] * n
+
+    def counts(self) -> Any:
+        return self.cols[12]
+
+    def apply(self, classes: list[Item], flat: Flat, on: list[dict[int, list[int]]],
+              left: list[list[int]]) -> None:
+        """Move items so that each GPU holds the counts: first what each GPU gives up
+        goes back to the pending pool, then each takes what it gained from it (the pool
+        is a stack: the last given back goes out first)."""
+        C = self.C
+        new = self.counts()
+        gained: list[tuple[int, int, int]] = []
+        for g, own in enumerate(on):
+            a = flat.arch[g]
+            for c, its in own.items():
+                k = len(its) - int(new[g * C + c])
+                for _ in range(k):
+                    left[c].append(its.pop())
+                    flat.give(g, classes[c].needs[a])
+        for g in range(self.G):
+            row = g * C
+            own = on[g]
+            for c in range(C):
+                k = int(new[row + c]) - len(own.get(c, ()))
+                if k > 0:
+                    gained.append((g, c, k))
+        for g, c, k in gained:
+            need = classes[c].needs[flat.arch[g]]
+            its = on[g].setdefault(c, [])
+            for _ in range(k):
+                flat.take(g, need)
+                its.append(left[c].pop())
+
+
+# What yields one round's calls of a kernel, each given the effort left.
+RoundCalls = Callable[[], Iterator[Callable[[int], int]]]
+
+
+def _rounds(name: str, classes: list[Item], flat: Flat, on: list[dict[int, list[int]]],
+            left: list[list[int]], deadline: float, effort: int,
+            calls: Callable[[Callable[..., int], Counts], RoundCalls]) -> int:
+    """Run a kernel's rounds (compiled where it is, plain otherwise) until a round gains
+    nothing (at most three), `effort` is spent or the deadline; then move the items as
+    the counts say. `calls` gives, once, what yields a round's calls (each given the
+    effort left). Returns the effort spent."""
+    fn = kernels.compiled(name)
+    st = Counts(classes, flat, on, left, fast=fn is not None)
+    spent = _run(calls(fn or getattr(kernels, name), st), deadline, effort)
+    st.apply(classes, flat, on, left)
+    return spent
+
+
+def _run(one_round: RoundCalls, deadline: float, effort: int) -> int:
+    spent = 0
+    for _ in range(_REPACK_ROUNDS):
+        gained = False
+        for call in one_round():
+            if spent >= effort or time.perf_counter() > deadline:
+                break
+            r = call(effort - spent)
+            spent += r % kernels.GAINED
+            gained = gained or r >= kernels.GAINED
+        else:
+            if gained:
+                continue
+        break
+    return spent
 
 
 def repack(classes: list[Item], flat: Flat, on: list[dict[int, list[int]]],
             left: list[list[int]], deadline: float, effort: int) -> int:
-    """Re-solve, one GPU at a time, the knapsack of its own items and the pending ones,
-    and keep the filling of most value (never less than the GPU had). Repeats while a
-    round improves, up to three rounds, or until the deadline. Only GPUs that took items
-    in this decision are re-solved: after the greedy pass and `_swap`, no pending item
-    fits anywhere as the plan stands."""
-    node_of = flat.node_of
-    by_arch = _densest(classes, flat)
-    spent = 0
-    changes = 0  # GPUs improved so far: the pending pool changed
-    solved_at = [-1] * len(flat)  # `changes` when a GPU was last solved without gain
-    for _ in range(_REPACK_ROUNDS):
-        improved = False
-        for g in range(len(flat)):
-            if not any(on[g].values()) or solved_at[g] == changes:
-                continue
-            if spent >= effort or time.perf_counter() > deadline:
-                return spent
-            better, cost = _repack_gpu(g, by_arch[flat.arch[g]], classes, flat, on[g], left,
-                                       node_of[g], min(effort - spent, _REPACK_NODES))
-            spent += cost
-            if better:
-                changes += 1
-                improved = True
-            else:
-                solved_at[g] = changes
-        if not improved:
-            break
-    return spent
+    """Re-solve, one GPU at a time, the knapsack of its own items and the pending ones
+    (`kernels.repack_gpu`), and keep the filling of most value (never less than the GPU
+    had). Repeats while a round improves, up to three rounds, or until the deadline.
+    Only GPUs that hold items are re-solved: after the greedy pass and `swap`, no
+    pending item fits anywhere as the plan stands. Returns the effort spent."""
+    def calls(fn: Callable[..., int], st: Counts) -> RoundCalls:
+        # Kept across rounds: a GPU solved without gain is not solved again until the
+        # pending pool changes.
+        solved_at = st.new(st.G, -1)
+        changes = st.new(1, 0)
 
-
-def _repack_gpu(g: int, rows: list[tuple[int, Need, int]], classes: list[Item], flat: Flat,
-                own: dict[int, list[int]], left: list[list[int]], node: int,
-                limit: int) -> tuple[bool, int]:
-    """One GPU's knapsack, in at most `limit` nodes: whether it improved, and its cost
-    (the nodes searched plus the candidate classes it weighed)."""
-    a = flat.arch[g]
-    old_value = 0
-    for c, its in own.items():
-        need = classes[c].needs[a]
-        for _ in its:
-            flat.give(g, need)
-        old_value += classes[c].value * len(its)
-    cap_c, cap_m, cap_k = flat.compute[g], flat.memory[g], flat.node_cores[node]
-    cap_s = flat.slots[g]
-    cand: list[tuple[int, Need, int, int]] = []
-    mine: list[tuple[int, Need, int, int]] = []
-    for c, want, v in rows:
-        avail = len(left[c])
-        held = len(own.get(c, ()))
-        if (avail or held) and want.compute <= cap_c and want.memory <= cap_m \
-                and want.cores <= cap_k:
-            if len(cand) < _REPACK_CLASSES:
-                cand.append((c, want, v, avail + held))
-            elif held:
-                # The GPU's own classes always stay candidates: the old filling stays
-                # reachable.
-                mine.append((c, want, v, avail + held))
-    cand += mine
-    m = len(cand)
-    # Upper bound from position i on: what the tightest resource left could hold at the
-    # best value per unit of it among the remaining classes.
-    inf = float("inf")
-    per_c = [0.0] * (m + 1)
-    per_m = [0.0] * (m + 1)
-    per_k = [0.0] * (m + 1)
-    for i in range(m - 1, -1, -1):
-        _, n, v, _ = cand[i]
-        per_c[i] = max(per_c[i + 1], v / n.compute if n.compute else inf)
-        per_m[i] = max(per_m[i + 1], v / n.memory if n.memory else inf)
-        per_k[i] = max(per_k[i + 1], v / n.cores if n.cores else inf)
-    best_value = old_value
-    best: list[int] | None = None
-    counts = [0] * m
-    nodes = 0
-    # Depth-first over classes, most of each first; an explicit stack (no recursion).
-    stack: list[tuple[int, int, int, int, int, int, int]] = [(0, 0, cap_c, cap_m, cap_k, cap_s, -1)]
-    while stack and nodes < limit:
-        i, value, rc, rm, rk, rs, k = stack.pop()
-        if k >= 0:
-            counts[i - 1] = k
-            for j in range(i, m):
-                counts[j] = 0
-        nodes += 1
-        if value > best_value:
-            best_value = value
-            best = counts[:i] + [0] * (m - i)
-        if i == m:
-            continue
-        bound = min(rc * per_c[i], rm * per_m[i], rk * per_k[i])
-        if value + bound <= best_value:
-            continue
-        _, n, v, avail = cand[i]
-        q = min(avail, rs)
-        if n.compute:
-            q = min(q, rc // n.compute)
-        if n.memory:
-            q = min(q, rm // n.memory)
-        if n.cores:
-            q = min(q, rk // n.cores)
-        for k in range(0, q + 1):  # pushed last is explored first: the most of it
-            stack.append((i + 1, value + k * v, rc - k * n.compute, rm - k * n.memory,
-                          rk - k * n.cores, rs - k, k))
-    if best is None:
-        for c, its in own.items():
-            need = classes[c].needs[a]
-            for _ in its:
-                flat.take(g, need)
-        return False, nodes + m
-    for c, its in own.items():
-        left[c].extend(reversed(its))
-        its.clear()
-    _fill(g, {c: k for (c, _, _, _), k in zip(cand, best, strict=True) if k}, classes, flat,
-          own, left)
-    return True, nodes + m
+        def one_round() -> Iterator[Callable[[int], int]]:
+            yield lambda budget: fn(st.G, st.C, *st.cols, budget, st.work, solved_at, changes)
+        return one_round
+    return _rounds("repack_round", classes, flat, on, left, deadline, effort, calls)
 
 
 def _densest(classes: list[Item], flat: Flat) -> dict[str, list[tuple[int, Need, int]]]:
@@ -210,72 +226,31 @@ def held(classes: list[Item], own: dict[int, list[int]]) -> int:
     return sum(classes[c].value * len(its) for c, its in own.items())
 
 
-def _empty(g: int, classes: list[Item], flat: Flat, own: dict[int, list[int]],
-           left: list[list[int]]) -> None:
-    """Give GPU g's items back to the pending pool (longest first again on pop())."""
-    a = flat.arch[g]
-    for c, its in own.items():
-        need = classes[c].needs[a]
-        for _ in its:
-            flat.give(g, need)
-        left[c].extend(reversed(its))
-    own.clear()
-
-
-def _fill(g: int, counts: dict[int, int], classes: list[Item], flat: Flat,
-          own: dict[int, list[int]], left: list[list[int]]) -> None:
-    """Place `counts` items of each class on (emptied) GPU g from the pending pool."""
-    for c, k in counts.items():
-        need = classes[c].needs[flat.arch[g]]
-        for _ in range(k):
-            flat.take(g, need)
-            own.setdefault(c, []).append(left[c].pop())
+def _pair_call(fn: Callable[..., int], st: Counts, saved: Any, g: int, budget: int) -> int:
+    return fn(g, st.G, st.C, *st.cols, budget, st.work, saved)
 
 
 def pairs(classes: list[Item], flat: Flat, on: list[dict[int, list[int]]],
           left: list[list[int]], deadline: float, effort: int) -> int:
-    """Re-solve GPUs two at a time, every ordered pair, until a round gains nothing
-    (at most three rounds), `effort` is spent or the deadline: both GPUs are emptied,
-    then filled in turn from the pending pool by `_repack_gpu`'s knapsack. A pair that
-    ends with less value than it had is put back as it was (the same count of each
-    class, the longest pending members); equal value is kept. Returns the effort spent.
+    """Re-solve GPUs two at a time, every ordered pair (`kernels.pairs_row`), until a
+    round gains nothing (at most three rounds), `effort` is spent or the deadline: both
+    GPUs are emptied, then filled in turn from the pending pool by the one-GPU knapsack.
+    A pair that ends with less value than it had is put back as it was; equal value is
+    kept. Returns the effort spent.
 
     One GPU's knapsack (`repack`) cannot take an item from another GPU; here the first
     GPU of a pair may take the second's items and the second refills from what is left,
     which is how a memory-bound plan trades a compute-heavy item on one GPU for two
     lighter ones on the other. On bench_policies' memory-bound instances this placed
     98.9-99.6 % of CP-SAT's plan where `repack` alone stopped at 98.0-98.5 %."""
-    by_arch = _densest(classes, flat)
-    node_of = flat.node_of
-    spent = 0
+    fn = kernels.compiled("pairs_row")
+    st = Counts(classes, flat, on, left, fast=fn is not None)
+    saved = st.new(3 * st.C, 0)
+    pair = fn or kernels.pairs_row
 
-    def counts(own: dict[int, list[int]]) -> dict[int, int]:
-        return {c: len(its) for c, its in own.items() if its}
-
-    n = len(flat)
-    for _ in range(_REPACK_ROUNDS):
-        improved = False
-        for g in range(n):
-            for h in range(n):
-                if g == h or not (on[g] or on[h]):
-                    continue
-                if spent >= effort or time.perf_counter() > deadline:
-                    return spent
-                old = held(classes, on[g]) + held(classes, on[h])
-                was = (counts(on[g]), counts(on[h]))
-                _empty(g, classes, flat, on[g], left)
-                _empty(h, classes, flat, on[h], left)
-                for x in (g, h):
-                    spent += _repack_gpu(x, by_arch[flat.arch[x]], classes, flat, on[x], left,
-                                         node_of[x], _REPACK_NODES)[1]
-                new = held(classes, on[g]) + held(classes, on[h])
-                if new < old:
-                    _empty(g, classes, flat, on[g], left)
-                    _empty(h, classes, flat, on[h], left)
-                    _fill(g, was[0], classes, flat, on[g], left)
-                    _fill(h, was[1], classes, flat, on[h], left)
-                elif new > old:
-                    improved = True
-        if not improved:
-            break
+    def one_round() -> Iterator[Callable[[int], int]]:
+        for g in range(st.G):
+            yield functools.partial(_pair_call, pair, st, saved, g)
+    spent = _run(one_round, deadline, effort)
+    st.apply(classes, flat, on, left)
     return spent

@@ -4,8 +4,8 @@ unknown.
 Built in: `auto` (eft unless pack places clearly more; see `auto`), the
 paper's greedy rules (ff, ffd, wf, wfd; option hetero), `eft` (earliest finish, the
 default; option hetero; see `greedy.EarliestFinishPolicy`), `pack` (a composed policy, see
-`compose`; options order, score, improve, budget_ms, effort, portfolio, hetero) and
-`optimal` (CP-SAT; options time_limit_s, workers, seed).
+`compose`; options order, score, improve, budget_ms, effort, pairs_effort, portfolio,
+hetero, lp) and `optimal` (CP-SAT; options time_limit_s, workers, seed).
 
 A user adds a policy without editing the project, in Python:
 

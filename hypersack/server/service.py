@@ -62,6 +62,7 @@ from hypersack.orchestrator.events import (
     TrialsAsked,
 )
 from hypersack.orchestrator.orchestrator import BatchResult
+from hypersack.policies import kernels
 from hypersack.policies.registry import policy_names
 from hypersack.sampler.profiles import select_profiles, to_import
 from hypersack.server.gcpolicy import FullCollections
@@ -142,6 +143,9 @@ class SchedulerService:
     # ----------------------------------------------------------------- lifecycle
     def start(self) -> None:
         self.full_gc.start()
+        # pack's compiled knapsacks (also auto's), compiled off the decision thread: its
+        # decisions run the plain kernels until they are ready.
+        kernels.warm()
         keep_out_of_gc()  # what the orchestrator restored
         self._ticker = threading.Thread(target=self._supervised, args=(self._tick_loop,),
                                         name="hypersack-ticker", daemon=True)

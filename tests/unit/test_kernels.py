@@ -1,0 +1,223 @@
+"""The knapsack kernels of `pack`'s improvement stages: one GPU's branch and bound finds
+the optimum when it may search enough, the compiled rounds (numba) give exactly the
+plain rounds' counts, and `pack` places the same work whichever path runs."""
+
+from __future__ import annotations
+
+import itertools
+import random
+
+import pytest
+
+from hypersack.policies import ClusterView, GpuBin, Item, Need, NodeBin, kernels, make_policy
+from hypersack.policies.base import Flat, classes
+from hypersack.policies.improve import Counts, _densest
+from hypersack.policies.plans import check_plan
+
+
+def random_view(rng: random.Random, nodes: int, per: int) -> ClusterView:
+    out = []
+    for n in range(nodes):
+        arch, comp, mem = rng.choice((("A100", 30000, 40960), ("H100", 25000, 81920)))
+        slots = rng.choice((4, 8, None))
+        gpus = tuple(GpuBin(f"n{n}", g, arch, comp, mem, comp, mem, slots) for g in range(per))
+        cores = rng.choice((16000, 32000, 48000))
+        out.append(NodeBin(f"n{n}", cores, gpus, cores))
+    return ClusterView(tuple(out))
+
+
+def random_items(rng: random.Random, n: int, kinds: int) -> list[Item]:
+    shapes = []
+    for _ in range(kinds):
+        c = rng.choice((0, 1000, 2500, 4000, 7000, 12000))
+        m = rng.choice((2000, 6000, 10000, 20000, 30000))
+        k = rng.choice((1000, 2000, 4000, 8000))
+        needs = {"A100": Need(c, m, k), "H100": Need(int(c * 0.8), m, k)}
+        shapes.append((needs, rng.uniform(60, 900)))
+    items = []
+    for i in range(n):
+        needs, run = rng.choice(shapes)
+        items.append(Item(f"t{i}", needs, run_time_s=run))
+    return items
+
+
+def counts_after(name: str, fast: bool, seed: int) -> tuple[list[int], list[int], int]:
+    """Run one round kernel, compiled or plain, from a greedy start on a random
+    instance: the counts per GPU and class, what is pending, and the effort spent."""
+    rng = random.Random(seed)
+    view = random_view(rng, rng.randint(1, 4), rng.randint(1, 4))
+    items = random_items(rng, rng.randint(5, 60), rng.randint(1, 9))
+    reps, members = classes(items)
+    flat = Flat(view)
+    on: list[dict[int, list[int]]] = [{} for _ in range(len(flat))]
+    left = [list(reversed(m)) for m in members]
+    # A poor start: first fit in class order.
+    for c, rep in enumerate(reps):
+        for g in range(len(flat)):
+            need = rep.needs[flat.arch[g]]
+            while left[c] and flat.fits(g, need) and rng.random() < 0.7:
+                flat.take(g, need)
+                on[g].setdefault(c, []).append(left[c].pop())
+    st = Counts(reps, flat, on, left, fast=fast)
+    fn = kernels.compiled(name) if fast else getattr(kernels, name)
+    assert fn is not None
+    spent = 0
+    if name == "pairs_row":
+        saved = st.new(3 * st.C, 0)
+        for g in range(st.G):
+            spent += fn(g, st.G, st.C, *st.cols, 10**9, st.work, saved) % kernels.GAINED
+    else:
+        solved_at, changes = st.new(st.G, -1), st.new(1, 0)
+        spent += fn(st.G, st.C, *st.cols, 10**9, st.work, solved_at, changes) % kernels.GAINED
+    return [int(x) for x in st.cols[12]], [int(x) for x in st.cols[13]], spent
+
+
+def test_one_gpus_knapsack_is_exact_when_it_may_search_enough() -> None:
+    rng = random.Random(7)
+    for _ in range(200):
+        C = rng.randint(1, 4)
+        need_c = [rng.choice((0, 3, 5, 8)) for _ in range(C)]
+        need_m = [rng.choice((1, 2, 4, 7)) for _ in range(C)]
+        need_k = [rng.choice((0, 1, 2)) for _ in range(C)]
+        value = [rng.randint(1, 9) for _ in range(C)]
+        avail = [rng.randint(0, 4) for _ in range(C)]
+        cap = (rng.randint(0, 20), rng.randint(0, 20), rng.randint(0, 6), rng.randint(0, 6))
+        best = 0
+        for ks in itertools.product(*(range(a + 1) for a in avail)):
+            if (sum(k * n for k, n in zip(ks, need_c, strict=True)) <= cap[0]
+                    and sum(k * n for k, n in zip(ks, need_m, strict=True)) <= cap[1]
+                    and sum(ks) <= cap[2]
+                    and sum(k * n for k, n in zip(ks, need_k, strict=True)) <= cap[3]):
+                best = max(best, sum(k * v for k, v in zip(ks, value, strict=True)))
+        comp, mem, slots, cores = [cap[0]], [cap[1]], [cap[2]], [cap[3]]
+        on, left, tot = [0] * C, list(avail), [0]
+        work = [0] * kernels.scratch_size(C, sum(avail))
+        kernels.repack_gpu(0, C, comp, mem, slots, cores, [0], [0], need_c, need_m, need_k,
+                           value, list(range(C)), [C], on, left, tot, 10**9, work)
+        assert sum(k * v for k, v in zip(on, value, strict=True)) == best
+        assert min(comp[0], mem[0], slots[0], cores[0]) >= 0
+        assert [o + x for o, x in zip(on, left, strict=True)] == avail
+
+
+def test_the_node_limit_bounds_the_search_and_the_gpu_keeps_its_own_filling() -> None:
+    # Two classes: the GPU holds one item of the dense class; with one node searched
+    # nothing better is found, and everything stays as it was.
+    need_c, need_m, need_k, value = [5, 5], [1, 1], [0, 0], [3, 9]
+    comp, mem, slots, cores = [5], [9], [1], [0]
+    on, left, tot = [0, 1], [4, 0], [1]
+    comp[0] -= 5
+    mem[0] -= 1
+    slots[0] -= 1
+    work = [0] * kernels.scratch_size(2, 5)
+    cost = kernels.repack_gpu(0, 2, comp, mem, slots, cores, [0], [0], need_c, need_m,
+                              need_k, value, [1, 0], [2], on, left, tot, 1, work)
+    assert cost < 0  # no gain, reported as a negative cost
+    assert (on, left, comp, mem, slots) == ([0, 1], [4, 0], [0], [8], [0])
+
+
+needs_numba = pytest.mark.skipif(not kernels.compile_now(), reason="numba is not installed")
+
+
+@needs_numba
+@pytest.mark.parametrize("name", kernels.ROUNDS)
+def test_the_compiled_rounds_give_the_plain_rounds_counts(name: str) -> None:
+    for seed in range(40):
+        assert counts_after(name, True, seed) == counts_after(name, False, seed), seed
+
+
+@needs_numba
+def test_pack_places_the_same_whichever_path_runs(monkeypatch: pytest.MonkeyPatch) -> None:
+    rng = random.Random(3)
+    for _ in range(6):
+        view = random_view(rng, 3, 4)
+        items = random_items(rng, 120, 8)
+        plans = {}
+        for fast in (True, False):
+            if not fast:
+                monkeypatch.setattr(kernels, "_compiled", {})
+            plan = make_policy("pack", improve="pairs", budget_ms=60_000).place(items, view)
+            check_plan(items, view, plan)
+            plans[fast] = plan
+        monkeypatch.undo()
+        assert plans[True].objective == plans[False].objective
+        assert len(plans[True].placements) == len(plans[False].placements)
+
+
+def test_counts_go_back_to_items_that_fit() -> None:
+    rng = random.Random(11)
+    view = random_view(rng, 2, 3)
+    items = random_items(rng, 50, 5)
+    reps, members = classes(items)
+    flat = Flat(view)
+    on: list[dict[int, list[int]]] = [{} for _ in range(len(flat))]
+    left = [list(reversed(m)) for m in members]
+    st = Counts(reps, flat, on, left, fast=False)
+    saved = st.new(3 * st.C, 0)
+    for g in range(st.G):
+        kernels.pairs_row(g, st.G, st.C, *st.cols, 10**9, st.work, saved)
+    st.apply(reps, flat, on, left)
+    placed = {i for own in on for its in own.values() for i in its}
+    pending = {i for its in left for i in its}
+    assert not placed & pending and len(placed | pending) == len(items)
+    assert min(flat.compute) >= 0 and min(flat.memory) >= 0 and min(flat.node_cores) >= 0
+    assert [len(own.get(c, ())) for own in on for c in range(st.C)] == list(st.cols[12])
+    assert _densest(reps, flat)  # every class runs somewhere
+
+
+@pytest.mark.parametrize("why", ["no numba", "HYPERSACK_KERNELS=plain"])
+def test_without_the_compiler_the_plain_rounds_serve(monkeypatch: pytest.MonkeyPatch,
+                                                     why: str) -> None:
+    monkeypatch.setattr(kernels, "_state", "unknown")
+    monkeypatch.setattr(kernels, "_compiled", {})
+    if why == "no numba":
+        monkeypatch.setitem(__import__("sys").modules, "numba", None)  # import fails
+    else:
+        monkeypatch.setenv("HYPERSACK_KERNELS", "plain")
+    assert kernels.compile_now() is False
+    assert kernels._state == "missing" and kernels.compiled("pairs_row") is None
+    rng = random.Random(5)
+    view = random_view(rng, 2, 4)
+    items = random_items(rng, 80, 6)
+    plan = make_policy("pack").place(items, view)
+    check_plan(items, view, plan)
+    assert plan.placements
+
+
+def test_the_first_ask_compiles_unless_the_server_warms_in_the_background(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    import threading
+
+    calls: list[str] = []
+    release = threading.Event()
+
+    def compile_now() -> bool:
+        calls.append(threading.current_thread().name)
+        if threading.current_thread().name == "hypersack-kernels":
+            kernels._state = "compiling"
+            release.wait(5)
+        kernels._compiled["pairs_row"] = kernels.pairs_row
+        kernels._state = "ready"
+        return True
+
+    monkeypatch.setattr(kernels, "_state", "unknown")
+    monkeypatch.setattr(kernels, "_compiled", {})
+    monkeypatch.setattr(kernels, "compile_now", compile_now)
+    # A library call (the CLI, a script) compiles on its first ask.
+    assert kernels.compiled("pairs_row") is kernels.pairs_row
+    assert calls == [threading.current_thread().name]
+    # The server warms in the background: meanwhile the plain rounds serve.
+    monkeypatch.setattr(kernels, "_state", "unknown")
+    monkeypatch.setattr(kernels, "_compiled", {})
+    kernels.warm()
+    for _ in range(100):
+        if kernels._state == "compiling":
+            break
+        __import__("time").sleep(0.02)
+    assert kernels.compiled("pairs_row") is None
+    release.set()
+    for _ in range(100):
+        if kernels._state == "ready":
+            break
+        __import__("time").sleep(0.02)
+    assert kernels.compiled("pairs_row") is kernels.pairs_row
+    assert calls[1] == "hypersack-kernels"
