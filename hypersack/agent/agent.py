@@ -7,7 +7,6 @@ exits it reported just before the stream broke, so no result is lost.
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import queue
@@ -16,7 +15,6 @@ import subprocess
 import threading
 import time
 from collections.abc import Iterable, Iterator
-from dataclasses import fields
 from pathlib import Path
 
 import grpc
@@ -26,32 +24,27 @@ from hypersack._proto.v1 import hypersack_pb2 as pb
 from hypersack._proto.v1 import hypersack_pb2_grpc as pb_grpc
 from hypersack.agent.accounts import TrialUsers
 from hypersack.agent.checkpoints import Checkpoints
+from hypersack.agent.commands import LaunchCommands
 from hypersack.agent.devices import DeviceBackend, DeviceState
 from hypersack.agent.fence import FENCED_MARK, Lease, fence_of, kill_grace_of, watchdog_argv
-from hypersack.agent.groups import MemberJob, fused_argv, fused_spec
+from hypersack.agent.groups import MemberJob
 from hypersack.agent.guard import CommandPolicy, clean_env
 from hypersack.agent.launcher import (
     KILL_GRACE_S,
     LOG_MAX_BYTES,
     Job,
-    argv_for,
-    job_dir,
-    job_key,
     node_dir,
-    preload_of,
-    safe_part,
 )
 from hypersack.agent.ledger import MAX_UNACKED, Beats, Unacked
 from hypersack.agent.mps import TIME_SLICING, MpsControl
 from hypersack.agent.procs import Records, kill_strays
-from hypersack.agent.profile_runs import as_fused_profile, profile_message
+from hypersack.agent.profile_runs import profile_message
 from hypersack.agent.reports import fenced_by_watchdog, metrics_message
-from hypersack.agent.warm import WARM_MARK, WarmPool, WarmProcess
+from hypersack.agent.warm import WARM_MARK, WarmPool
 from hypersack.core import trial_env as sdk
-from hypersack.core.bounds import MAX_FUSED_MEMBERS, clamp
+from hypersack.core.bounds import clamp
 from hypersack.core.errors import HyperSackError, InvalidInput
-from hypersack.core.types import GpuSpec
-from hypersack.wire.convert import LOG_TAIL_CHARS, ack_id, key_from_pb, program_from_pb
+from hypersack.wire.convert import LOG_TAIL_CHARS, ack_id
 
 log = logging.getLogger(__name__)
 
@@ -83,7 +76,7 @@ class _Exited:
     """A warm trial ended: poll now rather than at the next interval."""
 
 
-class Agent:
+class Agent(LaunchCommands):
     def __init__(self, server: str, node: str, backend: DeviceBackend, workdir: Path, *,
                  poll_interval_s: float = 0.2, reconnect_max_s: float = 10.0,
                  duplicate_timeout_s: float = 60.0, kill_on_stop: bool = True,
@@ -405,24 +398,6 @@ class Agent:
             job.fenced = True
             job.kill()
 
-    def _guard(self, job: Job) -> None:
-        """Start the watchdog that fences the job's process group (see agent.fence; a
-        warm start's was started by its warm process as it forked the trial), then let
-        the gated start run its program, unless the lease lapsed meanwhile (a frozen
-        agent that woke): then it never runs, and ends fenced."""
-        if job.proc is not None and not getattr(job.proc, "guarded", False):
-            grace = kill_grace_of(self.heartbeat_timeout_s, KILL_GRACE_S)
-            try:
-                self.watchdogs[job.key] = subprocess.Popen(
-                    watchdog_argv(self.lease.path, job.proc.pid, job.workdir / FENCED_MARK,
-                                  grace),
-                    stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                    stderr=subprocess.DEVNULL, start_new_session=True,
-                    env={"PATH": os.environ.get("PATH", "/usr/bin:/bin")})
-            except OSError as exc:  # the agent's own fence still holds while it runs
-                log.warning("%s: no fence watchdog: %s", job.id, exc)
-        job.release(fenced=self.lease.lapsed())
-
     def _reap_watchdogs(self) -> None:
         for key in [k for k, w in self.watchdogs.items() if w.poll() is not None]:
             del self.watchdogs[key]
@@ -507,184 +482,6 @@ class Agent:
                 self.lease.renew(sent + self.fence_s)
             return
         self._unacked.forget(ack)
-
-    def _running_ids(self) -> set[str]:
-        """The trials with an attempt still running on this node."""
-        return {j.id for j in self.jobs.values() if j.exit_code is None}
-
-    def _attempts(self, trial_id: str, attempts: Iterable[int] | None) -> list[Job]:
-        """This node's jobs of a trial in those attempts (None: in any attempt)."""
-        if attempts is None:
-            return [j for j in self.jobs.values() if j.id == trial_id and not j.profile]
-        found = (self.jobs.get(job_key(trial_id, a)) for a in attempts)
-        return [j for j in found if j is not None]
-
-    def _job(self, job_id: str, study_id: str, group: str, gpu_index: int,
-             program: pb.Program, params_json: str, epochs: float,
-             extra_env: dict[str, str] | None = None, profile: bool = False, attempt: int = 0,
-             owner: str = "") -> tuple[Job, GpuSpec]:
-        """A trial or profile process, not yet started: its argument list, work directory
-        and environment. Raises HyperSackError or ValueError if it cannot run here."""
-        device = next((d for d in self.backend.devices() if d.index == gpu_index), None)
-        if device is None:
-            raise HyperSackError(f"this node has no device {gpu_index}")
-        workdir = job_dir(self.node_dir, group, job_id)
-        if attempt:
-            workdir = workdir / f"attempt-{attempt}"  # each attempt writes its own files
-        if self.owner and owner != self.owner:
-            raise HyperSackError(f"this agent runs the trials of {self.owner} only, not of "
-                                 f"{owner or 'nobody'} (--owner)")
-        account = self.users.account_for(owner)
-        fields = {**json.loads(params_json or "{}"), "epochs": epochs, "trial_id": job_id,
-                  "study_id": study_id, "workdir": str(workdir.resolve())}
-        parsed = program_from_pb(program)
-        argv = argv_for(parsed, fields)
-        if program.command:  # decided on what runs: the filled argv, its executable resolved
-            env_path = (os.environ if self.base_env is None else self.base_env).get("PATH")
-            argv = self.commands.check(program.command, self.node, argv=argv,
-                                       path=env_path or os.defpath) or argv
-        env = {**self.backend.env_for(device), sdk.ENV_TRIAL_ID: job_id,
-               sdk.ENV_STUDY_ID: study_id, sdk.ENV_PARAMS: params_json or "{}",
-               sdk.ENV_EPOCHS: repr(epochs), sdk.ENV_OPTIONS: program.options_json or "{}",
-               **({sdk.ENV_ATTEMPT: str(attempt)} if attempt else {}), **(extra_env or {})}
-        return Job(job_id, gpu_index, workdir, argv, env, profile=profile, attempt=attempt,
-                   agent_dir=self.agent_dir, log_max_bytes=self.log_max_bytes,
-                   base_env=self.base_env, account=account, warm=self.warm,
-                   preload=preload_of(parsed)), device
-
-    def _launch(self, m: pb.LaunchTrial, outbox: queue.Queue[pb.AgentMessage | None]) -> None:
-        same = self.jobs.get(job_key(m.trial_id, m.attempt))
-        if same is not None and same.exit_code is None:
-            return  # already running (a repeated command)
-        for old in self._attempts(m.trial_id, range(1, m.attempt)):
-            if old.exit_code is None:
-                log.info("%s: attempt %d supersedes attempt %d", old.id, m.attempt, old.attempt)
-                old.kill()
-        try:
-            mps_env = self.mps.client_env(m.gpu_index, m.compute_pct, m.memory_mib) \
-                if self.mps is not None else {}
-            job, _ = self._job(m.trial_id, m.study_id, m.study_id, m.gpu_index, m.program,
-                               m.params_json, m.epochs, {**mps_env, **self.checkpoints.rung_env(m)},
-                               attempt=m.attempt, owner=m.owner)
-            job.start(gated=True)
-        except (HyperSackError, ValueError, OSError) as exc:
-            self._send(outbox, pb.AgentMessage(exited=pb.TrialExited(
-                trial_id=m.trial_id, exit_code=127, log_tail=f"cannot launch: {exc}",
-                attempt=m.attempt)), m.gpu_index)
-            return
-        # Its fence first, then the program (`_guard`), then the pid record: an agent
-        # frozen before the watchdog runs (SIGSTOP, a stalled disk under the record's
-        # write) must not leave the trial running unfenced while the server runs it
-        # elsewhere.
-        self._guard(job)
-        if job.proc is not None:
-            self.records.add(job.key, job.proc.pid, job.attempt)
-        with self.jobs_lock:
-            self.jobs[job.key] = job
-        log.info("launched %s (attempt %d) on device %d%s: %s", m.trial_id, m.attempt,
-                 m.gpu_index, ", warm" if isinstance(job.proc, WarmProcess) else "",
-                 " ".join(job.argv))
-        outbox.put(pb.AgentMessage(started=pb.TrialStarted(trial_id=m.trial_id,
-                                                           attempt=m.attempt)))
-
-    def _launch_group(self, g: pb.LaunchGroup, outbox: queue.Queue[pb.AgentMessage | None]
-                      ) -> None:
-        """A fused group: one process (`hypersack.runner.fused_train`) for its members,
-        each tracked, reported and killed as its own trial."""
-        members = list(g.members)
-        if all((j := self.jobs.get(job_key(m.trial_id, m.attempt))) is not None
-               and j.exit_code is None for m in members):
-            return  # already running (a repeated command)
-        for m in members:
-            for old in self._attempts(m.trial_id, range(1, m.attempt)):
-                if old.exit_code is None:
-                    old.kill()
-        try:
-            if not 1 <= len(members) <= MAX_FUSED_MEMBERS:
-                raise HyperSackError(f"a fused group of {len(members)} members: 1 to "
-                                     f"{MAX_FUSED_MEMBERS} expected")
-            first = members[0]
-            if first.program.builtin != "train" or any(
-                    m.study_id != first.study_id or m.owner != first.owner
-                    or m.params_json == "" for m in members):
-                raise HyperSackError("a fused group trains the built-in trainer's models, "
-                                     "one study's trials of one owner")
-            key = key_from_pb(g.key)
-            mps_env = self.mps.client_env(g.gpu_index, g.compute_pct, g.memory_mib) \
-                if self.mps is not None else {}
-            process, _ = self._job(safe_part(g.group_id), first.study_id, first.study_id,
-                                   g.gpu_index, first.program, first.params_json,
-                                   first.epochs, mps_env, owner=first.owner)
-            process.argv = fused_argv()
-            jobs: list[MemberJob] = []
-            for m in members:
-                base, _ = self._job(m.trial_id, m.study_id, m.study_id, g.gpu_index,
-                                    m.program, m.params_json, m.epochs, attempt=m.attempt,
-                                    owner=m.owner)
-                jobs.append(MemberJob(**{f.name: getattr(base, f.name)
-                                         for f in fields(Job) if f.init}, group=process))
-            for j in jobs:
-                j.siblings = jobs
-            options = json.loads(first.program.options_json or "{}")
-            process.env[sdk.ENV_FUSED] = json.dumps(fused_spec(
-                key, first.epochs, options, [(j.id, json.loads(m.params_json or "{}"),
-                                              j.metrics_path, j.stop_path)
-                                             for j, m in zip(jobs, members, strict=True)],
-                checkpoints=[self.checkpoints.attempt(m.study_id, m.trial_id, m.attempt)
-                             for m in members],
-                stop_at=sdk.epoch_count(first.stop_at_epoch)))
-            for j in jobs:
-                j.start()
-            process.start(gated=True)
-        except (HyperSackError, ValueError, OSError) as exc:
-            for m in members:
-                self._send(outbox, pb.AgentMessage(exited=pb.TrialExited(
-                    trial_id=m.trial_id, exit_code=127, log_tail=f"cannot launch: {exc}",
-                    attempt=m.attempt)), g.gpu_index)
-            return
-        self._guard(process)  # its fence first, as a trial's (_launch)
-        if process.proc is not None:
-            self.records.add(process.key, process.proc.pid, 0)
-        with self.jobs_lock:
-            self.groups[process.key] = process
-            for j in jobs:
-                self.jobs[j.key] = j
-        log.info("launched fused group %s (%d members) on device %d", g.group_id, len(jobs),
-                 g.gpu_index)
-        for j in jobs:
-            outbox.put(pb.AgentMessage(started=pb.TrialStarted(trial_id=j.id,
-                                                               attempt=j.attempt)))
-
-    def _profile(self, m: pb.ProfileWorkload, outbox: queue.Queue[pb.AgentMessage | None]
-                 ) -> None:
-        try:
-            key = key_from_pb(m.key)
-            job_id = f"profile-{key.label()}-{m.arch}"
-            same = self.jobs.get(job_id)
-            if same is not None and same.exit_code is None:
-                return  # already running (the server asked again after a reconnection)
-            # A profile run has its GPU to itself: an MPS client with all of it.
-            mps_env = self.mps.client_env(m.gpu_index, 100.0, None) \
-                if self.mps is not None else {}
-            job, device = self._job(
-                job_id, "profile", "profiles", m.gpu_index, m.program, m.params_json, m.epochs,
-                {sdk.ENV_PROFILE_ITERATIONS: str(m.iterations),
-                 sdk.ENV_PROFILE_WARMUP: str(m.warmup), **mps_env}, profile=True,
-                owner=m.owner)
-            if key.fusion_width > 1:
-                as_fused_profile(job, key, m)
-            job.start()
-        except (HyperSackError, ValueError, OSError) as exc:
-            self._send(outbox, pb.AgentMessage(profile=pb.ProfileResult(
-                key=m.key, arch=m.arch, ok=False, error=f"cannot launch: {exc}")), m.gpu_index)
-            return
-        if job.proc is not None:
-            self.backend.start_measuring(device, job.proc.pid)
-            self.records.add(job.key, job.proc.pid, 0)
-        with self.jobs_lock:
-            self.jobs[job_id] = job
-        self._profile_keys[job_id] = m
-        log.info("profiling %s on device %d (%s)", key.label(), m.gpu_index, m.arch)
 
     # ----------------------------------------------------------------- processes
     def _poll(self, outbox: queue.Queue[pb.AgentMessage | None]) -> None:
