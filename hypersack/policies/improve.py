@@ -162,10 +162,14 @@ def _rounds(name: str, classes: list[Item], flat: Flat, on: list[dict[int, list[
     """Run a kernel's rounds (compiled where it is, plain otherwise) until a round gains
     nothing (at most three), `effort` is spent or the deadline; then move the items as
     the counts say. `calls` gives, once, what yields a round's calls (each given the
-    effort left). Returns the effort spent."""
+    effort left). Returns the effort spent, the counts' size (GPUs x classes) included:
+    where that alone is past `effort`, nothing runs."""
+    size = len(flat) * len(classes)
+    if size > effort:
+        return 0  # the counts alone would cost more than the allowance
     fn = kernels.compiled(name)
     st = Counts(classes, flat, on, left, fast=fn is not None)
-    spent = _run(calls(fn or getattr(kernels, name), st), deadline, effort)
+    spent = size + _run(calls(fn or getattr(kernels, name), st), deadline, effort - size)
     st.apply(classes, flat, on, left)
     return spent
 
@@ -243,14 +247,11 @@ def pairs(classes: list[Item], flat: Flat, on: list[dict[int, list[int]]],
     which is how a memory-bound plan trades a compute-heavy item on one GPU for two
     lighter ones on the other. On bench_policies' memory-bound instances this placed
     98.9-99.6 % of CP-SAT's plan where `repack` alone stopped at 98.0-98.5 %."""
-    fn = kernels.compiled("pairs_row")
-    st = Counts(classes, flat, on, left, fast=fn is not None)
-    saved = st.new(3 * st.C, 0)
-    pair = fn or kernels.pairs_row
+    def calls(fn: Callable[..., int], st: Counts) -> RoundCalls:
+        saved = st.new(3 * st.C, 0)
 
-    def one_round() -> Iterator[Callable[[int], int]]:
-        for g in range(st.G):
-            yield functools.partial(_pair_call, pair, st, saved, g)
-    spent = _run(one_round, deadline, effort)
-    st.apply(classes, flat, on, left)
-    return spent
+        def one_round() -> Iterator[Callable[[int], int]]:
+            for g in range(st.G):
+                yield functools.partial(_pair_call, fn, st, saved, g)
+        return one_round
+    return _rounds("pairs_row", classes, flat, on, left, deadline, effort, calls)

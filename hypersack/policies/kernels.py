@@ -61,8 +61,8 @@ def repack_gpu(g: int, C: int, comp: Any, mem: Any, slots: Any, cores: Any, node
     """Re-solve GPU g's knapsack: its own items and the pending ones, within compute,
     memory, the node's free cores and slots, by depth-first branch and bound over
     classes (the most of each first) in at most `limit` nodes. The GPU keeps the filling
-    of most value (its own unless strictly beaten). Returns the cost: nodes searched
-    plus candidate classes, negated when nothing improved."""
+    of most value (its own unless strictly beaten). Returns the cost: nodes searched,
+    candidate classes and the classes walked (C), negated when nothing improved."""
     a = arch_of[g]
     node = node_of[g]
     base = a * C
@@ -200,7 +200,7 @@ def repack_gpu(g: int, C: int, comp: Any, mem: Any, slots: Any, cores: Any, node
                 mem[g] -= k * need_m[base + c]
                 slots[g] -= k
                 cores[node] -= k * need_k[base + c]
-        return -(nodes + m)
+        return -(nodes + m + C)
     for c in range(C):
         left[c] += on[row0 + c]
         on[row0 + c] = 0
@@ -217,7 +217,7 @@ def repack_gpu(g: int, C: int, comp: Any, mem: Any, slots: Any, cores: Any, node
             slots[g] -= k
             cores[node] -= k * need_k[base + c]
     tot[g] = total
-    return nodes + m
+    return nodes + m + C
 
 
 def _bound(r: int, per: int) -> int:
@@ -282,6 +282,7 @@ def pairs_row(g: int, G: int, C: int, comp: Any, mem: Any, slots: Any, cores: An
               left, tot, saved, zero)
         _move(h, C, comp, mem, slots, cores, node_of, arch_of, need_c, need_m, need_k, on,
               left, tot, saved, zero)
+        spent += C  # the pair's own walks over the classes
         for x in (g, h):
             cost = repack_gpu(x, C, comp, mem, slots, cores, node_of, arch_of, need_c,
                               need_m, need_k, value, rows, nrows, on, left, tot, NODES, work)

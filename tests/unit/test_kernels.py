@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import itertools
 import random
+from typing import Any
 
 import pytest
 
@@ -221,3 +222,46 @@ def test_the_first_ask_compiles_unless_the_server_warms_in_the_background(
         __import__("time").sleep(0.02)
     assert kernels.compiled("pairs_row") is kernels.pairs_row
     assert calls[1] == "hypersack-kernels"
+
+
+def test_pairs_do_nothing_where_the_counts_alone_cost_more_than_their_allowance(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    # GPUs x classes is the cost of the counts pairs work on: a decision of many
+    # distinct trials on many GPUs (here 12 x 30 = 360) with an allowance below it skips
+    # the pairs (a real one: 10,000 distinct trials on 1,000 GPUs), as repack does.
+    rng = random.Random(9)
+    view = random_view(rng, 3, 4)
+    items = [Item(f"t{i}", {"A100": Need(1000 + 37 * i, 30000, 1000),
+                            "H100": Need(800 + 29 * i, 30000, 1000)}, run_time_s=100.0 + i)
+             for i in range(30)]
+    assert len(classes(items)[0]) == 30
+    rows: list[int] = []
+    plain = kernels.pairs_row
+
+    def counted(g: int, *args: object) -> int:
+        rows.append(g)
+        return plain(g, *args)  # type: ignore[arg-type]
+
+    from hypersack.policies import improve
+
+    built: list[int] = []
+
+    class CountedCounts(Counts):
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            built.append(1)
+            super().__init__(*args, **kwargs)
+
+    monkeypatch.setattr(kernels, "_compiled", {})
+    monkeypatch.setattr(kernels, "_state", "missing")
+    monkeypatch.setattr(kernels, "pairs_row", counted)
+    monkeypatch.setattr(improve, "Counts", CountedCounts)
+    counts_built = {}
+    for allowance, runs in ((359, False), (10_000, True)):
+        rows.clear()
+        built.clear()
+        plan = make_policy("pack", pairs_effort=allowance, budget_ms=60_000).place(items, view)
+        check_plan(items, view, plan)
+        assert bool(rows) == runs, allowance
+        counts_built[allowance] = len(built)
+    # Below the allowance the counts are not even built.
+    assert counts_built[10_000] == counts_built[359] + 1
