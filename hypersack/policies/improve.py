@@ -107,6 +107,11 @@ class Counts:
             list(flat.node_of), [arch_index[a] for a in flat.arch], need_c, need_m, need_k,
             [rep.value for rep in classes], rows, nrows, counts, [len(x) for x in left], tot]
         size = kernels.scratch_size(C, sum(tot) + sum(len(x) for x in left))
+        # The compiled kernels' int64 products stay exact below 2^31 (kernels._bound);
+        # larger numbers (no real GPU's) go to the plain kernels' Python integers.
+        fast = fast and max(max(col, default=0) for col in (cols[0], cols[1], cols[3], need_c,
+                                                             need_m, need_k, cols[9])) < 1 << 31
+        self.fast = fast
         if fast:
             import numpy as np
 
@@ -169,7 +174,9 @@ def _rounds(name: str, classes: list[Item], flat: Flat, on: list[dict[int, list[
         return 0  # the counts alone would cost more than the allowance
     fn = kernels.compiled(name)
     st = Counts(classes, flat, on, left, fast=fn is not None)
-    spent = size + _run(calls(fn or getattr(kernels, name), st), deadline, effort - size)
+    if not st.fast or fn is None:
+        fn = getattr(kernels, name)
+    spent = size + _run(calls(fn, st), deadline, effort - size)
     st.apply(classes, flat, on, left)
     return spent
 

@@ -226,7 +226,9 @@ def _bound(r: int, per: int) -> int:
         return _INF
     if r <= 0:
         return 0
-    return (r * per) >> 20
+    # r * per / 2^20 in two parts, so that no product leaves int64 when compiled (per
+    # is up to value x 2^20, and r a GPU's MiB or compute units).
+    return r * (per >> 20) + ((r * (per & 0xFFFFF)) >> 20)
 
 
 def _held(g: int, C: int, value: Any, on: Any) -> int:

@@ -116,6 +116,19 @@ def test_the_node_limit_bounds_the_search_and_the_gpu_keeps_its_own_filling() ->
     assert (on, left, comp, mem, slots) == ([0, 1], [4, 0], [0], [8], [0])
 
 
+def test_the_bound_is_exact_and_stays_within_int64() -> None:
+    rng = random.Random(1)
+    # Values, needs and capacities below 2^31 (Counts keeps larger ones to the plain
+    # kernels, in Python's integers).
+    for _ in range(2000):
+        v, n = rng.randint(1, (1 << 31) - 1), rng.randint(1, (1 << 31) - 1)
+        r = rng.randint(0, (1 << 31) - 1)
+        per = kernels._ratio_floor(v, n)
+        assert kernels._bound(r, per) == (r * per) >> 20 >= r * v // n
+        assert (per >> 20) * r < 1 << 63 and (per & 0xFFFFF) * r < 1 << 63
+    assert kernels._bound(0, kernels._ratio_floor(5, 0)) == kernels._INF  # needs none
+
+
 needs_numba = pytest.mark.skipif(not kernels.compile_now(), reason="numba is not installed")
 
 
@@ -265,3 +278,21 @@ def test_pairs_do_nothing_where_the_counts_alone_cost_more_than_their_allowance(
         counts_built[allowance] = len(built)
     # Below the allowance the counts are not even built.
     assert counts_built[10_000] == counts_built[359] + 1
+
+
+@needs_numba
+def test_numbers_past_what_int64_products_hold_go_to_the_plain_kernels() -> None:
+    big = 1 << 40  # MiB no GPU has: the compiled bound's products could overflow
+    view = ClusterView((NodeBin("n", 64000, (GpuBin("n", 0, "A100", 30000, big, 30000, big),
+                                            GpuBin("n", 1, "A100", 30000, big, 30000, big)),
+                                64000),))
+    items = [Item(f"t{i}", {"A100": Need(7000 + i % 3, big // 3, 1000)}, run_time_s=10.0)
+             for i in range(12)]
+    reps, members = classes(items)
+    flat = Flat(view)
+    st = Counts(reps, flat, [{} for _ in range(len(flat))],
+                [list(reversed(m)) for m in members], fast=True)
+    assert not st.fast and isinstance(st.cols[0], list)
+    plan = make_policy("pack").place(items, view)
+    check_plan(items, view, plan)
+    assert len(plan.placements) == 6  # three a GPU, by memory
