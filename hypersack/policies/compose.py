@@ -65,7 +65,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from hypersack.policies import relax
+from hypersack.policies import kernels, relax
 from hypersack.policies.base import (
     ClusterView,
     Flat,
@@ -193,6 +193,11 @@ class ComposedPolicy:
         self.budget_s = opts.budget_ms / 1000.0
 
     def place(self, items: Sequence[Item], cluster: ClusterView) -> Plan:
+        if self.improve in ("repack", "pairs"):
+            # The kernels compile on a process's first ask (unless the server is at it in
+            # the background): before the decision's clock starts, so that neither its
+            # budget nor its solve time holds the compiler's seconds.
+            kernels.compiled("pairs_row")
         if self.hetero:
             return arch_aware(lambda i, c: self._place(i, c, self.budget_s / 2), items, cluster,
                               alone=lambda i, c: self._place(i, c, self.budget_s))

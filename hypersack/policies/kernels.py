@@ -25,6 +25,7 @@ from __future__ import annotations
 import logging
 import os
 import threading
+import time
 import types
 from collections.abc import Callable
 from typing import Any
@@ -361,6 +362,9 @@ def compile_now() -> bool:
     except ImportError:
         fns = {}
     else:
+        began = time.monotonic()
+        log.info("compiling pack's knapsack kernels with numba (about 9 s the first time "
+                 "on a machine, 1-2 s after, from numba's cache)")
         # Cached on disk where the package's folder (or numba's cache folder) is
         # writable; compiled in memory where it is not.
         for cache in (True, False):
@@ -377,6 +381,7 @@ def compile_now() -> bool:
         with _lock:
             _state = "missing"
         return False
+    log.info("pack's knapsack kernels compiled in %.1f s", time.monotonic() - began)
     with _lock:
         _compiled.update(fns)
         _state = "ready"
