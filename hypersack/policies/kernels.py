@@ -411,18 +411,26 @@ def _smoke(fns: dict[str, Callable[..., int]], np: Any) -> None:
 
 def compiled(name: str) -> Callable[..., int] | None:
     """The compiled round `name`, or None where it cannot be compiled or is being
-    compiled in the background (`warm`): the plain rounds serve then, with the same
-    plans. The first ask in a process that did not `warm` compiles it there and then
-    (about 1-2 s from numba's cache, 9 s the first time on a machine)."""
+    compiled in the background: the plain rounds serve then, with the same plans. The
+    first ask in a process compiles it there and then (about 1-2 s from numba's cache,
+    9 s the first time on a machine), or, after `in_background()`, in a background
+    thread while the plain rounds serve."""
     fn = _compiled.get(name)
     if fn is None and _state == "unknown":
-        compile_now()
-        fn = _compiled.get(name)
+        if _background:
+            threading.Thread(target=compile_now, name="hypersack-kernels", daemon=True).start()
+        else:
+            compile_now()
+            fn = _compiled.get(name)
     return fn
 
 
-def warm() -> None:
-    """Compile in a background thread, so that no decision waits for it (the server
-    calls this as it starts; its decisions run the plain rounds until it is done)."""
-    if _state == "unknown":
-        threading.Thread(target=compile_now, name="hypersack-kernels", daemon=True).start()
+_background = False
+
+
+def in_background() -> None:
+    """Compile on the first ask in a background thread, so that no decision waits for it
+    (the server: its decisions run the plain rounds meanwhile). A process that never
+    asks (no `pack` or `auto` decision) never pays for numba's import or memory."""
+    global _background
+    _background = True

@@ -143,9 +143,9 @@ class SchedulerService:
     # ----------------------------------------------------------------- lifecycle
     def start(self) -> None:
         self.full_gc.start()
-        # pack's compiled knapsacks (also auto's), compiled off the decision thread: its
-        # decisions run the plain kernels until they are ready.
-        kernels.warm()
+        # pack's compiled knapsacks (also auto's), compiled off the decision thread when
+        # first asked: its decisions run the plain kernels until they are ready.
+        kernels.in_background()
         keep_out_of_gc()  # what the orchestrator restored
         self._ticker = threading.Thread(target=self._supervised, args=(self._tick_loop,),
                                         name="hypersack-ticker", daemon=True)

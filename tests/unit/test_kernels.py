@@ -197,7 +197,7 @@ def test_without_the_compiler_the_plain_rounds_serve(monkeypatch: pytest.MonkeyP
     assert plan.placements
 
 
-def test_the_first_ask_compiles_unless_the_server_warms_in_the_background(
+def test_the_first_ask_compiles_there_or_in_the_background_for_the_server(
         monkeypatch: pytest.MonkeyPatch) -> None:
     import threading
 
@@ -215,14 +215,18 @@ def test_the_first_ask_compiles_unless_the_server_warms_in_the_background(
 
     monkeypatch.setattr(kernels, "_state", "unknown")
     monkeypatch.setattr(kernels, "_compiled", {})
+    monkeypatch.setattr(kernels, "_background", False)
     monkeypatch.setattr(kernels, "compile_now", compile_now)
     # A library call (the CLI, a script) compiles on its first ask.
     assert kernels.compiled("pairs_row") is kernels.pairs_row
     assert calls == [threading.current_thread().name]
-    # The server warms in the background: meanwhile the plain rounds serve.
+    # The server compiles in the background, and only once asked: meanwhile the plain
+    # rounds serve.
     monkeypatch.setattr(kernels, "_state", "unknown")
     monkeypatch.setattr(kernels, "_compiled", {})
-    kernels.warm()
+    kernels.in_background()
+    assert calls == [threading.current_thread().name]  # nothing asked yet
+    assert kernels.compiled("pairs_row") is None
     for _ in range(100):
         if kernels._state == "compiling":
             break
