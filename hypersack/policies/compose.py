@@ -39,7 +39,7 @@
                        allowance of its own (`pairs_effort`; improve.pairs). It places
                        more where per-GPU moves are stuck (docs/policies.md)
              The knapsacks run compiled where numba is installed and compiled
-             (`kernels`), as plain Python otherwise: the same plan, 4-20x slower
+             (`kernels`), as plain Python otherwise: the same plan, 4-30x slower
     portfolio  the same for two more (order, score) pairs, each started only if it
              would end within the cap at the pace so far; the plan placing most wins
              (ties: the first, this policy's own order and score)

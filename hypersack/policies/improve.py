@@ -10,8 +10,10 @@ with less value placed than it began with.
              knapsack; what one GPU gives up the other may take, which one GPU's knapsack
              alone can never reach
 
-Effort is counted in the knapsacks' nodes and candidate classes, so a plan does not
-depend on the machine's speed unless the deadline cuts the search.
+repack and pairs run on counts per GPU and class (`Counts`), by `kernels`: compiled where
+numba is, plain Python otherwise, with the same plans. Effort is counted in the
+knapsacks' nodes, candidate classes and walks over the classes, and the counts' size, so
+a plan does not depend on the machine's speed unless the deadline cuts the search.
 """
 
 from __future__ import annotations
@@ -102,17 +104,19 @@ class Counts:
                 counts[g * C + c] = len(its)
                 tot[g] += len(its)
         self.G, self.C = G, C
+        compute, memory, cores = list(flat.compute), list(flat.memory), list(flat.node_cores)
+        value = [rep.value for rep in classes]
+        # In the order of the kernels' arguments (kernels' module doc).
         cols: list[list[int]] = [
-            list(flat.compute), list(flat.memory), list(flat.slots), list(flat.node_cores),
-            list(flat.node_of), [arch_index[a] for a in flat.arch], need_c, need_m, need_k,
-            [rep.value for rep in classes], rows, nrows, counts, [len(x) for x in left], tot]
+            compute, memory, list(flat.slots), cores, list(flat.node_of),
+            [arch_index[a] for a in flat.arch], need_c, need_m, need_k, value, rows, nrows,
+            counts, [len(x) for x in left], tot]
         size = kernels.scratch_size(C, sum(tot) + sum(len(x) for x in left))
         # The compiled kernels' int64 products stay exact below 2^31 (kernels._bound);
         # larger numbers (no real GPU's) go to the plain kernels' Python integers.
-        fast = fast and max(max(col, default=0) for col in (cols[0], cols[1], cols[3], need_c,
-                                                             need_m, need_k, cols[9])) < 1 << 31
-        self.fast = fast
-        if fast:
+        self.fast = fast and max(max(col, default=0) for col in (
+            compute, memory, cores, need_c, need_m, need_k, value)) < 1 << 31
+        if self.fast:
             import numpy as np
 
             self.cols: list[Any] = [np.array(col, dtype=np.int64) for col in cols]
@@ -124,8 +128,15 @@ class Counts:
             self.work = [0] * size
             self.new = lambda n, fill: [fill] * n
 
-    def counts(self) -> Any:
+    @property
+    def on(self) -> Any:
+        """Items of each class per GPU (`on[g * C + c]`), as the kernels left them."""
         return self.cols[12]
+
+    @property
+    def left(self) -> Any:
+        """Pending items of each class."""
+        return self.cols[13]
 
     def apply(self, classes: list[Item], flat: Flat, on: list[dict[int, list[int]]],
               left: list[list[int]]) -> None:
@@ -133,7 +144,7 @@ class Counts:
         goes back to the pending pool, then each takes what it gained from it (the pool
         is a stack: the last given back goes out first)."""
         C = self.C
-        new = self.counts()
+        new = self.on
         gained: list[tuple[int, int, int]] = []
         for g, own in enumerate(on):
             a = flat.arch[g]

@@ -3,8 +3,9 @@ by numba where it is installed, run as plain Python where it is not.
 
 The functions below use only what numba's nopython mode and plain Python share: flat
 int64 sequences indexed by position (a 1-D NumPy array when compiled, a list when not),
-integer arithmetic and explicit loops. `pairs_row` is what `improve.pairs` calls; the
-same call gives the same counts either way (tests/unit/test_kernels.py runs both).
+integer arithmetic and explicit loops. The rounds `pairs_row` and `repack_round` are
+what `improve.pairs` and `improve.repack` call; the same call gives the same counts
+either way (tests/unit/test_kernels.py runs both).
 
 Layout of the arguments (G GPUs, C classes, A architectures, N nodes):
 
@@ -17,7 +18,7 @@ Layout of the arguments (G GPUs, C classes, A architectures, N nodes):
                                          densest first
     on[G * C + c], left[C]               items of each class per GPU, and pending
     tot[G]                               items per GPU
-    work                                 scratch (see `scratch`)
+    work                                 scratch (see `scratch_size`)
 """
 
 from __future__ import annotations
@@ -243,7 +244,8 @@ def _held(g: int, C: int, value: Any, on: Any) -> int:
 def _move(g: int, C: int, comp: Any, mem: Any, slots: Any, cores: Any, node_of: Any,
           arch_of: Any, need_c: Any, need_m: Any, need_k: Any, on: Any, left: Any,
           tot: Any, counts: Any, off: int) -> None:
-    """Empty GPU g into the pending pool, then place `counts[off:off + C]` on it."""
+    """Make GPU g hold `counts[off:off + C]`: what it gives up goes to the pending pool,
+    what it gains comes from it."""
     base = arch_of[g] * C
     node = node_of[g]
     row0 = g * C
@@ -268,7 +270,7 @@ def pairs_row(g: int, G: int, C: int, comp: Any, mem: Any, slots: Any, cores: An
     """Every pair (g, h), h != g, in order: both GPUs emptied, then filled in turn (g,
     then h) by `repack_gpu` from the pending pool; put back as they were if the two
     then hold less value (equal is kept: it opens other pairs). Stops before a pair once
-    `budget` is spent. Returns the effort spent, plus `1 << 40` if a pair gained."""
+    `budget` is spent. Returns the effort spent, plus GAINED if a pair gained."""
     spent = 0
     gained = 0
     zero = 2 * C  # saved[2C:3C] stays all zeros: the counts of an emptied GPU
@@ -291,11 +293,7 @@ def pairs_row(g: int, G: int, C: int, comp: Any, mem: Any, slots: Any, cores: An
                               need_m, need_k, value, rows, nrows, on, left, tot, NODES, work)
             spent += cost if cost > 0 else -cost
         new = _held(g, C, value, on) + _held(h, C, value, on)
-        if new < old:
-            _move(g, C, comp, mem, slots, cores, node_of, arch_of, need_c, need_m, need_k,
-                  on, left, tot, saved, zero)
-            _move(h, C, comp, mem, slots, cores, node_of, arch_of, need_c, need_m, need_k,
-                  on, left, tot, saved, zero)
+        if new < old:  # back as they were (a pool or node count may dip in between)
             _move(g, C, comp, mem, slots, cores, node_of, arch_of, need_c, need_m, need_k,
                   on, left, tot, saved, 0)
             _move(h, C, comp, mem, slots, cores, node_of, arch_of, need_c, need_m, need_k,
@@ -351,41 +349,38 @@ def compile_now() -> bool:
         if _state != "unknown":
             return _state == "ready"
         _state = "compiling"
-    fns: dict[str, Callable[..., int]] = {}
-    if os.environ.get("HYPERSACK_KERNELS", "") == "plain":
-        with _lock:
-            _state = "missing"
-        return False
+    plain = os.environ.get("HYPERSACK_KERNELS", "") == "plain"
+    fns = {} if plain else _compile()
+    with _lock:
+        _compiled.update(fns)
+        _state = "ready" if fns else "missing"
+    return bool(fns)
+
+
+def _compile() -> dict[str, Callable[..., int]]:
+    """The compiled rounds, or none where numba is missing or fails."""
     try:
         import numba
         import numpy as np
     except ImportError:
-        fns = {}
-    else:
-        began = time.monotonic()
-        log.info("compiling pack's knapsack kernels with numba (about 9 s the first time "
-                 "on a machine, 1-2 s after, from numba's cache)")
-        # Cached on disk where the package's folder (or numba's cache folder) is
-        # writable; compiled in memory where it is not.
-        for cache in (True, False):
-            try:
-                fns = _jit(numba.njit(cache=cache, nogil=True))
-                # A call on a one-class, two-GPU cluster compiles them (or loads them).
-                _smoke(fns, np)
-                break
-            except Exception:  # a failed compile or cache: the plain path serves
-                log.warning("the compiled knapsack kernels failed (cache=%s)", cache,
-                            exc_info=True)
-                fns = {}
-    if not fns:
-        with _lock:
-            _state = "missing"
-        return False
-    log.info("pack's knapsack kernels compiled in %.1f s", time.monotonic() - began)
-    with _lock:
-        _compiled.update(fns)
-        _state = "ready"
-    return True
+        return {}
+    began = time.monotonic()
+    log.info("compiling pack's knapsack kernels with numba (about 9 s the first time on a "
+             "machine, 1-2 s after, from numba's cache)")
+    # Cached on disk where the package's folder (or numba's cache folder) is writable;
+    # compiled in memory where it is not.
+    for cache in (True, False):
+        try:
+            fns = _jit(numba.njit(cache=cache, nogil=True))
+            # A call on a one-class, two-GPU cluster compiles them (or loads them).
+            _smoke(fns, np)
+        except Exception:  # a failed compile or cache: the plain path serves
+            log.warning("the compiled knapsack kernels failed (cache=%s)", cache,
+                        exc_info=True)
+            continue
+        log.info("pack's knapsack kernels compiled in %.1f s", time.monotonic() - began)
+        return fns
+    return {}
 
 
 def _jit(jit: Callable[[Any], Callable[..., int]]) -> dict[str, Callable[..., int]]:

@@ -70,7 +70,7 @@ def counts_after(name: str, fast: bool, seed: int) -> tuple[list[int], list[int]
     else:
         solved_at, changes = st.new(st.G, -1), st.new(1, 0)
         spent += fn(st.G, st.C, *st.cols, 10**9, st.work, solved_at, changes) % kernels.GAINED
-    return [int(x) for x in st.cols[12]], [int(x) for x in st.cols[13]], spent
+    return [int(x) for x in st.on], [int(x) for x in st.left], spent
 
 
 def test_one_gpus_knapsack_is_exact_when_it_may_search_enough() -> None:
@@ -174,7 +174,7 @@ def test_counts_go_back_to_items_that_fit() -> None:
     pending = {i for its in left for i in its}
     assert not placed & pending and len(placed | pending) == len(items)
     assert min(flat.compute) >= 0 and min(flat.memory) >= 0 and min(flat.node_cores) >= 0
-    assert [len(own.get(c, ())) for own in on for c in range(st.C)] == list(st.cols[12])
+    assert [len(own.get(c, ())) for own in on for c in range(st.C)] == list(st.on)
     assert _densest(reps, flat)  # every class runs somewhere
 
 
