@@ -26,15 +26,16 @@ from hypersack.policies import kernels, make_policy
 from hypersack.policies.base import Item
 from hypersack.policies.plans import check_plan
 
-# label, policy, options: pack at its defaults (GPUs re-solved in pairs, its knapsacks
-# compiled), the same as plain Python (the fallback where numba is missing), capped at
-# 5 ms, with one GPU's knapsack only (improve: repack, pack's default before the
-# compiled kernels) and without the LP start; auto.
+# label, policy, options: pack at its defaults (GPUs re-solved in pairs, then kicks, its
+# knapsacks compiled), the same as plain Python (the fallback where numba is missing),
+# capped at 5 ms, without the kicks (pack's default before them), with one GPU's
+# knapsack only (improve: repack, pack's default before the compiled kernels) and
+# without the LP start; auto.
 PLAIN = "plain kernels"
 HEURISTICS: tuple[tuple[str, str, dict[str, object]], ...] = (
     ("ff", "ff", {}), ("ffd", "ffd", {}), ("wf", "wf", {}), ("wfd", "wfd", {}),
     ("eft", "eft", {}), ("pack@5ms", "pack", {"budget_ms": 5.0}),
-    ("pack-repack", "pack", {"improve": "repack"}),
+    ("pack-nokicks", "pack", {"kick_effort": 0}), ("pack-repack", "pack", {"improve": "repack"}),
     ("pack-nolp", "pack", {"improve": "repack", "lp": False}),
     ("pack", "pack", {}), ("pack-plain", "pack", {PLAIN: True}), ("auto", "auto", {}))
 

@@ -37,7 +37,11 @@
                        before (equal value is kept: a different filling opens other
                        pairs), both orders of every pair, up to three rounds, with an
                        allowance of its own (`pairs_effort`; improve.pairs). It places
-                       more where per-GPU moves are stuck (docs/policies.md)
+                       more where per-GPU moves are stuck (docs/policies.md). Then the
+                       kicks, within `kick_effort`: three GPUs drawn at random (the draws
+                       fixed, so the plan is too) emptied and refilled with each class's
+                       value perturbed, their pairs re-solved, the result kept unless it
+                       holds less; they stop after 100 kicks in a row without a gain
              The knapsacks run compiled where numba is installed and compiled
              (`kernels`), as plain Python otherwise: the same plan, 4-30x slower
     portfolio  the same for two more (order, score) pairs, each started only if it
@@ -97,6 +101,9 @@ class ComposedOptions(BaseModel):
     # instances 80,000 left memory s0 at 98.9 % of the optimum, 240,000 reached 99.9 %
     # (where every instance's pairs had converged).
     pairs_effort: int = Field(default=240_000, ge=0, le=100_000_000)
+    # The kicks' allowance after the pairs (improve: pairs; improve.kicks), in the same
+    # units; 0 turns them off.
+    kick_effort: int = Field(default=800_000, ge=0, le=1_000_000_000)
     portfolio: bool = True
     lp: bool = True
     # Place each item first where it has the most comparative advantage (base.arch_aware;
@@ -176,12 +183,14 @@ _PORTFOLIO: tuple[tuple[Order, Score], ...] = (("density", "worst"), ("longest",
 class ComposedPolicy:
     def __init__(self, name: str = "pack", *, order: Order = "value", score: Score = "worst",
                  improve: Improve = "pairs", budget_ms: float = 500.0,
-                 effort: int = 80_000, pairs_effort: int = 240_000, portfolio: bool = True,
-                 hetero: bool = False, lp: bool = True) -> None:
+                 effort: int = 80_000, pairs_effort: int = 240_000, kick_effort: int = 800_000,
+                 portfolio: bool = True, hetero: bool = False, lp: bool = True) -> None:
         opts = ComposedOptions(order=order, score=score, improve=improve, budget_ms=budget_ms,
-                               effort=effort, pairs_effort=pairs_effort, portfolio=portfolio,
-                               hetero=hetero, lp=lp)
+                               effort=effort, pairs_effort=pairs_effort,
+                               kick_effort=kick_effort, portfolio=portfolio, hetero=hetero,
+                               lp=lp)
         self.pairs_effort = opts.pairs_effort
+        self.kick_effort = opts.kick_effort
         self.lp = opts.lp
         self.effort = opts.effort
         self.portfolio = opts.portfolio
@@ -254,7 +263,7 @@ class ComposedPolicy:
         assert best is not None
         objective, flat, on, order, left = best
         if self.improve == "pairs" and any(left):
-            pairs(reps, flat, on, left, deadline, self.pairs_effort)
+            pairs(reps, flat, on, left, deadline, self.pairs_effort, self.kick_effort)
             objective = sum(held(reps, by_class) for by_class in on)
         placements: list[Placement] = []
         placed: set[int] = set()
