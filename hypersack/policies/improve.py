@@ -301,12 +301,12 @@ def kicks(st: Counts, deadline: float, effort: int, seed: int) -> int:
     nothing. Returns the effort spent.
 
     Why: the pairs stop where no single pair of GPUs gains, and on bench_policies'
-    heterogeneous instances (seeds 0-10, 44 of them with SP3 and SP4's 2) that left 7 of
-    46 below 99 % of CP-SAT's 20 s plan, the worst at 97.6 %. What would lift them
-    moves several classes between architectures at once, through plans of less value
-    that a pair never accepts. Kicks of three GPUs with the pairs among them, 1,000,000
-    units (about 15 ms compiled on a 2-core machine), left 1 of 46 below 99 % and passed
-    CP-SAT's plan on 23 (docs/policies.md)."""
+    46 instances (SP3, SP4 and seeds 0-10 of the heterogeneous mixes) that left 6 below
+    99 % of CP-SAT's 20 s plan, the worst at 97.5 %. What would lift them moves several
+    classes between architectures at once, through plans of less value that a pair
+    never accepts. Kicks of three GPUs with the pairs among them, 800,000 units (12 ms
+    more per decision, median, compiled, on a 2-core machine), left 1 of 46 below 99 %
+    (docs/policies.md)."""
     compiled = kernels.compiled("kicks") if st.fast else None
     fn: Callable[..., int] = compiled if compiled is not None else kernels.kicks
     saved = st.new(3 * st.C, 0)
