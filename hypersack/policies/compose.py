@@ -43,7 +43,8 @@
                        value perturbed, their pairs re-solved, the result kept unless it
                        holds less; they stop after 100 kicks in a row without a gain
              The knapsacks run compiled where numba is installed and compiled
-             (`kernels`), as plain Python otherwise: the same plan, 4-30x slower
+             (`kernels`), as plain Python otherwise: the same plan, 4-30x slower,
+             unless `budget_ms` stops the plain kicks first
     portfolio  the same for two more (order, score) pairs, each started only if it
              would end within the cap at the pace so far; the plan placing most wins
              (ties: the first, this policy's own order and score)
