@@ -115,7 +115,7 @@ class Counts:
             [arch_index[a] for a in flat.arch], need_c, need_m, need_k, value, rows, nrows,
             counts, [len(x) for x in left], tot]
         size = kernels.scratch_size(C, sum(tot) + sum(len(x) for x in left))
-        # The compiled kernels' int64 products stay exact below 2^31 (kernels._bound);
+        # The compiled kernels' int64 products stay exact below 2^31 (knapsack._bound);
         # larger numbers (no real GPU's) go to the plain kernels' Python integers.
         self.fast = fast and max(max(col, default=0) for col in (
             compute, memory, cores, need_c, need_m, need_k, value)) < 1 << 31

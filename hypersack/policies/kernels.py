@@ -19,11 +19,7 @@ from typing import Any
 
 from hypersack.policies import knapsack
 from hypersack.policies.knapsack import (
-    _INF,
     GAINED,
-    NODES,
-    _bound,
-    _ratio_floor,
     kicks,
     pairs_row,
     repack_gpu,
@@ -32,9 +28,8 @@ from hypersack.policies.knapsack import (
     snap_size,
 )
 
-__all__ = ["GAINED", "NODES", "ROUNDS", "_INF", "_bound", "_ratio_floor", "compile_now",
-           "compiled", "in_background", "kicks", "pairs_row", "repack_gpu", "repack_round",
-           "scratch_size", "snap_size"]
+__all__ = ["GAINED", "ROUNDS", "compile_now", "compiled", "in_background", "kicks",
+           "pairs_row", "repack_gpu", "repack_round", "scratch_size", "snap_size"]
 
 log = logging.getLogger(__name__)
 

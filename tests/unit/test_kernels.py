@@ -10,7 +10,16 @@ from typing import Any
 
 import pytest
 
-from hypersack.policies import ClusterView, GpuBin, Item, Need, NodeBin, kernels, make_policy
+from hypersack.policies import (
+    ClusterView,
+    GpuBin,
+    Item,
+    Need,
+    NodeBin,
+    kernels,
+    knapsack,
+    make_policy,
+)
 from hypersack.policies.base import Flat, classes
 from hypersack.policies.improve import Counts, _densest
 from hypersack.policies.plans import check_plan
@@ -148,10 +157,10 @@ def test_the_bound_is_exact_and_stays_within_int64() -> None:
     for _ in range(2000):
         v, n = rng.randint(1, (1 << 31) - 1), rng.randint(1, (1 << 31) - 1)
         r = rng.randint(0, (1 << 31) - 1)
-        per = kernels._ratio_floor(v, n)
-        assert kernels._bound(r, per) == (r * per) >> 20 >= r * v // n
+        per = knapsack._ratio_floor(v, n)
+        assert knapsack._bound(r, per) == (r * per) >> 20 >= r * v // n
         assert (per >> 20) * r < 1 << 63 and (per & 0xFFFFF) * r < 1 << 63
-    assert kernels._bound(0, kernels._ratio_floor(5, 0)) == kernels._INF  # needs none
+    assert knapsack._bound(0, knapsack._ratio_floor(5, 0)) == knapsack._INF  # needs none
 
 
 needs_numba = pytest.mark.skipif(not kernels.compile_now(), reason="numba is not installed")
