@@ -5,10 +5,10 @@ one transaction, runs one decision cycle where capacity or demand changed, and r
 the commands for the drivers to carry out. It reads time only from the injected clock.
 
 This module is the runtime: the event table, batches with their undo, the order of a
-decision cycle's phases (ask the searches, plan profiles, decide each study, preempt) and
-the queries. The work is the modules' over one state (`state.CoreState`): the trial book,
-pruning, profiling, searches, membership, decisions, preemption, explanations, and the
-trial and study events.
+decision cycle's phases (ask the searches, plan profiles, decide each study, preempt).
+The work is the modules' over one state (`state.CoreState`): the trial book, pruning,
+profiling, searches, membership, decisions, preemption, explanations, and the trial and
+study events. The queries are a mixin (queries.py).
 """
 
 from __future__ import annotations
@@ -22,21 +22,14 @@ from hypersack.core.clock import Clock
 from hypersack.core.errors import (
     HyperSackError,
     InvalidInput,
-    NotFound,
     StaleEvent,
     StoreUnavailable,
 )
 from hypersack.core.types import (
-    HistoryStep,
-    NodeRecord,
-    Profile,
-    Span,
-    StudyRecord,
     StudyState,
-    TrialRecord,
     TrialState,
 )
-from hypersack.grid.space import SearchSpace, parse_space
+from hypersack.grid.space import parse_space
 from hypersack.orchestrator.book import Book
 from hypersack.orchestrator.commands import Command
 from hypersack.orchestrator.config import DEFAULT_RATIOS, OrchestratorConfig
@@ -66,17 +59,16 @@ from hypersack.orchestrator.events import (
     Wake,
 )
 from hypersack.orchestrator.explain import Explainer
-from hypersack.orchestrator.journal import JournaledLog
 from hypersack.orchestrator.learned import LearnedSharing
 from hypersack.orchestrator.membership import Membership
 from hypersack.orchestrator.preempt import Preemption
 from hypersack.orchestrator.profiling import Profiling
 from hypersack.orchestrator.pruning import Pruning
+from hypersack.orchestrator.queries import Queries
 from hypersack.orchestrator.searches import Searches
 from hypersack.orchestrator.state import CoreState, Decision, short
 from hypersack.orchestrator.studies import StudyEvents
 from hypersack.orchestrator.trials import TrialEvents
-from hypersack.sampler.planning import Slot
 from hypersack.store.base import Store
 
 log = logging.getLogger(__name__)
@@ -95,7 +87,9 @@ class BatchResult:
     refused: list[tuple[Event, Exception]] = field(default_factory=list)
 
 
-class Orchestrator:
+class Orchestrator(Queries):
+    """Events in, commands out, over one state; the queries are `Queries`'."""
+
     def __init__(self, store: Store, clock: Clock, config: OrchestratorConfig | None = None
                  ) -> None:
         self.config = config or OrchestratorConfig()
@@ -142,32 +136,6 @@ class Orchestrator:
         ])
         self._restore()
 
-    @property
-    def decisions(self) -> JournaledLog[Decision]:
-        """The recent policy runs, with how many there were and their solve time."""
-        return self.s.decisions
-
-    @property
-    def decision_count(self) -> int:
-        return self.s.decisions.count
-
-    def history(self, *, study_id: str = "", trial_id: str = "",
-                after: tuple[str, int] = ("", -1), limit: int | None = None
-                ) -> list[HistoryStep]:
-        """Learning curves, as the store keeps them (see Curves)."""
-        return self.s.store.history(study_id=study_id, trial_id=trial_id, after=after,
-                                    limit=limit)
-
-    def spans(self, study_id: str) -> list[Span]:
-        return self.s.store.spans(study_id)
-
-    def last_steps(self, study_id: str) -> dict[str, HistoryStep]:
-        return self.s.store.last_steps(study_id)
-
-    @property
-    def decision_time_s(self) -> float:
-        return self.s.decisions.total
-
     # ----------------------------------------------------------------- restore
     def _restore(self) -> None:
         """Rebuild from the store: a restarted server resumes every study where it was."""
@@ -209,90 +177,6 @@ class Orchestrator:
         self.sharing.restore()
         log.info("restored %d studies, %d trials, %d nodes, %d profiles", len(self.s.studies),
                  len(self.s.trials), len(self.s.cluster), len(self.s.profiles))
-
-    # ----------------------------------------------------------------- queries
-    def studies(self) -> list[StudyRecord]:
-        return self.book.studies()
-
-    def study(self, study_id: str) -> StudyRecord:
-        return self.book.study(study_id)
-
-    def space(self, study_id: str) -> SearchSpace:
-        self.study(study_id)
-        return self.s.spaces[study_id]
-
-    def trials(self, study_id: str | None = None) -> list[TrialRecord]:
-        if study_id is None:
-            return [self.s.trials[t] for s in self.studies() for t in self.s.by_study[s.id]]
-        self.study(study_id)
-        return [self.s.trials[t] for t in self.s.by_study[study_id]]
-
-    def trial(self, trial_id: str) -> TrialRecord:
-        return self.book.trial(trial_id)
-
-    def counts(self, study_id: str) -> dict[TrialState, int]:
-        """How many of the study's trials are in each state (every state, zeros too)."""
-        self.study(study_id)
-        return {s: self.s.state_counts.get((study_id, s), 0) for s in TrialState}
-
-    def has_node(self, name: str) -> bool:
-        return name in self.s.cluster
-
-    def nodes(self) -> list[NodeRecord]:
-        return [n.record() for n in self.s.cluster]
-
-    def profiles(self) -> list[Profile]:
-        return list(self.s.profiles.values())
-
-    def gpu_trials(self, node: str, gpu_index: int) -> frozenset[str]:
-        """The trials a GPU holds."""
-        gpu = self.s.cluster.gpu(node, gpu_index)
-        if gpu is None:
-            raise NotFound(f"no GPU {node}:{gpu_index}")
-        return frozenset(gpu.trials)
-
-    def decision_inputs(self) -> dict[str, Any]:
-        """What the next decision reads, comparable between two orchestrators (a live one
-        and one rebuilt from its store): each active study's waiting trials in order with
-        their needs, its pending counts per workload group, and the cluster's free
-        capacity as the policies see it."""
-        open_nodes = self.s.cluster.open_nodes()
-        archs = self.s.cluster.archs_of(open_nodes)
-        key_of = {number: key for key, number in self.s.key_numbers.items()}
-        out: dict[str, Any] = {"view": self.s.cluster.view(open_nodes, {})}
-        for s in self.studies():
-            if s.state != StudyState.ACTIVE:
-                continue
-            pending = [(t.id, t.state, sorted(self.profiling.needs(t, archs).items()))
-                       for t in self.book.pending_of(s.id)]
-            counts = {(key_of[number].label(), override, segment): n
-                      for (number, override, segment), n in
-                      (self.s.pending_groups.get(s.id) or {}).items()}
-            out[s.id] = (pending, counts)
-        return out
-
-    def gpu_load(self) -> dict[tuple[str, int], tuple[int, float]]:
-        """(node, GPU index) -> (trials running, scaled-compute share used, 0..1)."""
-        return self.s.cluster.gpu_load()
-
-    def held(self, node: str, gpu_index: int) -> tuple[int, int, int]:
-        """What a GPU has given out: compute units, memory MiB and trials."""
-        gpu = self.s.cluster.gpu(node, gpu_index)
-        if gpu is None:
-            raise NotFound(f"no GPU {node}:{gpu_index}")
-        return gpu.used_compute, gpu.used_memory, len(gpu.trials)
-
-    def explain(self, trial_id: str, others: bool = True) -> list[str]:
-        """Why a trial is where it is, for people (`hypersack why`)."""
-        return self.explainer.explain(trial_id, others)
-
-    def known_slots(self, model: str, arch: str = "") -> list[Slot]:
-        """What the history holds of a workload (profiles and failures), for forgetting."""
-        return self.profiling.known_slots(model, arch)
-
-    def wake_at(self) -> float | None:
-        """The next time a tick has something to do besides checking heartbeats."""
-        return self.pruning.wake_at()
 
     # ----------------------------------------------------------------- events
     def handle(self, event: Event) -> list[Command]:

@@ -93,7 +93,7 @@ def test_the_check_sees_a_violation(tmp_path: Path) -> None:
 CORE_ORDER = ["events", "commands", "journal", "config", "sharing", "outcomes", "retries",
               "fusion", "shares", "cycle", "cluster", "state", "learned", "book", "curves",
               "pruning", "profiling", "searches", "membership", "decide", "preempt", "explain",
-              "trials", "studies", "orchestrator", "__init__"]
+              "trials", "studies", "queries", "orchestrator", "__init__"]
 
 
 def _core_imports(path: Path) -> set[str]:
