@@ -2,7 +2,9 @@
 
 It keeps its trials running while the server is away and reconnects with backoff;
 on reconnecting it reports what still runs (the server adopts it) and re-sends the
-exits it reported just before the stream broke, so no result is lost.
+exits it reported just before the stream broke, so no result is lost. The server's
+launch and profile commands are `commands.LaunchCommands`'; the polling of what runs and
+the fence, `polling.ProcessPolling`'s.
 """
 
 from __future__ import annotations
@@ -27,7 +29,6 @@ from hypersack.agent.checkpoints import Checkpoints
 from hypersack.agent.commands import LaunchCommands
 from hypersack.agent.devices import DeviceBackend, DeviceState
 from hypersack.agent.fence import FENCED_MARK, Lease, fence_of, kill_grace_of, watchdog_argv
-from hypersack.agent.groups import MemberJob
 from hypersack.agent.guard import CommandPolicy, clean_env
 from hypersack.agent.launcher import (
     KILL_GRACE_S,
@@ -37,24 +38,17 @@ from hypersack.agent.launcher import (
 )
 from hypersack.agent.ledger import MAX_UNACKED, Beats, Unacked
 from hypersack.agent.mps import TIME_SLICING, MpsControl
+from hypersack.agent.polling import ProcessPolling
 from hypersack.agent.procs import Records, kill_strays
-from hypersack.agent.profile_runs import profile_message
-from hypersack.agent.reports import fenced_by_watchdog, metrics_message
-from hypersack.agent.warm import WARM_MARK, WarmPool
-from hypersack.core import trial_env as sdk
+from hypersack.agent.warm import WarmPool
 from hypersack.core.bounds import clamp
 from hypersack.core.errors import HyperSackError, InvalidInput
-from hypersack.wire.convert import LOG_TAIL_CHARS, ack_id
+from hypersack.wire.convert import ack_id
 
 log = logging.getLogger(__name__)
 
 MAX_ACKS = 2 * MAX_UNACKED  # acknowledgements read from one server message
 MAX_SEND_BYTES = 3 << 20  # below the server's 4 MiB limit on one message
-METRICS_EVERY_S = 0.5  # at most this often, a trial's metrics go to the server
-OBSERVE_INTERVAL_S = 1.0  # how often running trials' device use is sampled
-LOG_CHECK_INTERVAL_S = 1.0  # how often trial logs are checked against their cap
-MPS_CHECK_INTERVAL_S = 5.0  # how often the MPS daemons are asked whether they live
-SWEEP_INTERVAL_S = 1.0  # at most this often, after a trial ended: kill what it left
 # Keepalive pings find a dead link (a silent peer, a dropped NAT entry) in seconds.
 CHANNEL_OPTIONS = [("grpc.keepalive_time_ms", 10_000), ("grpc.keepalive_timeout_ms", 5_000),
                    ("grpc.keepalive_permit_without_calls", 1),
@@ -76,7 +70,7 @@ class _Exited:
     """A warm trial ended: poll now rather than at the next interval."""
 
 
-class Agent(LaunchCommands):
+class Agent(LaunchCommands, ProcessPolling):
     def __init__(self, server: str, node: str, backend: DeviceBackend, workdir: Path, *,
                  poll_interval_s: float = 0.2, reconnect_max_s: float = 10.0,
                  duplicate_timeout_s: float = 60.0, kill_on_stop: bool = True,
@@ -378,30 +372,6 @@ class Agent(LaunchCommands):
         for m in self._unacked.due(older_s):
             outbox.put(m)
 
-    def _fence_if_lapsed(self) -> None:
-        """Stop every trial if the lease lapsed (the watchdogs do it too, and a frozen
-        agent that wakes must not report a trial as running that the server may have
-        started elsewhere): before anything is reported."""
-        if not self.lease.lapsed():
-            return
-        with self.jobs_lock:
-            every = [*self.jobs.values(), *self.groups.values()]
-        victims = [j for j in every if not j.profile and j.exit_code is None
-                   and not j.fenced and j.killed_at is None]
-        if not victims:
-            return
-        log.warning("fence: no word from the server for %.1f s (fence %g s): %d trial(s) "
-                    "stopped (by their watchdogs already, unless those failed), to run "
-                    "again once the server reschedules them",
-                    self.fence_s - self.lease.left_s(), self.fence_s, len(victims))
-        for job in victims:
-            job.fenced = True
-            job.kill()
-
-    def _reap_watchdogs(self) -> None:
-        for key in [k for k, w in self.watchdogs.items() if w.poll() is not None]:
-            del self.watchdogs[key]
-
     def _heartbeat(self) -> pb.AgentMessage:
         self._fence_if_lapsed()
         processed = self._processed  # read first: every launch it counts is in the list
@@ -482,88 +452,3 @@ class Agent(LaunchCommands):
                 self.lease.renew(sent + self.fence_s)
             return
         self._unacked.forget(ack)
-
-    # ----------------------------------------------------------------- processes
-    def _poll(self, outbox: queue.Queue[pb.AgentMessage | None]) -> None:
-        self._fence_if_lapsed()
-        if self.watchdogs:
-            self._reap_watchdogs()
-        if self._unacked and self.connected.is_set():
-            self._send_unacked(outbox, self.resend_s)
-        if self.mps is not None and \
-                time.monotonic() - self._mps_checked_at >= MPS_CHECK_INTERVAL_S:
-            self._mps_checked_at = time.monotonic()
-            self.mps.check()
-        if time.monotonic() - self._observed_at >= OBSERVE_INTERVAL_S:
-            self._observed_at = time.monotonic()
-            self._observe()
-        if time.monotonic() - self._logs_checked_at >= LOG_CHECK_INTERVAL_S:
-            self._logs_checked_at = time.monotonic()
-            for job in list(self.jobs.values()):
-                job.cap_log()
-        for key in list(self.groups):
-            group = self.groups[key]
-            if group.poll() is not None and not any(
-                    isinstance(j, MemberJob) and j.group is group for j in self.jobs.values()):
-                with self.jobs_lock:
-                    del self.groups[key]
-                self.records.remove(group.key)
-                self._ended_since_sweep = True
-        for job_id in list(self.jobs):
-            job = self.jobs[job_id]
-            if not job.profile and job.killed_at is None and (job.new_metrics()
-                                                               or job.metrics_due):
-                # At most every METRICS_EVERY_S a trial: what it writes faster waits.
-                now = time.monotonic()
-                job.metrics_due = now - job.metrics_sent_at < METRICS_EVERY_S
-                if not job.metrics_due:
-                    job.metrics_sent_at = now
-                    outbox.put(metrics_message(job))
-            code = job.poll()
-            if code is None:
-                continue
-            with self.jobs_lock:
-                del self.jobs[job_id]
-            if not isinstance(job, MemberJob):
-                self.records.remove(job.key)
-            self._ended_since_sweep = True
-            fenced = job.fenced or fenced_by_watchdog(job)
-            if job.profile:
-                if job.killed_at is None or fenced:
-                    self._send(outbox, self._profile_result(job, code), job.gpu_index)
-                continue
-            if job.killed_at is not None and not fenced:
-                # The server stopped it (pruned, cancelled, preempted): only its log goes
-                # back, so that `hypersack logs` shows what it printed.
-                job.cap_log()
-                self._send(outbox, pb.AgentMessage(exited=pb.TrialExited(
-                    trial_id=job.id, exit_code=code, log_tail=job.exit_tail(LOG_TAIL_CHARS),
-                    attempt=job.attempt, killed=True)), job.gpu_index)
-                continue
-            job.last_metrics()
-            job.cap_log()
-            if job.unsent:  # the last steps of its curve, before its exit
-                outbox.put(metrics_message(job))
-            log.info("%s exited with code %d%s", job.id, code,
-                     " (fenced)" if fenced else "")
-            self._send(outbox, pb.AgentMessage(exited=pb.TrialExited(
-                trial_id=job.id, exit_code=code, log_tail=job.exit_tail(LOG_TAIL_CHARS),
-                metrics=job.metrics, out_of_memory=code == sdk.OOM_EXIT_CODE and not fenced,
-                peak_memory_mib=job.peak_memory_mib, attempt=job.attempt, fenced=fenced)),
-                job.gpu_index)
-        if self.checkpoints.dropped:
-            self.checkpoints.delete_dropped(self._running_ids())
-        if self._ended_since_sweep and time.monotonic() - self._swept_at >= SWEEP_INTERVAL_S:
-            # Processes that trials which ended left behind (their marker names a job no
-            # longer running) go now: a trial's tree never outlives it.
-            self._swept_at = time.monotonic()
-            self._ended_since_sweep = False
-            try:
-                kill_strays(self.agent_dir, set(self.jobs) | set(self.groups) | {WARM_MARK})
-            except Exception as exc:  # a scan that fails must not stop the agent
-                log.warning("looking for processes left by trials failed: %s", exc)
-
-    def _profile_result(self, job: Job, code: int) -> pb.AgentMessage:
-        m = self._profile_keys.pop(job.id)
-        device = next(d for d in self.backend.devices() if d.index == job.gpu_index)
-        return profile_message(m, job, code, device, self.backend, self.node)
