@@ -9,7 +9,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from hypersack.agent.launcher import Job, log, open_regular
+from hypersack.agent.launcher import Job, log
+from hypersack.agent.output import open_regular
 from hypersack.core import optim
 from hypersack.core.types import WorkloadKey
 
