@@ -9,6 +9,7 @@ the same studies and cluster. Fusion is off, so that the ratio alone decides pac
     python scripts/sim_learned_ratio.py
     python scripts/sim_learned_ratio.py --studies sp1 --models sat-half --sweep 1,2,3,4
     python scripts/sim_learned_ratio.py --mix-shift-only
+    python scripts/sim_learned_ratio.py --seeds 4 --no-mix-shift   # perturbed profiles too
 
 Then the mix shift: per-workload fits against one fit of every sample. A hidden model
 where the transformers' kernels queue fully past half the default saturation and the
@@ -20,11 +21,13 @@ the second study's makespan with each, the configured ratios and the best fixed 
 from __future__ import annotations
 
 import argparse
+import random
 import sys
 
 from _instances import EXAMPLES
 
 from hypersack.core.cluster import parse_shorthand
+from hypersack.core.types import Profile
 from hypersack.grid.space import SearchSpace, load_space, parse_space
 from hypersack.orchestrator import OrchestratorConfig
 from hypersack.orchestrator.config import DEFAULT_RATIOS
@@ -44,6 +47,24 @@ CLUSTER = "1x4xA100-80GB@88,1x2xH100-80GB@96"  # the paper's
 TRUTH = load_profiles(EXAMPLES / "profiles-estimates.yaml")  # read once, for every run
 
 
+def perturbed(seed: int) -> list[Profile]:
+    """The example estimates (seed 0), or each workload's iteration time and compute share
+    drawn around them (x0.8-1.25 and x0.8-1.2; one draw across architectures)."""
+    if seed == 0:
+        return TRUTH
+    rng = random.Random(f"learned-{seed}")
+    draws: dict[tuple[str, int], tuple[float, float]] = {}
+    out = []
+    for p in TRUTH:
+        time_x, compute_x = draws.setdefault((p.key.model, p.key.batch_size),
+                                             (rng.uniform(0.8, 1.25), rng.uniform(0.8, 1.2)))
+        demand = p.demand.model_copy(update={
+            "compute_pct": min(100.0, p.demand.compute_pct * compute_x)})
+        out.append(p.model_copy(update={"demand": demand,
+                                        "iter_time_s": p.iter_time_s * time_x}))
+    return out
+
+
 CNNS = ["shufflenet", "mobilenet_v2", "resnet18", "resnet34"]
 TRANSFORMERS = ["vit_tiny", "deit_tiny"]
 RATES = 16  # the second study's learning rates: 4 x SP1's trials, several waves
@@ -52,12 +73,13 @@ SHIFT = Interference(saturation_pct={a: s / 2 for a, s in BASE.saturation_pct.it
 
 
 def makespan(space_name: str | SearchSpace, model: Interference, ratios: dict[str, float],
-             learner: RatioLearner | None = None) -> tuple[float, Simulation]:
+             learner: RatioLearner | None = None, truth: list[Profile] | None = None
+             ) -> tuple[float, Simulation]:
     """One run; a learner samples each GPU every 2 s of virtual time (a trial reports
     its iteration time each epoch; the studies here last minutes)."""
     space = load_space(str(EXAMPLES / f"{space_name}.yaml")) \
         if isinstance(space_name, str) else space_name
-    sim = Simulation(space, parse_shorthand(CLUSTER), TRUTH,
+    sim = Simulation(space, parse_shorthand(CLUSTER), TRUTH if truth is None else truth,
                      config=OrchestratorConfig(oversubscription=ratios, fusion=False,
                                                policy="wfd"),
                      interference=model, learner=learner, sample_every_s=2.0)
@@ -106,6 +128,11 @@ def main() -> int:
                     help="the table with one fit of every sample (no per-workload fits)")
     ap.add_argument("--mix-shift-only", action="store_true",
                     help="only the mix shift (per-workload fits against one fit)")
+    ap.add_argument("--seeds", type=int, default=1,
+                    help="profiles per cell: seed 0 the example estimates, each further "
+                         "seed their iteration times and compute shares drawn around them")
+    ap.add_argument("--seed", type=int, default=None, help="only this seed")
+    ap.add_argument("--no-mix-shift", action="store_true", help="leave out the mix shift")
     args = ap.parse_args()
     h100 = DEFAULT_RATIOS["H100"] / DEFAULT_RATIOS["A100"]
     swept = [float(x) for x in args.sweep.split(",")]
@@ -115,26 +142,41 @@ def main() -> int:
     print("cold: the learner starts at the configured ratios in this study; warm: it goes "
           "on into a second run of the study with what it learned (a server keeps its "
           "learned ratios across studies)")
-    print(f"{'model':<16}{'study':<7}{'configured':>12}{'cold':>9}{'warm':>9}"
+    seeds = range(args.seeds) if args.seed is None else [args.seed]
+    print(f"{'model':<16}{'study':<7}{'seed':>5}{'configured':>12}{'cold':>9}{'warm':>9}"
           f"{'best fixed':>17}{'cold/best':>11}{'warm/best':>11}{'warm/conf':>11}"
           "  ratios after")
+    cells = []
     for model_name in args.models.split(","):
         model = MODELS[model_name]
         for study in args.studies.split(","):
-            configured, _ = makespan(study, model, dict(DEFAULT_RATIOS))
-            learner = RatioLearner(DEFAULT_RATIOS, high=6.0, every=10, min_samples=20,
-                                   by_workload=not args.one_fit)
-            cold, _ = makespan(study, model, dict(DEFAULT_RATIOS), learner)
-            warm, _ = makespan(study, model, dict(learner.ratios), learner)
-            sweep = []
-            for a100 in (float(x) for x in args.sweep.split(",")):
-                m, _ = makespan(study, model, {"A100": a100, "H100": a100 * h100})
-                sweep.append((m, a100))
-            best, best_ratio = min(sweep)
-            final = " ".join(f"{a}={r:g}" for a, r in sorted(learner.ratios.items()))
-            print(f"{model_name:<16}{study:<7}{configured:>10.0f} s{cold:>7.0f} s"
-                  f"{warm:>7.0f} s{best:>9.0f} s @{best_ratio:<4g}{cold / best:>11.3f}"
-                  f"{warm / best:>11.3f}{warm / configured:>11.3f}  {final}", flush=True)
+            for seed in seeds:
+                truth = perturbed(seed)
+                configured, _ = makespan(study, model, dict(DEFAULT_RATIOS), truth=truth)
+                learner = RatioLearner(DEFAULT_RATIOS, high=6.0, every=10, min_samples=20,
+                                       by_workload=not args.one_fit)
+                cold, _ = makespan(study, model, dict(DEFAULT_RATIOS), learner, truth)
+                warm, _ = makespan(study, model, dict(learner.ratios), learner, truth)
+                sweep = []
+                for a100 in swept:
+                    m, _ = makespan(study, model, {"A100": a100, "H100": a100 * h100},
+                                    truth=truth)
+                    sweep.append((m, a100))
+                best, best_ratio = min(sweep)
+                cells.append((warm / best, warm / configured))
+                final = " ".join(f"{a}={r:g}" for a, r in sorted(learner.ratios.items()))
+                print(f"{model_name:<16}{study:<7}{seed:>5}{configured:>10.0f} s{cold:>7.0f} s"
+                      f"{warm:>7.0f} s{best:>9.0f} s @{best_ratio:<4g}{cold / best:>11.3f}"
+                      f"{warm / best:>11.3f}{warm / configured:>11.3f}  {final}", flush=True)
+    n = len(cells)
+    print(f"warm, over {n} runs: within 5 % of the best fixed ratio in "
+          f"{sum(b <= 1.05 for b, _ in cells)}, no more than 2 % over the configured in "
+          f"{sum(c <= 1.02 for _, c in cells)}; mean warm/best "
+          f"{sum(b for b, _ in cells) / n:.3f} (worst {max(b for b, _ in cells):.3f}), mean "
+          f"warm/configured {sum(c for _, c in cells) / n:.3f} "
+          f"(worst {max(c for _, c in cells):.3f})", flush=True)
+    if args.no_mix_shift:
+        return 0
     mix_shift(swept, h100)
     return 0
 

@@ -10,11 +10,12 @@ from __future__ import annotations
 
 import math
 import random
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
-from hypersack.orchestrator.sharing import RatioLearner, fit, throughput
+from hypersack.orchestrator.sharing import STEP_GAIN, RatioLearner, fit, throughput
 
 
 def _samples(c: float, sat: float, k: int = 300, share: float = 50.0, most: int = 10,
@@ -97,6 +98,30 @@ def test_packed_and_unsaturated_it_explores_up_to_its_bound() -> None:
     costly = RatioLearner({"A100": 2.0}, min_samples=20, every=10)
     assert _feed(costly, [(s[0] * 200 / 260, s[1], s[2])
                           for s in _samples(1.2, 5000.0, most=4)]) == []
+
+
+def test_a_step_up_must_promise_more_than_the_fit_s_error() -> None:
+    """Unsaturated, the ratio climbs while a step promises at least STEP_GAIN more
+    progress, and stops where the fitted contention flattens the gain below it (a step
+    that gains less is within the fit's error, and crowds a study's longest trials)."""
+    samples = [(s[0] * 200 / 260, s[1], s[2]) for s in _samples(0.3, 5000.0, most=4)]
+    seen = fit(samples)
+    assert seen is not None and seen.past_saturation == 0
+    f = replace(seen, saturation_pct=math.inf)  # only a lower bound: taken as none
+    gain = [throughput(r + 0.25, f) / throughput(r, f) - 1 for r in (2.0, 4.0, 5.75)]
+    assert gain[0] > STEP_GAIN > gain[2]  # the gain of a step falls as the GPU fills
+    learner = RatioLearner({"A100": 2.0}, high=6.0, min_samples=20, every=10)
+    rng = random.Random(2)
+    for _ in range(40):  # trials of 50 %, packed to the ratio in force each time
+        most = int(100 * learner.ratios["A100"] / 50)
+        _feed(learner, [(50.0 * n, n, (1 + 0.3 * (n - 1)) * rng.uniform(0.98, 1.02))
+                        for n in (rng.randint(1, most) for _ in range(19))] +
+              [(50.0 * most, most, 1 + 0.3 * (most - 1))])
+    stop = learner.ratios["A100"]
+    f = replace(learner.fits["A100"], saturation_pct=math.inf)
+    assert 2.0 < stop < 6.0
+    assert throughput(stop + 0.25, f) <= (1 + STEP_GAIN) * throughput(stop, f) * 1.01
+    assert throughput(stop, f) > (1 + STEP_GAIN) * throughput(stop - 0.25, f) * 0.99
 
 
 def test_bad_samples_and_unknown_architectures_are_ignored() -> None:
