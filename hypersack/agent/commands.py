@@ -13,7 +13,6 @@ import logging
 import os
 import queue
 import subprocess
-import threading
 from collections.abc import Iterable
 from dataclasses import fields
 from pathlib import Path
@@ -21,9 +20,8 @@ from typing import TYPE_CHECKING
 
 from hypersack._proto.v1 import hypersack_pb2 as pb
 from hypersack.agent.accounts import TrialUsers
-from hypersack.agent.checkpoints import Checkpoints
-from hypersack.agent.devices import DeviceBackend
-from hypersack.agent.fence import FENCED_MARK, Lease, kill_grace_of, watchdog_argv
+from hypersack.agent.fence import FENCED_MARK, kill_grace_of, watchdog_argv
+from hypersack.agent.fields import AgentFields
 from hypersack.agent.groups import MemberJob, fused_argv, fused_spec
 from hypersack.agent.guard import CommandPolicy
 from hypersack.agent.launcher import (
@@ -35,8 +33,6 @@ from hypersack.agent.launcher import (
     preload_of,
     safe_part,
 )
-from hypersack.agent.mps import MpsControl
-from hypersack.agent.procs import Records
 from hypersack.agent.profile_runs import as_fused_profile
 from hypersack.agent.warm import WarmPool, WarmProcess
 from hypersack.core import trial_env as sdk
@@ -48,30 +44,18 @@ from hypersack.wire.convert import key_from_pb, program_from_pb
 log = logging.getLogger("hypersack.agent.agent")
 
 
-class LaunchCommands:
+class LaunchCommands(AgentFields):
     """The agent's launch, launch_group and profile commands (see the module)."""
 
-    # The agent's state these read and change (set in Agent.__init__).
-    node: str
-    backend: DeviceBackend
+    # More of the agent's state these read and change (set in Agent.__init__).
     node_dir: Path
-    agent_dir: str
     owner: str
     users: TrialUsers
     base_env: dict[str, str] | None
     commands: CommandPolicy
     log_max_bytes: int
     warm: WarmPool
-    mps: MpsControl | None
-    checkpoints: Checkpoints
-    records: Records
-    lease: Lease
     heartbeat_timeout_s: float
-    jobs: dict[str, Job]
-    groups: dict[str, Job]
-    jobs_lock: threading.Lock
-    watchdogs: dict[str, subprocess.Popen[bytes]]
-    _profile_keys: dict[str, pb.ProfileWorkload]
 
     if TYPE_CHECKING:
         def _send(self, outbox: queue.Queue[pb.AgentMessage | None], msg: pb.AgentMessage,

@@ -10,20 +10,16 @@ from __future__ import annotations
 
 import logging
 import queue
-import subprocess
 import threading
 import time
 from typing import TYPE_CHECKING
 
 from hypersack._proto.v1 import hypersack_pb2 as pb
-from hypersack.agent.checkpoints import Checkpoints
-from hypersack.agent.devices import DeviceBackend
-from hypersack.agent.fence import Lease
+from hypersack.agent.fields import AgentFields
 from hypersack.agent.groups import MemberJob
 from hypersack.agent.launcher import Job
 from hypersack.agent.ledger import Unacked
-from hypersack.agent.mps import MpsControl
-from hypersack.agent.procs import Records, kill_strays
+from hypersack.agent.procs import kill_strays
 from hypersack.agent.profile_runs import profile_message
 from hypersack.agent.reports import fenced_by_watchdog, metrics_message
 from hypersack.agent.warm import WARM_MARK
@@ -39,26 +35,14 @@ MPS_CHECK_INTERVAL_S = 5.0  # how often the MPS daemons are asked whether they l
 SWEEP_INTERVAL_S = 1.0  # at most this often, after a trial ended: kill what it left
 
 
-class ProcessPolling:
+class ProcessPolling(AgentFields):
     """The agent's polling of its processes (see the module)."""
 
-    # The agent's state these read and change (set in Agent.__init__).
-    node: str
-    backend: DeviceBackend
-    agent_dir: str
-    mps: MpsControl | None
-    checkpoints: Checkpoints
-    records: Records
-    lease: Lease
+    # More of the agent's state these read and change (set in Agent.__init__).
     fence_s: float
-    jobs: dict[str, Job]
-    groups: dict[str, Job]
-    jobs_lock: threading.Lock
-    watchdogs: dict[str, subprocess.Popen[bytes]]
     connected: threading.Event
     resend_s: float
     _unacked: Unacked
-    _profile_keys: dict[str, pb.ProfileWorkload]
     _mps_checked_at: float
     _observed_at: float
     _logs_checked_at: float

@@ -1,0 +1,32 @@
+"""The agent's state that its mixins (commands.LaunchCommands, polling.ProcessPolling)
+read and change, declared once for the type checker; `agent.Agent.__init__` sets it."""
+
+from __future__ import annotations
+
+import subprocess
+import threading
+
+from hypersack._proto.v1 import hypersack_pb2 as pb
+from hypersack.agent.checkpoints import Checkpoints
+from hypersack.agent.devices import DeviceBackend
+from hypersack.agent.fence import Lease
+from hypersack.agent.launcher import Job
+from hypersack.agent.mps import MpsControl
+from hypersack.agent.procs import Records
+
+
+class AgentFields:
+    """Annotations only: no values, no methods."""
+
+    node: str
+    backend: DeviceBackend
+    agent_dir: str
+    mps: MpsControl | None
+    checkpoints: Checkpoints
+    records: Records
+    lease: Lease
+    jobs: dict[str, Job]  # by job key (trial#attempt, or a profile run's id)
+    groups: dict[str, Job]  # fused groups' processes, by key
+    jobs_lock: threading.Lock
+    watchdogs: dict[str, subprocess.Popen[bytes]]
+    _profile_keys: dict[str, pb.ProfileWorkload]
