@@ -16,7 +16,6 @@ import subprocess
 from collections.abc import Iterable
 from dataclasses import fields
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from hypersack._proto.v1 import hypersack_pb2 as pb
 from hypersack.agent.accounts import TrialUsers
@@ -56,10 +55,6 @@ class LaunchCommands(AgentFields):
     log_max_bytes: int
     warm: WarmPool
     heartbeat_timeout_s: float
-
-    if TYPE_CHECKING:
-        def _send(self, outbox: queue.Queue[pb.AgentMessage | None], msg: pb.AgentMessage,
-                  gpu_index: int) -> None: ...
 
     def _guard(self, job: Job) -> None:
         """Start the watchdog that fences the job's process group (see agent.fence; a

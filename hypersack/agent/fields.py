@@ -3,8 +3,10 @@ read and change, declared once for the type checker; `agent.Agent.__init__` sets
 
 from __future__ import annotations
 
+import queue
 import subprocess
 import threading
+from typing import TYPE_CHECKING
 
 from hypersack._proto.v1 import hypersack_pb2 as pb
 from hypersack.agent.checkpoints import Checkpoints
@@ -16,7 +18,7 @@ from hypersack.agent.procs import Records
 
 
 class AgentFields:
-    """Annotations only: no values, no methods."""
+    """Annotations only, and the one method both call (Agent's)."""
 
     node: str
     backend: DeviceBackend
@@ -30,3 +32,7 @@ class AgentFields:
     jobs_lock: threading.Lock
     watchdogs: dict[str, subprocess.Popen[bytes]]
     _profile_keys: dict[str, pb.ProfileWorkload]
+
+    if TYPE_CHECKING:
+        def _send(self, outbox: queue.Queue[pb.AgentMessage | None], msg: pb.AgentMessage,
+                  gpu_index: int) -> None: ...

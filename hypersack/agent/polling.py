@@ -50,9 +50,6 @@ class ProcessPolling(AgentFields):
     _ended_since_sweep: bool
 
     if TYPE_CHECKING:
-        def _send(self, outbox: queue.Queue[pb.AgentMessage | None], msg: pb.AgentMessage,
-                  gpu_index: int) -> None: ...
-
         def _send_unacked(self, outbox: queue.Queue[pb.AgentMessage | None], older_s: float
                           ) -> None: ...
 
