@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 from hypersack.core.errors import InvalidInput, UnknownName
 from hypersack.policies import ClusterView, GpuBin, Item, Need, NodeBin, make_policy, policy_names
 from hypersack.policies.base import Policy
-from hypersack.policies.greedy import EarliestFinishPolicy
+from hypersack.policies.greedy import EFT_SCAN, EFT_TOLERANCE, EarliestFinishPolicy
 from hypersack.policies.plans import check_plan, why_unplaced
 from hypersack.testing.contracts import PolicyContract, instances
 
@@ -244,35 +244,46 @@ class TestTheDefaultPolicyKeepsTheContract(PolicyContract):
 
 
 def naive_eft(items: list[Item], view: ClusterView) -> list[tuple[str, str, int]]:
-    """`eft` written plainly, O(P x G): longest first, each to the GPU where it would end
-    soonest (its run time there, or the longest placed there in this decision), then the
-    shortest longest there, then the most free share of scaled compute, then the first."""
+    """`eft` written plainly, O(P x G): longest first; per architecture, the GPU that took
+    nothing yet with the most free share of scaled compute, and the EFT_SCAN that took
+    something whose longest items end first (then most free); of those, the ones where
+    the item would end (its run time there, or the longest placed there in this decision)
+    within EFT_TOLERANCE of the soonest, the most free, then the sooner end, then the
+    first."""
     gpus = view.gpus()
     c = [g.compute for g in gpus]
     m = [g.memory for g in gpus]
     s = [1 << 60 if g.slots is None else g.slots for g in gpus]
     q = {n.name: n.cores for n in view.nodes}
     longest = [0.0] * len(gpus)
+    touched = [False] * len(gpus)
     out = []
     for it in sorted(items, key=lambda it: -it.run_time_s):
-        best = None
-        for g, b in enumerate(gpus):
-            need = it.needs.get(b.arch)
-            if need and c[g] >= need.compute and m[g] >= need.memory and s[g] > 0 \
-                    and q[b.node] >= need.cores:
-                run = it.run_time_s / it.speed.get(b.arch, 1.0) if it.speed else it.run_time_s
-                key = (max(longest[g], run), longest[g], -c[g] / max(1, b.full_compute), g)
-                if best is None or key < best[0]:
-                    best = (key, g, run)
-        if best is None:
+        found = []
+        for arch in sorted({b.arch for b in gpus}):
+            need = it.needs.get(arch)
+            if need is None:
+                continue
+            run = it.run_time_s / it.speed.get(arch, 1.0) if it.speed else it.run_time_s
+            fits = [g for g, b in enumerate(gpus) if b.arch == arch and c[g] >= need.compute
+                    and m[g] >= need.memory and s[g] > 0 and q[b.node] >= need.cores]
+            share = {g: -c[g] / max(1, gpus[g].full_compute) for g in fits}
+            fresh = sorted((g for g in fits if not touched[g]), key=lambda g: (share[g], g))
+            used = sorted((g for g in fits if touched[g]),
+                          key=lambda g: (longest[g], share[g], g))[:EFT_SCAN]
+            found += [(max(longest[g], run), share[g], g, run) for g in fresh[:1] + used]
+        if not found:
             continue
-        _, g, run = best
+        soonest = min(f[0] for f in found) * (1 + EFT_TOLERANCE)
+        _, _, g, run = min((f for f in found if f[0] <= soonest),
+                           key=lambda f: (f[1], f[0], f[2]))
         need = it.needs[gpus[g].arch]
         c[g] -= need.compute
         m[g] -= need.memory
         s[g] -= 1
         q[gpus[g].node] -= need.cores
         longest[g] = max(longest[g], run)
+        touched[g] = True
         out.append((it.id, gpus[g].node, gpus[g].index))
     return out
 
@@ -320,15 +331,36 @@ def test_eft_gives_the_longest_work_to_the_fastest_gpus_and_spreads_it() -> None
     assert sorted(wfd[f"long{i}"] for i in range(4)) == ["a", "a", "b", "b"]
 
 
+def test_eft_spreads_items_over_gpus_that_end_them_about_as_soon() -> None:
+    """A strict soonest end piles each next item on the GPU whose longest ends first; GPUs
+    within EFT_TOLERANCE of the soonest end count as soon, and the most free takes it. A
+    GPU past the tolerance does not (its long item would hold the short ones back)."""
+    assert 30 > 10 * (1 + EFT_TOLERANCE) and 10 <= 9 * (1 + EFT_TOLERANCE)
+    view = cluster(("a", 64000, [gpu("a", 0, 40000), gpu("a", 1, 40000)]),
+                   ("b", 64000, [gpu("b", 0, 40000)]))
+    needs = {"A100": Need(10000, 1000, 1000)}
+    items = [Item(f"t{s}", needs, float(s)) for s in (30, 10, 9, 8, 7, 6)]
+    got = {p.item_id: (p.node, p.gpu_index)
+           for p in EarliestFinishPolicy().rule(items, view).placements}
+    alone = got["t30"]  # the longest: its GPU ends at 30, past 1.3 x 10 for the others
+    assert [k for k, v in got.items() if v == alone] == ["t30"]
+    # The five others over the two GPUs that end them by 10 and 9 (within 20 %), the
+    # most free first: 3 and 2, where the strict rule put 1 and 4.
+    assert sorted(sum(v == w for v in got.values()) for w in set(got.values()) - {alone}) \
+        == [2, 3]
+    assert got == {i: (n, g) for i, n, g in naive_eft(items, view)}
+
+
 def test_eft_gives_an_architecture_to_the_models_that_gain_most_there() -> None:
     # One H100 and one A100, room for two items each. The CNNs run longest and gain
-    # 1.2x from the H100, the transformers 3x: the soonest end alone gives the H100 to
-    # the longest (the CNNs); with the preference first (the default), the transformers
-    # take the H100 and the CNNs the A100.
+    # 1.5x from the H100 (the A100 would end them past EFT_TOLERANCE of the H100), the
+    # transformers 3x: the soonest end alone gives the H100 to the longest (the CNNs);
+    # with the preference first (the default), the transformers take the H100 and the
+    # CNNs the A100.
     view = cluster(("a", 64000, [gpu("a", 0, 20000, arch="A100")]),
                    ("b", 64000, [gpu("b", 0, 20000, arch="H100")]))
     needs = {"A100": Need(10000, 1000, 1000), "H100": Need(10000, 1000, 1000)}
-    cnn, vit = {"A100": 1.0, "H100": 1.2}, {"A100": 1.0, "H100": 3.0}
+    cnn, vit = {"A100": 1.0, "H100": 1.5}, {"A100": 1.0, "H100": 3.0}
     items = [Item(f"cnn{i}", needs, 10.0, speed=cnn) for i in range(2)] + \
         [Item(f"vit{i}", needs, 8.0, speed=vit) for i in range(2)]
     rule = {p.item_id: p.node for p in EarliestFinishPolicy().rule(items, view).placements}
