@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+import math
 from dataclasses import replace
 from typing import Any
 
@@ -349,6 +350,14 @@ def test_eft_spreads_items_over_gpus_that_end_them_about_as_soon() -> None:
     assert sorted(sum(v == w for v in got.values()) for w in set(got.values()) - {alone}) \
         == [2, 3]
     assert got == {i: (n, g) for i, n, g in naive_eft(items, view)}
+    strict = {p.item_id: (p.node, p.gpu_index)
+              for p in EarliestFinishPolicy(tolerance=0.0).rule(items, view).placements}
+    assert sorted(sum(v == w for v in strict.values()) for w in set(strict.values())) \
+        == [1, 1, 4]  # the strict rule, as `auto` keeps it
+    assert {p.item_id: (p.node, p.gpu_index)
+            for p in make_policy("auto").place(items, view).placements} == strict
+    with pytest.raises(ValueError):
+        EarliestFinishPolicy(tolerance=math.nan)
 
 
 def test_eft_gives_an_architecture_to_the_models_that_gain_most_there() -> None:
