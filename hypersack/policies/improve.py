@@ -24,7 +24,7 @@ from __future__ import annotations
 import functools
 import time
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import Any, cast
 
 from hypersack.policies import kernels
 from hypersack.policies.base import Flat, Item, Need
@@ -109,7 +109,7 @@ class Counts:
         self.G, self.C = G, C
         compute, memory, cores = list(flat.compute), list(flat.memory), list(flat.node_cores)
         value = [rep.value for rep in classes]
-        # In the order of the kernels' arguments (kernels' module doc).
+        # In the order of the kernels' arguments (knapsack's module doc).
         cols: list[list[int]] = [
             compute, memory, list(flat.slots), cores, list(flat.node_of),
             [arch_index[a] for a in flat.arch], need_c, need_m, need_k, value, rows, nrows,
@@ -175,6 +175,13 @@ class Counts:
 RoundCalls = Callable[[], Iterator[Callable[[int], int]]]
 
 
+def _kernel(name: str, st: Counts) -> Callable[..., int]:
+    """The kernel `name` compiled where the counts allow it (`Counts.fast`) and it is
+    compiled, else its plain form."""
+    fn = kernels.compiled(name) if st.fast else None
+    return fn if fn is not None else cast(Callable[..., int], getattr(kernels, name))
+
+
 def _rounds(name: str, classes: list[Item], flat: Flat, on: list[dict[int, list[int]]],
             left: list[list[int]], deadline: float, effort: int,
             calls: Callable[[Callable[..., int], Counts], RoundCalls],
@@ -187,11 +194,8 @@ def _rounds(name: str, classes: list[Item], flat: Flat, on: list[dict[int, list[
     size = len(flat) * len(classes)
     if size > effort:
         return 0  # the counts alone would cost more than the allowance
-    fn = kernels.compiled(name)
-    st = Counts(classes, flat, on, left, fast=fn is not None)
-    if not st.fast or fn is None:
-        fn = getattr(kernels, name)
-    spent = size + _run(calls(fn, st), deadline, effort - size)
+    st = Counts(classes, flat, on, left, fast=kernels.compiled(name) is not None)
+    spent = size + _run(calls(_kernel(name, st), st), deadline, effort - size)
     if after is not None:
         spent += after(st)
     st.apply(classes, flat, on, left)
@@ -307,8 +311,7 @@ def kicks(st: Counts, deadline: float, effort: int, seed: int) -> int:
     never accepts. Kicks of three GPUs with the pairs among them, 800,000 units (12 ms
     more per decision, median, compiled, on a 2-core machine), left 1 of 46 below 99 %
     (docs/policies.md)."""
-    compiled = kernels.compiled("kicks") if st.fast else None
-    fn: Callable[..., int] = compiled if compiled is not None else kernels.kicks
+    fn = _kernel("kicks", st)
     saved = st.new(3 * st.C, 0)
     snap = st.new(kernels.snap_size(KICK_WIDTH, st.C), 0)
     noisy = st.new(st.C, 0)
