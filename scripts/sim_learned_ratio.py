@@ -134,6 +134,8 @@ def main() -> int:
     ap.add_argument("--seed", type=int, default=None, help="only this seed")
     ap.add_argument("--no-mix-shift", action="store_true", help="leave out the mix shift")
     args = ap.parse_args()
+    if args.seeds < 1 or (args.seed is not None and args.seed < 0):
+        ap.error("--seeds must be at least 1 and --seed at least 0")
     h100 = DEFAULT_RATIOS["H100"] / DEFAULT_RATIOS["A100"]
     swept = [float(x) for x in args.sweep.split(",")]
     if args.mix_shift_only:
