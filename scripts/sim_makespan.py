@@ -16,7 +16,9 @@ Scenarios: cluster x study kind x fusion x seed.
 
 `optimal` (CP-SAT) is left out: a decision takes it seconds, and the simulator makes
 hundreds. Prints one row per scenario and the summary: the default's worst and mean
-ratio to the best, and how often each policy was the best.
+ratio to the best, how often each policy was the best, and per policy the GPU-seconds
+during which a GPU held nothing while a waiting trial fit it (work conservation: 0 means
+no decision left a GPU idle that a trial in the queue could have used).
 
     python scripts/sim_makespan.py                   # 24 scenarios x 7 policies
     python scripts/sim_makespan.py --kinds memory --seeds 1
@@ -73,8 +75,10 @@ def profiles(kind: str, seed: int) -> list[Profile]:
     return out
 
 
-def makespans(cluster: str, kind: str, fusion: bool, seed: int,
-              policies: tuple[str, ...]) -> dict[str, float]:
+def makespans(cluster: str, kind: str, fusion: bool, seed: int, policies: tuple[str, ...],
+              idle: dict[str, float] | None = None) -> dict[str, float]:
+    """Each policy's makespan; `idle` adds up each one's GPU-seconds idle while a waiting
+    trial fit (SimResult.idle_fit_s)."""
     data = load_space(str(EXAMPLES / "sp1.yaml")).model_dump(mode="json", exclude_defaults=True)
     data["settings"] = {**data.get("settings", {}), "fusion": "on" if fusion else "off"}
     data["settings"].pop("policy", None)
@@ -87,6 +91,8 @@ def makespans(cluster: str, kind: str, fusion: bool, seed: int,
         if r.completed != 96:
             raise RuntimeError(f"{cluster} {kind} {policy}: {r.completed} of 96 completed")
         out[policy] = r.makespan_s
+        if idle is not None:
+            idle[policy] = idle.get(policy, 0.0) + r.idle_fit_s
     return out
 
 
@@ -104,12 +110,13 @@ def main() -> None:
           + "".join(f"{p:>9}" for p in policies) + f"  {DEFAULT}/best  best")
     ratios: list[float] = []
     wins: dict[str, int] = {p: 0 for p in policies}
+    idle: dict[str, float] = {}
     began = time.perf_counter()
     for cluster in args.clusters.split(","):
         for kind in args.kinds.split(","):
             for fusion in (True, False):
                 for seed in range(args.first_seed, args.first_seed + args.seeds):
-                    m = makespans(cluster, kind, fusion, seed, policies)
+                    m = makespans(cluster, kind, fusion, seed, policies, idle)
                     best = min(m.values())
                     for p, v in m.items():
                         wins[p] += v <= best * 1.0001
@@ -124,6 +131,8 @@ def main() -> None:
           f"{sum(r <= 1.02 for r in ratios)}")
     print("scenarios where each policy was the best (ties count for each): "
           + ", ".join(f"{p} {n}" for p, n in wins.items()))
+    print("GPU-seconds a GPU held nothing while a waiting trial fit it, over all scenarios: "
+          + ", ".join(f"{p} {v:.0f}" for p, v in idle.items()))
     print(f"({time.perf_counter() - began:.0f} s)")
 
 

@@ -27,6 +27,7 @@ from hypersack.orchestrator.journal import JournaledLog
 from hypersack.orchestrator.profiling import Profiling
 from hypersack.orchestrator.pruning import Pruning
 from hypersack.orchestrator.state import CoreState, Decision
+from hypersack.policies.base import Need, compute_capacity
 from hypersack.sampler.planning import Slot
 
 
@@ -147,3 +148,39 @@ class Queries:
     def wake_at(self) -> float | None:
         """The next time a tick has something to do besides checking heartbeats."""
         return self.pruning.wake_at()
+
+    def idle_fits(self) -> list[tuple[str, int, str]]:
+        """GPUs that hold nothing while a waiting trial would fit them now: (node, GPU
+        index, the first such trial in its study's order) per GPU. A decision leaves
+        none (it places what fits); the simulator checks that after each one
+        (SimResult.idle_fit_s). Trials held back by their study's share or their user's
+        quota count too: they are not for this check, which runs on one study."""
+        nodes = self.s.cluster.open_nodes()
+        idle = [(n, g) for n in nodes for g in n.gpus.values()
+                if not g.trials and g.profiling is None and g.reserved_for is None]
+        if not idle:
+            return []
+        archs = self.s.cluster.open_archs()
+        waiting: list[tuple[TrialRecord, dict[str, Need], set[str], dict[str, float]]] = []
+        for study in self.book.studies():
+            if study.state != StudyState.ACTIVE:
+                continue
+            seen: set[object] = set()
+            allowed = {n.spec.name for n in self.s.nodes_for(study.id, nodes)}
+            ratios = self.s.spaces[study.id].settings.oversubscription
+            for t in self.book.pending_in_order(study.id):
+                kind = (t.key, t.memory_override_mib)
+                if kind not in seen:
+                    seen.add(kind)
+                    waiting.append((t, self.profiling.needs(t, archs), allowed, ratios))
+        out = []
+        for node, gpu in idle:
+            for t, needs, allowed, ratios in waiting:
+                need = needs.get(gpu.arch)
+                if need is None or node.spec.name not in allowed:
+                    continue
+                cap = compute_capacity(self.s.config.ratio(gpu.arch, ratios))
+                if not self.s.cluster.shortfalls(node, gpu, need, cap):
+                    out.append((node.spec.name, gpu.spec_index, t.id))
+                    break
+        return out

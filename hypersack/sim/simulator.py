@@ -98,6 +98,11 @@ class SimResult:
     first_launch_s: dict[str, float] = field(default_factory=dict)
     last_launch_s: dict[str, float] = field(default_factory=dict)  # its last trial out
     ended_s: dict[str, float] = field(default_factory=dict)
+    # Work conservation: GPU-seconds during which a GPU held nothing while a waiting
+    # trial fit it (Orchestrator.idle_fits, read after every event), and how many events
+    # left such a GPU behind them.
+    idle_fit_s: float = 0.0
+    idle_fit_events: int = 0
 
     def summary(self) -> dict[str, float | int | bool]:
         return {
@@ -107,6 +112,7 @@ class SimResult:
             "mean_busy": round(self.mean_busy, 4), "decisions": self.decisions,
             "decision_time_ms": round(self.decision_time_s * 1000, 3),
             "profile_jobs": self.profile_jobs, "stuck": self.stuck,
+            "idle_fit_s": round(self.idle_fit_s, 3), "idle_fit_events": self.idle_fit_events,
         }
 
 
@@ -220,6 +226,11 @@ class Simulation:
         gpu_area = 0.0  # GPU-seconds that existed (for means under elasticity)
         now = 0.0
         ticks: set[float] = set()
+        # GPUs holding nothing while a waiting trial fits them, after the latest event,
+        # and how many events left any.
+        idle_fit: list[tuple[str, int, str]] = []
+        idle_counts = [0]
+        idle_fit_area = 0.0
 
         def apply(commands: list[Command]) -> None:
             nonlocal profile_jobs
@@ -299,6 +310,9 @@ class Simulation:
                 return  # the node that profiled is gone; the orchestrator asks again
             before = len(self.orchestrator.studies())
             apply(self.orchestrator.handle(ev))
+            idle_fit[:] = self.orchestrator.idle_fits()
+            if idle_fit:
+                idle_counts[0] += 1
             wake = self.orchestrator.wake_at()
             if wake is not None and wake not in ticks:
                 # Held promotions resume at a tick: the simulated server ticks then.
@@ -343,6 +357,7 @@ class Simulation:
                             shares[sid].append((now, share))
                 busy = {(r.node, r.gpu_index) for r in running.values()}
                 busy_area += dt * len(busy)
+                idle_fit_area += dt * len(idle_fit)
                 gpu_area += dt * len(live_gpus)
                 for r in running.values():
                     r.work_left_s -= r.rate * dt
@@ -390,6 +405,8 @@ class Simulation:
             first_launch_s=first_launch,
             last_launch_s=last_launch,
             ended_s=ended,
+            idle_fit_s=idle_fit_area,
+            idle_fit_events=idle_counts[0],
         )
 
     def _epoch(self, running: dict[str, _Running], tid: str, now: float,

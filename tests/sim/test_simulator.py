@@ -5,8 +5,13 @@ from __future__ import annotations
 import itertools
 from typing import Any
 
+import pytest
+
 from hypersack.core.cluster import parse_shorthand
+from hypersack.grid.settings import Settings
 from hypersack.orchestrator import NodeJoined, NodeLost, OrchestratorConfig
+from hypersack.policies import make_policy, registry
+from hypersack.policies.base import ClusterView, Item, NodeBin, Plan
 from hypersack.sim.interference import Interference, SharedTrial
 from hypersack.sim.simulator import Simulation, time_mean
 
@@ -232,3 +237,32 @@ def test_asha_in_the_simulator_trains_fewer_epochs_and_finds_the_best(sp1: Any,
         else:
             assert r.launches == len(trials)
             assert any(s.outcome == "KILLED" for s in r.timeline)
+
+
+class Spare:
+    """First fit on every GPU but the cluster's last: that one never takes anything."""
+
+    name = "spare"
+
+    def place(self, items: list[Item], view: ClusterView) -> Plan:
+        *head, last = view.nodes
+        return make_policy("ff").place(items, ClusterView((*head, NodeBin(
+            last.name, last.cores, last.gpus[:-1], last.total_cores))))
+
+
+def test_no_gpu_stays_idle_while_a_trial_that_fits_it_waits(
+        sp1: Any, estimates: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    paper = parse_shorthand("1x4xA100-80GB@88,1x2xH100-80GB@96")
+    # The check can fail: a policy that leaves one GPU unused leaves it idle while the
+    # queue holds trials that fit it, from the first decision to the queue's end.
+    monkeypatch.setattr(registry, "_REGISTRY", dict(registry._REGISTRY))
+    registry.register_policy("spare", Spare)
+    spare = run(sp1, paper, estimates, config=OrchestratorConfig(policy="spare"))
+    assert spare.completed == 96 and spare.idle_fit_s > 100 and spare.idle_fit_events > 10
+    # Every built-in rule the default can be, and the default, fill what fits at once.
+    for policy in sorted({"eft", "wfd", "pack", "auto", Settings().policy}):
+        for space in (sp1, sp1.model_copy(update={"settings": sp1.settings.model_copy(
+                update={"fusion": "on"})})):
+            r = run(space, paper, estimates, config=OrchestratorConfig(policy=policy))
+            assert r.completed == 96, policy
+            assert (r.idle_fit_s, r.idle_fit_events) == (0.0, 0), policy
