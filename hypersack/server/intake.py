@@ -137,14 +137,18 @@ class AgentSession:
             self.in_flight = deque(((at + 1, t) for at, t in self.in_flight),
                                    maxlen=MAX_OUTBOX)
 
-    def on_the_way(self, processed: int, listed: set[str]) -> tuple[RunningTrial, ...]:
+    def on_the_way(self, processed: int, running: tuple[RunningTrial, ...]
+                   ) -> tuple[RunningTrial, ...]:
         """The trials launched past the `processed` messages the agent handled, and not
-        in its list: still on their way to it (0: the agent does not say)."""
+        in its list `running`: still on their way to it (0: the agent does not say)."""
         if processed <= 0:
             return ()
         with self.flight_lock:
             while self.in_flight and self.in_flight[0][0] <= processed:
                 self.in_flight.popleft()
+            if not self.in_flight:
+                return ()  # most beats: no set of the list's ids to build
+            listed = {r.trial_id for r in running}
             return tuple(r for _, trials in self.in_flight for r in trials
                          if r.trial_id not in listed)
 
@@ -379,7 +383,7 @@ class Intake:
             running = session.beat_running
             # Launches the agent had not yet handled when it listed what runs: on their
             # way, not missing (under load the server's queue to it may lag seconds).
-            running += session.on_the_way(processed, {r.trial_id for r in running})
+            running += session.on_the_way(processed, running)
             if not session.connected:
                 return None
             if not known_node(node):
