@@ -152,9 +152,9 @@ class Queries:
     def idle_fits(self) -> list[tuple[str, int, str]]:
         """GPUs that hold nothing while a waiting trial would fit them now: (node, GPU
         index, the first such trial in its study's order) per GPU. A decision leaves
-        none (it places what fits); the simulator checks that after each one
-        (SimResult.idle_fit_s). Trials held back by their study's share or their user's
-        quota count too: they are not for this check, which runs on one study."""
+        none (it places what fits), unless a study's share or a user's quota holds the
+        trial back on purpose: those GPUs are listed too. The simulator adds up this
+        time after every event (SimResult.idle_fit_s); /metrics counts the GPUs."""
         nodes = self.s.cluster.open_nodes()
         idle = [(n, g) for n in nodes for g in n.gpus.values()
                 if not g.trials and g.profiling is None and g.reserved_for is None]
@@ -168,11 +168,17 @@ class Queries:
             seen: set[object] = set()
             allowed = {n.spec.name for n in self.s.nodes_for(study.id, nodes)}
             ratios = self.s.spaces[study.id].settings.oversubscription
+            # The study's kinds (workload, memory correction) among its pending groups:
+            # the walk stops once each has its first trial, not at the 20,000th.
+            kinds = {(number, override) for number, override, _ in
+                     self.s.pending_groups.get(study.id) or {}}
             for t in self.book.pending_in_order(study.id):
-                kind = (t.key, t.memory_override_mib)
+                kind = (self.book.key_number(t), t.memory_override_mib)
                 if kind not in seen:
                     seen.add(kind)
                     waiting.append((t, self.profiling.needs(t, archs), allowed, ratios))
+                    if len(seen) >= len(kinds):
+                        break
         out = []
         for node, gpu in idle:
             for t, needs, allowed, ratios in waiting:

@@ -117,6 +117,7 @@ class ServerCollector(Collector):
             stats = dict(service.stats)
             decisions, decision_s = orch.decision_count, orch.decision_time_s
             levels = orch.sharing.levels()
+            idle_fits = orch.idle_fits()
 
         g = GaugeMetricFamily("hypersack_studies", "Studies by state", labels=["state"])
         per_state = collections.Counter(s.state for s in studies)
@@ -198,6 +199,13 @@ class ServerCollector(Collector):
                     mps.add_metric(labels, int(reported.sharing == "mps"))
                     restarts.add_metric(labels, reported.mps_restarts)
         yield from (share, trials, util, used, mps, restarts)
+
+        g = GaugeMetricFamily("hypersack_gpus_idle_while_trials_fit", "GPUs holding "
+                              "nothing while a waiting trial would fit them now: held "
+                              "back by a study's share or a user's quota (else a "
+                              "decision would have placed it)")
+        g.add_metric([], len(idle_fits))
+        yield g
 
         in_force = GaugeMetricFamily("hypersack_oversubscription_ratio", "The architecture's "
                                   "ratio in force (learned, or configured)", labels=["arch"])

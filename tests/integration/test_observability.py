@@ -79,6 +79,8 @@ def test_metrics_over_https_need_a_client_certificate(cluster: Cluster) -> None:
     assert running >= 1
     assert _value(s, "hypersack_trials", study=study) == 8
     assert _value(s, "hypersack_node_up", node="n1") == 1
+    assert "hypersack_gpus_idle_while_trials_fit" in s  # its one GPU runs trials
+    assert _value(s, "hypersack_gpus_idle_while_trials_fit") == 0
     assert _value(s, "hypersack_gpu_trials", node="n1", gpu="0", arch="A100") >= 1
     assert 0 < _value(s, "hypersack_gpu_placed_compute_ratio", node="n1", gpu="0") <= 1
     assert _value(s, "hypersack_decisions_total") >= 1

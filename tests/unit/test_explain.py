@@ -110,3 +110,24 @@ def test_a_quota_spent_is_said() -> None:
     lines = orch.explain(_waiting(orch, "b-1"))
     assert any("has used their quota of 0.5 GPU-equivalents" in line for line in lines)
     assert any("fits on" in line for line in lines)  # the GPUs have room; the quota not
+
+
+def test_idle_fits_names_the_gpus_left_empty_while_a_trial_fits_them() -> None:
+    # No quota: the decision fills both GPUs (two trials each), so none is idle while
+    # the other two wait.
+    orch = _orch("1x2xA100-80GB")
+    orch.handle(StudySubmitted(study("a", n=6)))
+    assert sum(t.state == TrialState.RUNNING for t in orch.trials()) == 4
+    assert orch.idle_fits() == []
+    # bob's quota holds his second trial back: one GPU stays empty while it would fit.
+    orch = _orch("1x2xA100-80GB", shares={"bob": UserShare(max_compute=0.5)})
+    orch.handle(StudySubmitted(study("b", n=4), "bob"))
+    running = next(t for t in orch.trials() if t.state == TrialState.RUNNING)
+    [(node, gpu, trial)] = orch.idle_fits()
+    assert (node, gpu) == (running.node, 1 - running.gpu_index)
+    assert trial == _waiting(orch, "b-1")
+    # A trial too large for any GPU does not count.
+    orch = _orch("1x2xA100-80GB", memory=90_000)
+    orch.handle(StudySubmitted(study("c", n=2)))
+    assert not any(t.state == TrialState.RUNNING for t in orch.trials())
+    assert orch.idle_fits() == []
