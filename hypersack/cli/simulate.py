@@ -121,6 +121,8 @@ def run_simulate(args: argparse.Namespace) -> int:
               f"({1000 * result.decision_time_s:.1f} ms in total)")
         if result.profile_jobs:
             print(f"profile jobs        {result.profile_jobs}")
+        print(f"{'idle, trials fit':<20}{result.idle_fit_s:.1f} GPU-s (GPUs holding nothing "
+              "while a waiting trial fit them)")
         print(f"\n{'GPU':<14}{'arch':<7}{'trials':>7}{'busy s':>10}")
         for g in _per_gpu(result):
             print(f"{g['node'] + ':' + str(g['gpu']):<14}{g['arch']:<7}{g['trials']:>7}"

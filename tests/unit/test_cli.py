@@ -53,6 +53,7 @@ def test_simulate_json_and_gantt(capsys: Any, tmp_path: Path) -> None:
     assert out["completed"] == 96 and out["speedup"] > 1.5
     assert out["baseline_makespan_s"] > out["makespan_s"]
     assert len(out["gpus"]) == 4 and sum(g["trials"] for g in out["gpus"]) == 96
+    assert (out["idle_fit_s"], out["idle_fit_events"]) == (0.0, 0)  # work-conserving
     text = svg.read_text()
     assert text.startswith("<svg") and text.count("<rect") > 96
     # The picture says what it shows: ticks on the time axis, trial labels where they
