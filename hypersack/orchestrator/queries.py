@@ -155,6 +155,10 @@ class Queries:
         none (it places what fits), unless a study's share or a user's quota holds the
         trial back on purpose: those GPUs are listed too. The simulator adds up this
         time after every event (SimResult.idle_fit_s); /metrics counts the GPUs."""
+        active = [s for s in self.book.studies()
+                  if s.state == StudyState.ACTIVE and self.book.has_pending(s.id)]
+        if not active:
+            return []  # nothing waits: a study's tail costs no walk over the GPUs
         nodes = self.s.cluster.open_nodes()
         idle = [(n, g) for n in nodes for g in n.gpus.values()
                 if not g.trials and g.profiling is None and g.reserved_for is None]
@@ -162,9 +166,7 @@ class Queries:
             return []
         archs = self.s.cluster.open_archs()
         waiting: list[tuple[TrialRecord, dict[str, Need], set[str], dict[str, float]]] = []
-        for study in self.book.studies():
-            if study.state != StudyState.ACTIVE:
-                continue
+        for study in active:
             seen: set[object] = set()
             allowed = {n.spec.name for n in self.s.nodes_for(study.id, nodes)}
             ratios = self.s.spaces[study.id].settings.oversubscription
