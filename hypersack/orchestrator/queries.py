@@ -182,13 +182,23 @@ class Queries:
                     if len(seen) >= len(kinds):
                         break
         out = []
+        # An empty GPU's fit depends only on these: a thousand idle GPUs of a few shapes
+        # (a study no GPU can hold, say) cost a few checks, not a thousand times its kinds.
+        known: dict[tuple[str, int, int, int, int, float, str], str | None] = {}
         for node, gpu in idle:
-            for t, needs, allowed, ratios in waiting:
-                need = needs.get(gpu.arch)
-                if need is None or node.spec.name not in allowed:
-                    continue
-                cap = compute_capacity(self.s.config.ratio(gpu.arch, ratios))
-                if not self.s.cluster.shortfalls(node, gpu, need, cap):
-                    out.append((node.spec.name, gpu.spec_index, t.id))
-                    break
+            shape = (gpu.arch, gpu.memory_mib, gpu.used_compute, gpu.used_memory,
+                     node.used_cores, node.spec.cores, node.spec.owner)
+            if shape not in known:
+                known[shape] = None
+                for t, needs, allowed, ratios in waiting:
+                    need = needs.get(gpu.arch)
+                    if need is None or node.spec.name not in allowed:
+                        continue
+                    cap = compute_capacity(self.s.config.ratio(gpu.arch, ratios))
+                    if not self.s.cluster.shortfalls(node, gpu, need, cap):
+                        known[shape] = t.id
+                        break
+            found = known[shape]
+            if found is not None:
+                out.append((node.spec.name, gpu.spec_index, found))
         return out
