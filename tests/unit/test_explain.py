@@ -126,6 +126,12 @@ def test_idle_fits_names_the_gpus_left_empty_while_a_trial_fits_them() -> None:
     [(node, gpu, trial)] = orch.idle_fits()
     assert (node, gpu) == (running.node, 1 - running.gpu_index)
     assert trial == _waiting(orch, "b-1")
+    # Nor does a GPU whose node's cores are spent (two of two, by its other GPU's two
+    # trials), while a GPU of the same kind on a node with cores to spare is full.
+    orch = _orch("1x2xA100-80GB@2,1x2xA100-80GB@8")
+    orch.handle(StudySubmitted(study("d", n=8)))
+    assert sum(t.state == TrialState.RUNNING for t in orch.trials()) == 6
+    assert orch.idle_fits() == []
     # A trial too large for any GPU does not count.
     orch = _orch("1x2xA100-80GB", memory=90_000)
     orch.handle(StudySubmitted(study("c", n=2)))
