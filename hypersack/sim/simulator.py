@@ -229,7 +229,7 @@ class Simulation:
         # GPUs holding nothing while a waiting trial fits them, after the latest event,
         # and how many events left any.
         idle_fit: list[tuple[str, int, str]] = []
-        idle_counts = [0]
+        idle_fit_events = 0
         idle_fit_area = 0.0
 
         def apply(commands: list[Command]) -> None:
@@ -293,7 +293,7 @@ class Simulation:
                     heapq.heappush(queue, (done, next(seq), ev))
 
         def handle(ev: Event) -> None:
-            nonlocal study_id, submissions
+            nonlocal study_id, submissions, idle_fit, idle_fit_events
             if self.on_event is not None:
                 self.on_event(now, ev)
             if isinstance(ev, NodeLost):
@@ -310,9 +310,8 @@ class Simulation:
                 return  # the node that profiled is gone; the orchestrator asks again
             before = len(self.orchestrator.studies())
             apply(self.orchestrator.handle(ev))
-            idle_fit[:] = self.orchestrator.idle_fits()
-            if idle_fit:
-                idle_counts[0] += 1
+            idle_fit = self.orchestrator.idle_fits()
+            idle_fit_events += bool(idle_fit)
             wake = self.orchestrator.wake_at()
             if wake is not None and wake not in ticks:
                 # Held promotions resume at a tick: the simulated server ticks then.
@@ -406,7 +405,7 @@ class Simulation:
             last_launch_s=last_launch,
             ended_s=ended,
             idle_fit_s=idle_fit_area,
-            idle_fit_events=idle_counts[0],
+            idle_fit_events=idle_fit_events,
         )
 
     def _epoch(self, running: dict[str, _Running], tid: str, now: float,
