@@ -24,7 +24,8 @@ from hypersack.grid.space import load_space, parse_space
 from hypersack.orchestrator import OrchestratorConfig
 from hypersack.sampler.profiles import load_profiles
 from hypersack.sim.gantt import shares_svg
-from hypersack.sim.simulator import SimResult, Simulation, time_mean
+from hypersack.sim.results import SimResult, time_mean
+from hypersack.sim.simulator import Simulation
 
 
 def variant(name: str, epochs: float, models: list[str] | None = None,

@@ -12,7 +12,8 @@ from hypersack.orchestrator import fusion
 from hypersack.sim.fused import with_fused
 from hypersack.sim.gantt import gantt_svg
 from hypersack.sim.interference import Interference
-from hypersack.sim.simulator import SimResult, Simulation
+from hypersack.sim.results import SimResult
+from hypersack.sim.simulator import Simulation
 
 
 def _per_gpu(result: SimResult) -> list[dict[str, Any]]:

@@ -8,7 +8,7 @@ import html
 import math
 from collections.abc import Sequence
 
-from hypersack.sim.simulator import Segment
+from hypersack.sim.results import Segment
 
 _PALETTE = ["#4e79a7", "#f28e2b", "#e15759", "#76b7b2", "#59a14f", "#edc948", "#b07aa1",
             "#ff9da7", "#9c755f", "#bab0ac"]

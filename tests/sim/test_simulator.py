@@ -13,7 +13,8 @@ from hypersack.orchestrator import NodeJoined, NodeLost, OrchestratorConfig
 from hypersack.policies import make_policy, registry
 from hypersack.policies.base import ClusterView, Item, NodeBin, Plan
 from hypersack.sim.interference import Interference, SharedTrial
-from hypersack.sim.simulator import Simulation, time_mean
+from hypersack.sim.results import time_mean
+from hypersack.sim.simulator import Simulation
 
 SHARED = SharedTrial(compute_pct=40, cores=2, data_fraction=0.3)
 
