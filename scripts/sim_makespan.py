@@ -38,6 +38,7 @@ from hypersack.core.types import Profile
 from hypersack.grid.settings import Settings
 from hypersack.grid.space import load_space, parse_space
 from hypersack.orchestrator import OrchestratorConfig
+from hypersack.policies import policy_names
 from hypersack.sampler.profiles import load_profiles
 from hypersack.sim.simulator import Simulation
 
@@ -106,6 +107,14 @@ def main() -> None:
     ap.add_argument("--policies", default=",".join(POLICIES))
     args = ap.parse_args()
     policies = tuple(args.policies.split(","))
+    if args.seeds < 1 or args.first_seed < 0:
+        ap.error("--seeds must be at least 1 and --first-seed at least 0")
+    for flag, given, valid in (("--clusters", args.clusters.split(","), tuple(CLUSTERS)),
+                               ("--kinds", args.kinds.split(","), KINDS),
+                               ("--policies", policies, tuple(policy_names()))):
+        unknown = [x for x in given if x not in valid]
+        if unknown:
+            ap.error(f"{flag}: unknown {', '.join(unknown)}; valid: {', '.join(valid)}")
     print(f"{'cluster':<8}{'kind':<8}{'fusion':<7}{'seed':<5}"
           + "".join(f"{p:>9}" for p in policies) + f"  {DEFAULT}/best  best")
     ratios: list[float] = []
