@@ -1,0 +1,28 @@
+"""The simulation benchmarks refuse bad arguments with one usage line and exit 2, before
+running anything (a traceback, or a run that places nothing, is not an answer)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+SCRIPTS = Path(__file__).resolve().parents[2] / "scripts"
+
+
+@pytest.mark.parametrize(("script", "args", "said"), [
+    ("sim_makespan.py", ["--seeds", "0"], "--seeds must be at least 1"),
+    ("sim_makespan.py", ["--first-seed", "-1"], "--first-seed at least 0"),
+    ("sim_makespan.py", ["--policies", "eft,nope"], "--policies: unknown nope; valid:"),
+    ("sim_makespan.py", ["--clusters", "../x"], "--clusters: unknown ../x; valid: paper"),
+    ("sim_makespan.py", ["--kinds", "memory,"], "--kinds: unknown ; valid: compute"),
+    ("sim_learned_ratio.py", ["--seeds", "0"], "--seeds must be at least 1"),
+])
+def test_a_bad_argument_is_one_usage_line(script: str, args: list[str], said: str) -> None:
+    done = subprocess.run([sys.executable, str(SCRIPTS / script), *args],
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2, done.stderr
+    assert said in done.stderr and "Traceback" not in done.stderr
+    assert done.stdout == ""
