@@ -162,9 +162,9 @@ MetricName = Annotated[str, StringConstraints(min_length=1, max_length=64,
 class Settings(_Spec):
     epochs: Epochs = 1.0
     retries: int = Field(default=2, ge=0, le=MAX_RETRIES)
-    # Earliest finish: of the registered policies, the one whose studies end soonest in
-    # the simulator (scripts/sim_makespan.py; docs/policies.md has the table).
-    policy: str = "eft"
+    # The rule whose simulated study ends soonest (policies/predict.py; eft where the
+    # study's course cannot be simulated). scripts/sim_makespan.py has the table.
+    policy: str = "predict"
     oversubscription: dict[str, float] = Field(default_factory=dict)
     max_trials: int = Field(default=100_000, ge=1, le=MAX_TRIALS_CAP)
     objective: Objective = Field(default_factory=Objective)

@@ -3,11 +3,18 @@ and the policy)."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from hypersack.core.types import UserShare
+from hypersack.core.types import NodeSpec, Profile, UserShare
+
+if TYPE_CHECKING:
+    from hypersack.grid.space import SearchSpace
+
+# (space, nodes, profiles, config, candidates) -> predicted makespan per candidate
+Foresight = Callable[["SearchSpace", Sequence[NodeSpec], Sequence[Profile],
+                      "OrchestratorConfig", Sequence[str]], Mapping[str, float]]
 
 DEFAULT_RATIOS: dict[str, float] = {"A100": 3.0, "H100": 2.5}
 _DEFAULT_SHARE = UserShare()
@@ -66,6 +73,11 @@ class OrchestratorConfig:
     # A fit per workload (trial's model) where it has learn_min_samples samples, weighed
     # by the trials running now; False: one fit of every sample.
     learn_by_workload: bool = True
+    # The simulator, for the default policy `predict` (orchestrator/foresight.py): given
+    # a study's space, the nodes, the profiles, this config and the candidate rules, the
+    # makespan each rule gives the study in simulation. None: `predict` places as its
+    # fallback. Injected: the simulator sits above the core.
+    foresight: Foresight | None = None
 
     def share_rule(self, user: str) -> UserShare:
         rule = self.shares.get(user) or self.shares.get("*")

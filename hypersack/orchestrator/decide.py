@@ -25,6 +25,7 @@ from hypersack.orchestrator.commands import (
     LaunchTrial,
 )
 from hypersack.orchestrator.cycle import CycleState
+from hypersack.orchestrator.foresight import Ask, RuleChooser
 from hypersack.orchestrator.profiling import Profiling
 from hypersack.orchestrator.pruning import Pruning
 from hypersack.orchestrator.state import CoreState, Decision
@@ -54,6 +55,7 @@ class Decider:
         self.book = book
         self.pruning = pruning
         self.profiling = profiling
+        self.rules = RuleChooser(s)  # the rule of each study under `predict`
 
     def decide_all(self, active: list[StudyRecord], open_nodes: list[Node],
                    archs: frozenset[str]) -> tuple[list[Command], CycleState]:
@@ -195,7 +197,8 @@ class Decider:
                 log.error("policy %r returned a plan for study %s that breaks an invariant "
                           "(%s); nothing of it was launched, and the decision is tried "
                           "again at the next event",
-                          self.policy(self.s.spaces[claim.study_id]).name, claim.study_id,
+                          self.policy(self.s.spaces[claim.study_id], claim.study_id).name,
+                          claim.study_id,
                           exc)
             else:
                 log.exception("the decision for study %s failed and was undone; it is "
@@ -227,7 +230,7 @@ class Decider:
         batch = [f.item for f in fused.values()] + self.plain_items(
             claim.study_id, alone, archs, view)
         commands: list[Command] = []
-        policy = self.policy(space)
+        policy = self.policy(space, claim.study_id)
         cut = False
         unfit: list[Item] = []
         while batch:
@@ -409,8 +412,19 @@ class Decider:
         return LaunchGroup(group_id=group_id, node=node_name, gpu_index=gpu_index, key=key,
                            demand=demand, members=tuple(launches))
 
-    def policy(self, space: SearchSpace) -> Policy:
-        name = self.s.config.policy or space.settings.policy
+    def policy(self, space: SearchSpace, study_id: str | None = None) -> Policy:
+        """The policy that places the study's trials: the server's, else the study's own;
+        where that offers candidate rules (`predict`), the one chosen for the study
+        (orchestrator/foresight.py)."""
+        policy = self._made(self.s.config.policy or space.settings.policy)
+        candidates = getattr(policy, "candidates", None)
+        if study_id is None or not candidates:
+            return policy
+        ask = Ask(tuple(candidates), str(getattr(policy, "fallback", "eft")),
+                  int(getattr(policy, "max_trials", 0)), int(getattr(policy, "max_gpus", 0)))
+        return self._made(self.rules.rule(study_id, space, ask))
+
+    def _made(self, name: str) -> Policy:
         if name not in self.s.policies:
             self.s.policies[name] = make_policy(name, **self.s.config.policy_options.get(name, {}))
         return self.s.policies[name]

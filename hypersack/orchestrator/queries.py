@@ -23,6 +23,7 @@ from hypersack.core.types import (
 from hypersack.grid.space import SearchSpace
 from hypersack.orchestrator.book import Book
 from hypersack.orchestrator.explain import Explainer
+from hypersack.orchestrator.foresight import Choice
 from hypersack.orchestrator.journal import JournaledLog
 from hypersack.orchestrator.profiling import Profiling
 from hypersack.orchestrator.pruning import Pruning
@@ -48,6 +49,10 @@ class Queries:
     @property
     def decision_count(self) -> int:
         return self.s.decisions.count
+
+    def rule_choice(self, study_id: str) -> Choice | None:
+        """The rule chosen for a study under `predict`, and why (None: not yet)."""
+        return self.explainer.decider.rules.chosen.get(study_id)
 
     def history(self, *, study_id: str = "", trial_id: str = "",
                 after: tuple[str, int] = ("", -1), limit: int | None = None

@@ -1,11 +1,12 @@
 """The policy registry: names to factories and their options, failing loudly on anything
 unknown.
 
-Built in: `auto` (eft unless pack places clearly more; see `auto`), the
-paper's greedy rules (ff, ffd, wf, wfd; option hetero), `eft` (earliest finish, the
-default; option hetero; see `greedy.EarliestFinishPolicy`), `pack` (a composed policy, see
-`compose`; options order, score, improve, budget_ms, effort, pairs_effort, portfolio,
-hetero, lp) and `optimal` (CP-SAT; options time_limit_s, workers, seed).
+Built in: `predict` (the default: the rule whose simulated study ends soonest; options
+candidates, max_trials; see `predict`), `auto` (eft unless pack places clearly more; see
+`auto`), the paper's greedy rules (ff, ffd, wf, wfd; option hetero), `eft` (earliest
+finish, predict's fallback; option hetero; see `greedy.EarliestFinishPolicy`), `pack`
+(a composed policy, see `compose`; options order, score, improve, budget_ms, effort,
+pairs_effort, portfolio, hetero, lp) and `optimal` (CP-SAT; options time_limit_s, workers, seed).
 
 A user adds a policy without editing the project, in Python:
 
@@ -39,6 +40,7 @@ from hypersack.policies.auto import AutoOptions
 from hypersack.policies.base import Policy
 from hypersack.policies.compose import ComposedOptions, ComposedPolicy
 from hypersack.policies.greedy import EarliestFinishPolicy, GreedyOptions, GreedyPolicy
+from hypersack.policies.predict import PredictOptions, PredictPolicy
 
 log = logging.getLogger(__name__)
 
@@ -80,7 +82,16 @@ def _auto(**options: Any) -> Policy:
     return AutoPolicy(**options)
 
 
+def _predict(**options: Any) -> Policy:
+    for name in options.get("candidates", ()):
+        if name not in _REGISTRY or name == "predict":
+            raise ValueError(f"candidate {name!r} is not a registered policy; valid: "
+                             f"{', '.join(n for n in _REGISTRY if n != 'predict')}")
+    return PredictPolicy(**options)
+
+
 _REGISTRY: dict[str, _Entry] = {
+    "predict": _Entry(_predict, PredictOptions),
     "auto": _Entry(_auto, AutoOptions),
     "ff": _Entry(_greedy("ff", False, False), GreedyOptions),
     "ffd": _Entry(_greedy("ffd", True, False), GreedyOptions),

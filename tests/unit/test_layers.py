@@ -1,7 +1,8 @@
 """The layers of the design, checked on every import in the package (function-level
 imports too): cli -> server | agent | sim -> orchestrator -> sampler, policies, grid,
-store -> core; `wire` beside server and agent; `runner` a leaf only trial processes
-import. Nothing imports upward or sideways."""
+store -> core, where the server may also use sim (its foresight); `wire` beside server
+and agent; `runner` a leaf only trial processes import. Nothing imports upward or
+sideways."""
 
 from __future__ import annotations
 
@@ -24,7 +25,8 @@ ALLOWED: dict[str, set[str]] = {
     "store": _BASE,
     "orchestrator": _MIDDLE,
     "wire": _MIDDLE | {"_proto"},
-    "server": _ORCH | {"wire", "_proto"},
+    # The server runs the simulator as its foresight (the default policy, `predict`).
+    "server": _ORCH | {"wire", "sim", "_proto"},
     "agent": _MIDDLE | {"wire", "_proto"},
     "sim": _ORCH,
     "cli": _ORCH | {"wire", "server", "agent", "sim", "_proto"},
@@ -92,7 +94,8 @@ def test_the_check_sees_a_violation(tmp_path: Path) -> None:
 # modules over the one state below it, the state, and the plain parts under everything.
 CORE_ORDER = ["events", "commands", "journal", "config", "sharing", "outcomes", "retries",
               "fusion", "shares", "cycle", "cluster", "state", "learned", "book", "curves",
-              "pruning", "profiling", "searches", "membership", "decide", "preempt", "explain",
+              "pruning", "profiling", "searches", "membership", "foresight", "decide", "preempt",
+              "explain",
               "trials", "studies", "queries", "orchestrator", "__init__"]
 
 

@@ -64,7 +64,7 @@ def test_grid_values_of_each_range_kind() -> None:
      "hyperparameters.lr"),
     ({"settings": {"max_trials": 3}}, "8 trials, more than settings.max_trials=3"),
     ({"settings": {"policy": "best"}},
-     "unknown policy 'best'; valid: auto, ff, ffd, wf, wfd, eft, pack, optimal"),
+     "unknown policy 'best'; valid: predict, auto, ff, ffd, wf, wfd, eft, pack, optimal"),
     ({"settings": {"oversubscription": {"A100": -1}}}, "settings.oversubscription"),
     ({"search": {"type": "random"}}, "random search needs samples"),
     ({"extra": 1}, "extra: Extra inputs are not permitted"),

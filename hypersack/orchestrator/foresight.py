@@ -1,0 +1,122 @@
+"""Which rule places a study under `predict` (policies/predict.py): chosen once per
+study, before its first decision, by simulating the study under each candidate rule
+(`OrchestratorConfig.foresight`, the simulator, injected) and taking the one whose
+simulated study ends first.
+
+The simulation sees what this scheduler knows: the study's trials, the profiles of its
+workloads, the nodes that take its trials where those profiles are known (at a study's
+first decision, an architecture still profiling is left out), and the ratios in force.
+It runs the study alone and whole on those nodes, empty: other studies' trials, later
+changes of the cluster and the trials a resumed study has done are not foreseen. A
+choice is final for the study; a restarted server makes it again (from the same inputs,
+the same choice).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+from hypersack.core.types import NodeSpec
+from hypersack.grid.space import SearchSpace
+from hypersack.orchestrator.state import CoreState
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Choice:
+    """The rule a study's decisions use, and why (`predicted_s`: each candidate's
+    simulated makespan, empty where none ran)."""
+
+    rule: str
+    why: str
+    predicted_s: Mapping[str, float] = field(default_factory=dict)
+    solve_s: float = 0.0
+
+    def describe(self) -> str:
+        if not self.predicted_s:
+            return f"rule {self.rule}: {self.why}"
+        ends = ", ".join(f"{name} {s:.0f} s" if math.isfinite(s) else f"{name} did not end"
+                         for name, s in sorted(self.predicted_s.items(), key=_by_end))
+        return f"rule {self.rule}: {self.why} (simulated ends: {ends})"
+
+
+@dataclass(frozen=True)
+class Ask:
+    """What a policy with candidates (`predict`) asks: the rules to simulate, the rule
+    where none is chosen, and the largest study and cluster to simulate."""
+
+    candidates: tuple[str, ...]
+    fallback: str
+    max_trials: int
+    max_gpus: int
+
+
+def _by_end(item: tuple[str, float]) -> float:
+    return item[1]
+
+
+class RuleChooser:
+    """The rule of each study whose policy offers candidates (`predict`)."""
+
+    def __init__(self, s: CoreState) -> None:
+        self.s = s
+        self.chosen: dict[str, Choice] = {}  # by study: final once made
+
+    def rule(self, study_id: str, space: SearchSpace, ask: Ask) -> str:
+        choice = self.chosen.get(study_id)
+        if choice is None:
+            choice = self._choose(study_id, space, ask)
+            if choice is None:
+                return ask.fallback  # not yet: asked again at the study's next decision
+            self.chosen[study_id] = choice
+            log.info("study %s: %s", study_id, choice.describe())
+        return choice.rule
+
+    def forget(self, study_id: str) -> None:
+        self.chosen.pop(study_id, None)
+
+    def _choose(self, study_id: str, space: SearchSpace, ask: Ask) -> Choice | None:
+        fallback, candidates = ask.fallback, ask.candidates
+        foresee = self.s.config.foresight
+        if foresee is None:
+            return Choice(fallback, "no simulator in this process")
+        if space.search.adaptive or space.pruner is not None:
+            return Choice(fallback, "which trials run depends on their results (adaptive "
+                                    "search or a pruner), so the study is not simulated")
+        trial_ids = self.s.by_study.get(study_id, [])
+        if len(trial_ids) > ask.max_trials:
+            return Choice(fallback, f"{len(trial_ids)} trials, more than predict's "
+                                    f"max_trials ({ask.max_trials}) simulates")
+        nodes = [n.spec for n in self.s.nodes_for(study_id, self.s.cluster.open_nodes())]
+        keys = {self.s.trials[t].key for t in trial_ids}
+        usable: list[NodeSpec] = []
+        for node in nodes:
+            # Only where every workload of the study has its profile: where one failed
+            # the trials never run, and where one is still on its way this decision
+            # places nothing there either.
+            if all((k, g.arch) in self.s.profiles for k in keys for g in node.gpus):
+                usable.append(node)
+        if not usable:
+            return None  # profiles first: asked again at the next decision
+        gpus = sum(len(n.gpus) for n in usable)
+        if gpus > ask.max_gpus:
+            return Choice(fallback, f"{gpus} GPUs, more than predict's max_gpus "
+                                    f"({ask.max_gpus}) simulates")
+        # Every profile of the study's workloads there, fused widths' too.
+        archs = {g.arch for n in usable for g in n.gpus}
+        profiles = [p for (key, arch), p in self.s.profiles.items()
+                    if arch in archs and key.model_copy(update={"fusion_width": 1}) in keys]
+        began = time.perf_counter()
+        predicted = dict(foresee(space, usable, profiles, self.s.config, candidates))
+        took = time.perf_counter() - began
+        order = {name: i for i, name in enumerate(candidates)}
+        best = min(candidates, key=lambda c: (predicted.get(c, math.inf), order[c]))
+        if not math.isfinite(predicted.get(best, math.inf)):
+            return Choice(fallback, "no candidate ended the simulated study", predicted, took)
+        return Choice(best, f"its simulated study ends first, of {len(candidates)} rules "
+                            f"simulated in {took:.2f} s", predicted, took)

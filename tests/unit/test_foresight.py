@@ -1,0 +1,169 @@
+"""The default policy `predict`: each study's rule chosen once, before its first decision,
+as the candidate whose simulated study ends first (orchestrator/foresight.py), with a
+stand-in for the simulator here; tests/sim/test_foresight.py runs the real one."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import pytest
+
+from hypersack.core.clock import ManualClock
+from hypersack.core.cluster import parse_shorthand
+from hypersack.core.errors import InvalidInput
+from hypersack.core.types import NodeSpec, Profile, TrialState
+from hypersack.grid.space import SearchSpace, parse_space
+from hypersack.orchestrator import NodeJoined, Orchestrator, OrchestratorConfig, StudySubmitted
+from hypersack.orchestrator.events import ProfileMeasured, TrialFinished
+from hypersack.policies import make_policy
+from hypersack.store import MemoryStore
+from hypersack.testing.core import prof
+
+
+class Seer:
+    """A stand-in simulator: the makespans it is told to predict, and its calls."""
+
+    def __init__(self, ends: Mapping[str, float]) -> None:
+        self.ends = dict(ends)
+        self.calls: list[tuple[str, int, int, tuple[str, ...]]] = []
+
+    def __call__(self, space: SearchSpace, nodes: Sequence[NodeSpec],
+                 profiles: Sequence[Profile], config: OrchestratorConfig,
+                 candidates: Sequence[str]) -> Mapping[str, float]:
+        self.calls.append((space.name, len(nodes), len(profiles), tuple(candidates)))
+        return {c: self.ends.get(c, 1000.0) for c in candidates}
+
+
+def _space(name: str = "s", n: int = 6, **settings: Any) -> SearchSpace:
+    data: dict[str, Any] = {
+        "name": name, "models": ["resnet18"],
+        "hyperparameters": {"batch_size": [64], "lr": [0.001 * (i + 1) for i in range(n)]},
+        "settings": {"fusion": "off", **settings}}
+    return parse_space(data)
+
+
+def _orch(seer: Seer | None, profiles: list[Profile] | None = None,
+          nodes: str = "2x2xA100-80GB", **config: Any) -> Orchestrator:
+    store = MemoryStore()
+    for p in [prof("resnet18", 64)] if profiles is None else profiles:
+        store.put_profile(p)
+    orch = Orchestrator(store, ManualClock(0.0), OrchestratorConfig(foresight=seer, **config))
+    for node in parse_shorthand(nodes).nodes:
+        orch.handle(NodeJoined(node))
+    return orch
+
+
+def _rules(orch: Orchestrator, study_id: str) -> set[str]:
+    return {d.policy for d in orch.decisions if d.study_id == study_id}
+
+
+def test_the_default_policy_is_predict_and_it_takes_the_rule_that_ends_first() -> None:
+    assert _space().settings.policy == "predict"
+    seer = Seer({"eft": 500.0, "wfd": 430.0, "ffd": 430.0, "ff": 470.0})
+    orch = _orch(seer)
+    orch.handle(StudySubmitted(_space()))
+    # Simulated once, with the study, the two nodes, the one profile and every candidate;
+    # of the two that end first, the earlier candidate (wfd before ffd).
+    assert seer.calls == [("s", 2, 1, ("eft", "auto", "wfd", "ffd", "wf", "ff"))]
+    assert _rules(orch, "s-1") == {"wfd"}
+    waiting = [t for t in orch.trials("s-1") if t.state == TrialState.PENDING]
+    if waiting:
+        line = next(x for x in orch.explain(waiting[0].id) if "predict" in x)
+        assert "rule wfd: its simulated study ends first" in line
+        assert "wfd 430 s" in line and "eft 500 s" in line
+    # Later decisions of the study use the choice without simulating again.
+    for t in [t for t in orch.trials("s-1") if t.state == TrialState.RUNNING]:
+        orch.handle(TrialFinished(t.id, t.node or "", attempt=t.launches))
+    assert len(seer.calls) == 1
+    assert _rules(orch, "s-1") == {"wfd"}
+
+
+def test_a_named_policy_and_the_servers_policy_are_never_second_guessed() -> None:
+    seer = Seer({"wfd": 1.0})
+    orch = _orch(seer)
+    orch.handle(StudySubmitted(_space(policy="eft")))
+    assert seer.calls == [] and _rules(orch, "s-1") == {"eft"}
+    orch = _orch(seer, policy="ff")
+    orch.handle(StudySubmitted(_space()))
+    assert seer.calls == [] and _rules(orch, "s-1") == {"ff"}
+
+
+@pytest.mark.parametrize(("extra", "why"), [
+    ({"search": {"type": "optuna", "trials": 6}}, "adaptive search or a pruner"),
+    ({"pruner": {"type": "asha", "min_epochs": 1, "reduction_factor": 2}},
+     "adaptive search or a pruner"),
+])
+def test_a_study_whose_course_depends_on_results_takes_the_fallback(
+        extra: dict[str, Any], why: str) -> None:
+    seer = Seer({"wfd": 1.0})
+    orch = _orch(seer)
+    data = _space().model_dump(mode="json", exclude_defaults=True)
+    data.update(extra)
+    data["settings"]["epochs"] = 4
+    orch.handle(StudySubmitted(parse_space(data)))
+    assert seer.calls == [] and _rules(orch, "s-1") == {"eft"}
+    assert why in orch.rule_choice("s-1").why
+
+
+def test_past_max_trials_or_max_gpus_the_fallback_places_without_a_simulation() -> None:
+    seer = Seer({"wfd": 1.0})
+    orch = _orch(seer, policy_options={"predict": {"max_trials": 5}})
+    orch.handle(StudySubmitted(_space(n=6)))
+    assert seer.calls == [] and _rules(orch, "s-1") == {"eft"}
+    assert "6 trials, more than predict's max_trials (5)" in \
+        orch.rule_choice("s-1").why
+    orch = _orch(seer, policy_options={"predict": {"max_gpus": 3}})
+    orch.handle(StudySubmitted(_space(n=6)))
+    assert seer.calls == [] and "4 GPUs, more than predict's max_gpus (3)" in \
+        orch.rule_choice("s-1").why
+
+
+def test_the_choice_waits_for_a_profile_and_simulates_where_profiles_are_known() -> None:
+    seer = Seer({"wf": 1.0})
+    orch = _orch(seer, profiles=[], nodes="1x2xA100-80GB,1x2xH100-80GB")
+    orch.handle(StudySubmitted(_space()))
+    assert seer.calls == [] and orch.rule_choice("s-1") is None  # profiles first
+    # The first decision: the A100 node, where the profile is in (the H100 one is not).
+    orch.handle(ProfileMeasured(prof("resnet18", 64), "node0"))
+    assert seer.calls == [("s", 1, 1, ("eft", "auto", "wfd", "ffd", "wf", "ff"))]
+    assert _rules(orch, "s-1") == {"wf"}
+    orch.handle(ProfileMeasured(prof("resnet18", 64, arch="H100"), "node1"))
+    assert len(seer.calls) == 1  # final for the study
+
+
+def test_no_simulator_or_no_candidate_that_ends_means_the_fallback() -> None:
+    orch = _orch(None)
+    orch.handle(StudySubmitted(_space()))
+    assert _rules(orch, "s-1") == {"eft"}
+    assert orch.rule_choice("s-1").why == "no simulator in this process"
+    seer = Seer({c: math.inf for c in ("eft", "auto", "wfd", "ffd", "wf", "ff")})
+    orch = _orch(seer)
+    orch.handle(StudySubmitted(_space()))
+    choice = orch.rule_choice("s-1")
+    assert choice.rule == "eft" and "no candidate ended" in choice.why
+    assert "eft did not end" in choice.describe()
+
+
+def test_candidates_are_options_checked_like_any_policys() -> None:
+    seer = Seer({"ff": 2.0, "wfd": 3.0})
+    orch = _orch(seer, policy_options={"predict": {"candidates": ["wfd", "ff"]}})
+    orch.handle(StudySubmitted(_space()))
+    assert seer.calls[0][3] == ("wfd", "ff") and _rules(orch, "s-1") == {"ff"}
+    for bad, said in (({"candidates": ["nope"]}, "candidate 'nope' is not a registered"),
+                      ({"candidates": ["predict"]}, "cannot be its own candidate"),
+                      ({"candidates": ["ff", "ff"]}, "named twice"),
+                      ({"candidates": []}, "candidates"),
+                      ({"max_trials": -1}, "max_trials")):
+        with pytest.raises(InvalidInput, match=said):
+            make_policy("predict", **bad)
+
+
+def test_placed_directly_predict_is_its_fallback() -> None:
+    from hypersack.sim.instances import heterogeneous
+
+    items, view = heterogeneous("memory", 0)
+    direct = make_policy("predict").place(items, view)
+    eft = make_policy("eft").place(items, view)
+    assert direct.placements == eft.placements
