@@ -38,8 +38,10 @@ def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--profiles", required=True,
                    help="profiles file (YAML or CSV) with demands per workload and "
                         "architecture, e.g. examples/profiles-estimates.yaml")
-    p.add_argument("--policy", help="auto, eft, ff, ffd, wf, wfd, pack, optimal or a "
-                                    "registered policy (default: the study's, eft)")
+    p.add_argument("--policy", help="predict, auto, eft, ff, ffd, wf, wfd, pack, optimal or "
+                                    "a registered policy (default: the study's; a study "
+                                    "that names none: predict, the rule whose simulated "
+                                    "study ends first)")
     p.add_argument("--policy-option", action="append", default=[], metavar="KEY=VALUE",
                    help="policy option, e.g. time_limit_s=5 for optimal (repeatable)")
     p.add_argument("--ratio", action="append", default=[], metavar="ARCH=R",
@@ -185,6 +187,7 @@ def load_inputs(args: argparse.Namespace) -> tuple[Any, Any, Any, Any]:
     from hypersack.orchestrator.orchestrator import DEFAULT_RATIOS, OrchestratorConfig
     from hypersack.policies.registry import make_policy, parse_policy_options, policy_names
     from hypersack.sampler.profiles import load_profiles
+    from hypersack.sim.foresight import foresee
 
     space = load_space(args.space, policy_names())
     cluster = load_cluster(args.cluster)
@@ -196,7 +199,8 @@ def load_inputs(args: argparse.Namespace) -> tuple[Any, Any, Any, Any]:
     make_policy(policy, **options)  # fail on a bad name or option before any work
     config = OrchestratorConfig(oversubscription=ratios, policy=policy,
                                 policy_options={policy: options},
-                                fusion=not getattr(args, "no_fusion", False))
+                                fusion=not getattr(args, "no_fusion", False),
+                                foresight=foresee)  # for `predict`, as the server has it
     if given:
         # Ratios given on the command line win over the study's own.
         settings = space.settings.model_copy(update={"oversubscription": {

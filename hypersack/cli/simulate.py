@@ -105,10 +105,12 @@ def run_simulate(args: argparse.Namespace) -> int:
               "fusion": fuses, "fused_groups": groups,
               "packed_makespan_s": round(packed.makespan_s, 3),
               "packed_speedup": round(packed_speedup, 4),
-              "gpus": _per_gpu(result)})
+              "rules": result.rules, "gpus": _per_gpu(result)})
     else:
         print(f"{space.name}: {result.trials} trials on {cluster.gpu_count()} GPUs, "
               f"policy {config.policy}")
+        for rule in result.rules.values():
+            print(f"  {rule}")
         print(f"{'':<20}{'makespan s':>12}{'speedup':>9}")
         print(f"{'one trial per GPU':<20}{baseline.makespan_s:>12.1f}{1.0:>8.2f}x")
         print(f"{'packed':<20}{packed.makespan_s:>12.1f}{packed_speedup:>8.2f}x")

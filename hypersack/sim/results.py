@@ -51,6 +51,9 @@ class SimResult:
     # left such a GPU behind them.
     idle_fit_s: float = 0.0
     idle_fit_events: int = 0
+    # Each study's rule under the default policy `predict`, and why (orchestrator/
+    # foresight.py); absent for a study under a named policy.
+    rules: dict[str, str] = field(default_factory=dict)
 
     def summary(self) -> dict[str, float | int | bool]:
         return {

@@ -350,6 +350,8 @@ class Simulation:
             ended_s=ended,
             idle_fit_s=idle_fit_area,
             idle_fit_events=idle_fit_events,
+            rules={sid: c.describe() for sid in studies
+                   if (c := self.orchestrator.rule_choice(sid)) is not None},
         )
 
     def _epoch(self, running: dict[str, _Running], tid: str, now: float,

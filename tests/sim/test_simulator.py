@@ -12,6 +12,7 @@ from hypersack.grid.settings import Settings
 from hypersack.orchestrator import NodeJoined, NodeLost, OrchestratorConfig
 from hypersack.policies import make_policy, registry
 from hypersack.policies.base import ClusterView, Item, NodeBin, Plan
+from hypersack.sim.foresight import foresee
 from hypersack.sim.interference import Interference, SharedTrial
 from hypersack.sim.results import time_mean
 from hypersack.sim.simulator import Simulation
@@ -264,6 +265,7 @@ def test_no_gpu_stays_idle_while_a_trial_that_fits_it_waits(
     for policy in sorted({"eft", "wfd", "pack", "auto", Settings().policy}):
         for space in (sp1, sp1.model_copy(update={"settings": sp1.settings.model_copy(
                 update={"fusion": "on"})})):
-            r = run(space, paper, estimates, config=OrchestratorConfig(policy=policy))
+            r = run(space, paper, estimates,
+                    config=OrchestratorConfig(policy=policy, foresight=foresee))
             assert r.completed == 96, policy
             assert (r.idle_fit_s, r.idle_fit_events) == (0.0, 0), policy
