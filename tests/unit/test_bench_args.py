@@ -15,6 +15,7 @@ SCRIPTS = Path(__file__).resolve().parents[2] / "scripts"
 @pytest.mark.parametrize(("script", "args", "said"), [
     ("sim_makespan.py", ["--seeds", "0"], "--seeds must be at least 1"),
     ("sim_makespan.py", ["--first-seed", "-1"], "--first-seed at least 0"),
+    ("sim_makespan.py", ["--noise", "1.5"], "--noise must lie in [0, 0.9]"),
     ("sim_makespan.py", ["--policies", "eft,nope"], "--policies: unknown nope; valid:"),
     ("sim_makespan.py", ["--clusters", "../x"], "--clusters: unknown ../x; valid: paper"),
     ("sim_makespan.py", ["--kinds", "memory,"], "--kinds: unknown ; valid: compute"),
