@@ -41,6 +41,7 @@ from hypersack.policies.base import (
 )
 from hypersack.policies.columns import FitBounds, fits_empty
 from hypersack.policies.plans import PlanError, check_plan
+from hypersack.policies.predict import PredictPolicy
 from hypersack.policies.registry import make_policy
 from hypersack.sampler.profiles import demand_with_override
 
@@ -417,11 +418,9 @@ class Decider:
         where that offers candidate rules (`predict`), the one chosen for the study
         (orchestrator/foresight.py)."""
         policy = self._made(self.s.config.policy or space.settings.policy)
-        candidates = getattr(policy, "candidates", None)
-        if study_id is None or not candidates:
+        if study_id is None or not isinstance(policy, PredictPolicy):
             return policy
-        ask = Ask(tuple(candidates), str(getattr(policy, "fallback", "eft")),
-                  int(getattr(policy, "max_trials", 0)), int(getattr(policy, "max_gpus", 0)))
+        ask = Ask(policy.candidates, policy.fallback, policy.max_trials, policy.max_gpus)
         return self._made(self.rules.rule(study_id, space, ask))
 
     def _made(self, name: str) -> Policy:
