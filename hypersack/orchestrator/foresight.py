@@ -77,9 +77,6 @@ class RuleChooser:
             log.info("study %s: %s", study_id, choice.describe())
         return choice.rule
 
-    def forget(self, study_id: str) -> None:
-        self.chosen.pop(study_id, None)
-
     def _choose(self, study_id: str, space: SearchSpace, ask: Ask) -> Choice | None:
         fallback, candidates = ask.fallback, ask.candidates
         foresee = self.s.config.foresight
