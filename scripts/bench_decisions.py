@@ -106,7 +106,7 @@ def run(nodes: int, trials: int, studies: int, exits: int, profile: bool,
         if profiler:
             profiler.enable()
         t0 = time.perf_counter()
-        cmds = orch.handle(TrialFinished(tid, node, attempt=attempt))
+        cmds = orch.handle(TrialFinished(tid, node, metrics={"loss": 1.0}, attempt=attempt))
         exit_ms.append((time.perf_counter() - t0) * 1000)
         t0 = time.perf_counter()
         note(cmds + orch.handle(Tick()))
@@ -142,13 +142,21 @@ def tail(nodes: int, gpus: int, exits: int, batch: int, models: list[str] | None
         space("probe", min(100_000, 20 * nodes * gpus), 0, "wfd", models, batch_sizes)))
     fit = sum(isinstance(c, LaunchTrial) for c in probe)
     with tempfile.TemporaryDirectory(prefix="hs-tail-") as tmp:
-        store = SqliteStore(Path(tmp) / "tail.db")
-        orch = _cluster(store, clock, nodes, gpus)
-        running: dict[str, dict[str, tuple[int, int]]] = {}
-        for c in orch.handle(StudySubmitted(space("tail", fit, 0, "wfd", models,
-                                                  batch_sizes))):
-            if isinstance(c, LaunchTrial):
-                running.setdefault(c.node, {})[c.trial_id] = (c.gpu_index, c.attempt)
+        # The first `fit` of another draw's trials may not all fit (another mix): fewer,
+        # on a fresh cluster, until every trial is placed and nothing is pending.
+        while True:
+            store = SqliteStore(Path(tmp) / f"tail-{fit}.db")
+            orch = _cluster(store, clock, nodes, gpus)
+            running: dict[str, dict[str, tuple[int, int]]] = {}
+            for c in orch.handle(StudySubmitted(space("tail", fit, 0, "wfd", models,
+                                                      batch_sizes))):
+                if isinstance(c, LaunchTrial):
+                    running.setdefault(c.node, {})[c.trial_id] = (c.gpu_index, c.attempt)
+            placed = sum(len(ts) for ts in running.values())
+            if placed == fit:
+                break
+            store.close()
+            fit = placed
         keep_out_of_gc()
         order = [(n, t) for n, ts in running.items() for t in ts]
         random.Random(0).shuffle(order)
@@ -159,7 +167,7 @@ def tail(nodes: int, gpus: int, exits: int, batch: int, models: list[str] | None
             events: list[object] = []
             for name, tid in order[k:k + batch]:
                 _, attempt = running[name].pop(tid)
-                events.append(TrialFinished(tid, name, attempt=attempt))
+                events.append(TrialFinished(tid, name, metrics={"loss": 1.0}, attempt=attempt))
             beat = names[(k // batch) % len(names)]
             events.append(Heartbeat(beat, tuple(RunningTrial(t, g, 0, 0.0, a)
                                                 for t, (g, a) in running[beat].items())))
