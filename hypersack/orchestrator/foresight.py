@@ -109,7 +109,13 @@ class RuleChooser:
         profiles = [p for (key, arch), p in self.s.profiles.items()
                     if arch in archs and key.model_copy(update={"fusion_width": 1}) in keys]
         began = time.perf_counter()
-        predicted = dict(foresee(space, usable, profiles, self.s.config, candidates))
+        try:
+            predicted = dict(foresee(space, usable, profiles, self.s.config, candidates))
+        except Exception as exc:  # a failing simulation must not hold the study back
+            log.warning("study %s: simulating its candidate rules failed; %s places it",
+                        study_id, fallback, exc_info=True)
+            return Choice(fallback, f"the simulation failed ({type(exc).__name__}: "
+                                    f"{str(exc)[:200]})")
         took = time.perf_counter() - began
         order = {name: i for i, name in enumerate(candidates)}
         best = min(candidates, key=lambda c: (predicted.get(c, math.inf), order[c]))

@@ -146,6 +146,21 @@ def test_no_simulator_or_no_candidate_that_ends_means_the_fallback() -> None:
     assert "eft did not end" in choice.describe()
 
 
+def test_a_simulation_that_fails_leaves_the_study_to_the_fallback() -> None:
+    class Broken(Seer):
+        def __call__(self, *args: Any) -> Mapping[str, float]:
+            super().__call__(*args)
+            raise RuntimeError("boom")
+
+    seer = Broken({})
+    orch = _orch(seer)
+    orch.handle(StudySubmitted(_space()))
+    assert len(seer.calls) == 1 and _rules(orch, "s-1") == {"eft"}
+    assert any(t.state == TrialState.RUNNING for t in orch.trials("s-1"))
+    choice = orch.rule_choice("s-1")
+    assert choice is not None and choice.why == "the simulation failed (RuntimeError: boom)"
+
+
 def test_candidates_are_options_checked_like_any_policys() -> None:
     seer = Seer({"ff": 2.0, "wfd": 3.0})
     orch = _orch(seer, policy_options={"predict": {"candidates": ["wfd", "ff"]}})
