@@ -8,28 +8,45 @@ from __future__ import annotations
 import contextlib
 import logging
 import math
+import time
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import replace
 
 from hypersack.core.types import ClusterSpec, NodeSpec, Profile
 from hypersack.grid.space import SearchSpace
 from hypersack.orchestrator.config import OrchestratorConfig
+from hypersack.policies import kernels
 from hypersack.sim.simulator import Simulation
 
 # The simulated orchestrators log as the real one does (nodes joining, the study
 # submitted): kept out of the server's log while they run. Only the thread making the
 # choice runs orchestrator code, so quieting these loggers hides nothing else.
 _QUIET = ("hypersack.orchestrator", "hypersack.sim")
+# Rules that run pack's knapsacks: simulated only while they run compiled. As plain
+# Python (numba missing, or compiling in the server's background for a few seconds after
+# it starts) each of their simulated decisions may take up to its 500 ms cap, and a
+# simulated study makes hundreds.
+PACKING = ("auto", "pack")
+# The wall time all candidates may take together (the server's event worker waits for
+# them): a candidate not started within it counts as not ending. Far above what the
+# bounds on trials and GPUs let a simulation take (predict.MAX_TRIALS).
+BUDGET_S = 10.0
 
 
 def foresee(space: SearchSpace, nodes: Sequence[NodeSpec], profiles: Sequence[Profile],
             config: OrchestratorConfig, candidates: Sequence[str]) -> Mapping[str, float]:
     """Each candidate rule's simulated makespan for the study (infinite where the
-    simulated study did not end with every trial completed)."""
+    simulated study did not end with every trial completed, or where the rule was not
+    simulated: past BUDGET_S, or a PACKING rule without its compiled knapsacks)."""
     cluster = ClusterSpec(nodes=tuple(nodes))
     out: dict[str, float] = {}
+    began = time.perf_counter()
     with _quiet():
         for name in candidates:
+            if time.perf_counter() - began > BUDGET_S or \
+                    (name in PACKING and kernels.compiled("pairs_row") is None):
+                out[name] = math.inf  # not simulated
+                continue
             # Fixed ratios (the ones in force), no learning and no nested foresight.
             run = replace(config, policy=name, foresight=None, learn_ratio=False)
             result = Simulation(space, cluster, profiles, config=run).run()

@@ -5,7 +5,10 @@ error in the profiles)."""
 
 from __future__ import annotations
 
+import math
 import random
+
+import pytest
 
 from hypersack.core.cluster import parse_shorthand
 from hypersack.core.types import Profile
@@ -72,3 +75,20 @@ def test_predict_without_a_simulator_is_eft(estimates: list[Profile],
     eft = Simulation(sp1, cluster, truth,
                      config=OrchestratorConfig(policy="eft", fusion=False)).run()
     assert plain.makespan_s == eft.makespan_s
+
+
+def test_past_the_budget_or_without_compiled_knapsacks_a_rule_is_not_simulated(
+        estimates: list[Profile], sp1: SearchSpace, monkeypatch: pytest.MonkeyPatch) -> None:
+    from hypersack.sim import foresight
+
+    cluster = parse_shorthand(CLUSTER)
+    nodes = cluster.nodes
+    truth = _memory_bound(estimates, 0)
+    config = OrchestratorConfig(fusion=False)
+    monkeypatch.setattr(foresight.kernels, "compiled", lambda name: None)
+    ends = foresee(sp1, nodes, truth, config, ("eft", "auto", "wfd"))
+    assert math.isinf(ends["auto"]) and math.isfinite(ends["eft"]) and \
+        math.isfinite(ends["wfd"])
+    monkeypatch.setattr(foresight, "BUDGET_S", -1.0)  # spent before the first
+    assert all(math.isinf(v) for v in foresee(sp1, nodes, truth, config,
+                                              ("eft", "wfd")).values())
