@@ -35,7 +35,6 @@ class Choice:
     rule: str
     why: str
     predicted_s: Mapping[str, float] = field(default_factory=dict)
-    solve_s: float = 0.0
 
     def describe(self) -> str:
         if not self.predicted_s:
@@ -120,6 +119,6 @@ class RuleChooser:
         order = {name: i for i, name in enumerate(candidates)}
         best = min(candidates, key=lambda c: (predicted.get(c, math.inf), order[c]))
         if not math.isfinite(predicted.get(best, math.inf)):
-            return Choice(fallback, "no candidate ended the simulated study", predicted, took)
+            return Choice(fallback, "no candidate ended the simulated study", predicted)
         return Choice(best, f"its simulated study ends first, of {len(candidates)} rules "
-                            f"simulated in {took:.2f} s", predicted, took)
+                            f"simulated in {took:.2f} s", predicted)

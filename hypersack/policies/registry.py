@@ -2,7 +2,7 @@
 unknown.
 
 Built in: `predict` (the default: the rule whose simulated study ends soonest; options
-candidates, max_trials; see `predict`), `auto` (eft unless pack places clearly more; see
+candidates, max_trials, max_gpus; see `predict`), `auto` (eft unless pack places clearly more; see
 `auto`), the paper's greedy rules (ff, ffd, wf, wfd; option hetero), `eft` (earliest
 finish, predict's fallback; option hetero; see `greedy.EarliestFinishPolicy`), `pack`
 (a composed policy, see `compose`; options order, score, improve, budget_ms, effort,
@@ -83,8 +83,10 @@ def _auto(**options: Any) -> Policy:
 
 
 def _predict(**options: Any) -> Policy:
+    # PredictOptions has refused `predict` itself and names given twice; what is
+    # registered only the registry knows.
     for name in options.get("candidates", ()):
-        if name not in _REGISTRY or name == "predict":
+        if name not in _REGISTRY:
             raise ValueError(f"candidate {name!r} is not a registered policy; valid: "
                              f"{', '.join(n for n in _REGISTRY if n != 'predict')}")
     return PredictPolicy(**options)
