@@ -24,9 +24,14 @@ from hypersack.store.sqlite import SqliteStore
 from hypersack.testing.server import EXAMPLE_PROFILES
 from hypersack.wire import tls as _tls
 
-# Fast failure detection for tests: heartbeats every 0.3 s, a node is lost after 3 s.
-SERVER_FLAGS = ["--heartbeat-interval-s", "0.3", "--heartbeat-timeout-s", "3",
+# Heartbeats every 0.3 s. A node is lost after 20 s of silence (its agent's fence: 10 s),
+# so a test whose agent starves for seconds on a loaded machine (CI shares its two cores)
+# sees no spurious loss: a fused group fenced and regrouped, an attempt run twice.
+# Tests of loss itself start the server with FAST_LOSS.
+SERVER_FLAGS = ["--heartbeat-interval-s", "0.3", "--heartbeat-timeout-s", "20",
                 "--profiles", str(EXAMPLE_PROFILES)]
+# A node lost after 3 s of silence (fence 1.5 s): for tests of loss and fencing.
+FAST_LOSS = ("--heartbeat-timeout-s", "3")
 
 
 def free_port() -> int:

@@ -13,6 +13,7 @@ import psutil
 
 from hypersack.testing.cluster import (
     ATTEMPT_LOGGER,
+    FAST_LOSS,
     Cluster,
     attempt_runs,
     overlapping,
@@ -27,7 +28,7 @@ RESTART_FLAGS = ("--heartbeat-timeout-s", "20")  # the agents' fence: 10 s
 
 
 def test_agent_killed_mid_study_its_trials_finish_elsewhere(cluster: Cluster) -> None:
-    cluster.start_server()
+    cluster.start_server(*FAST_LOSS)
     cluster.start_agent("n1")
     study = _submit(cluster, space_yaml("killed", seconds_per_epoch=2.0, ratio=1.0))
     wait_for("trials running on n1",
@@ -183,7 +184,7 @@ def test_killed_agent_leaves_nothing_running_twice_and_nothing_after(
         cluster: Cluster, tmp_path: Path) -> None:
     script = tmp_path / "escaper.py"
     script.write_text(ESCAPER)
-    cluster.start_server()
+    cluster.start_server(*FAST_LOSS)
     cluster.start_agent("n1")
     study = _submit(cluster, space_yaml(
         "escape", models="[resnet18]", batch_sizes="[64]", lrs="[0.001]",
@@ -223,7 +224,7 @@ def test_a_frozen_agents_trials_are_fenced_before_they_run_elsewhere(
     two places at once, and each completes exactly once."""
     script, log = tmp_path / "logger.py", tmp_path / "runs.log"
     script.write_text(ATTEMPT_LOGGER)
-    cluster.start_server()
+    cluster.start_server(*FAST_LOSS)
     cluster.start_agent("n1", "1xA100-80GB@48")
     cluster.start_agent("n2", "1xA100-80GB@48")
     study = _submit(cluster, space_yaml(
