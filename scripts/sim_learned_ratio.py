@@ -72,16 +72,23 @@ SHIFT = Interference(saturation_pct={a: s / 2 for a, s in BASE.saturation_pct.it
                      queued={m: 0.2 for m in CNNS})
 
 
+FORESIGHT = [True]  # --no-foresight: the learner's target from its progress model alone
+# The learner here decides every 10 samples (GPUs sampled every 2 s of virtual time, a
+# decision every few seconds); it simulates again every this many decisions.
+FORESIGHT_EVERY = 10
+
+
 def makespan(space_name: str | SearchSpace, model: Interference, ratios: dict[str, float],
              learner: RatioLearner | None = None, truth: list[Profile] | None = None
              ) -> tuple[float, Simulation]:
     """One run; a learner samples each GPU every 2 s of virtual time (a trial reports
-    its iteration time each epoch; the studies here last minutes)."""
+    its iteration time each epoch; the studies here last minutes). With foresight, the
+    learner simulates the study under candidate ratios with its fits."""
     space = load_space(str(EXAMPLES / f"{space_name}.yaml")) \
         if isinstance(space_name, str) else space_name
     sim = Simulation(space, parse_shorthand(CLUSTER), TRUTH if truth is None else truth,
                      config=OrchestratorConfig(oversubscription=ratios, fusion=False,
-                                               policy="wfd"),
+                                               policy="wfd", learn_foresight=FORESIGHT[0]),
                      interference=model, learner=learner, sample_every_s=2.0)
     return sim.run().makespan_s, sim
 
@@ -105,7 +112,7 @@ def mix_shift(sweep: list[float], h100: float) -> None:
         ratios = {}
         for by_workload in (True, False):
             learner = RatioLearner(DEFAULT_RATIOS, high=6.0, every=10, min_samples=20,
-                                   by_workload=by_workload)
+                                   by_workload=by_workload, foresight_every=FORESIGHT_EVERY)
             makespan(sp1_of(first), SHIFT, dict(DEFAULT_RATIOS), learner)
             got[by_workload], _ = makespan(sp1_of(second, RATES), SHIFT,
                                            dict(learner.ratios), learner)
@@ -133,7 +140,11 @@ def main() -> int:
                          "seed their iteration times and compute shares drawn around them")
     ap.add_argument("--seed", type=int, default=None, help="only this seed")
     ap.add_argument("--no-mix-shift", action="store_true", help="leave out the mix shift")
+    ap.add_argument("--no-foresight", action="store_true",
+                    help="the learner's target from its progress model alone, without "
+                         "simulating the study under candidate ratios")
     args = ap.parse_args()
+    FORESIGHT[0] = not args.no_foresight
     if args.seeds < 1 or (args.seed is not None and args.seed < 0):
         ap.error("--seeds must be at least 1 and --seed at least 0")
     h100 = DEFAULT_RATIOS["H100"] / DEFAULT_RATIOS["A100"]
@@ -156,7 +167,8 @@ def main() -> int:
                 truth = perturbed(seed)
                 configured, _ = makespan(study, model, dict(DEFAULT_RATIOS), truth=truth)
                 learner = RatioLearner(DEFAULT_RATIOS, high=6.0, every=10, min_samples=20,
-                                       by_workload=not args.one_fit)
+                                       by_workload=not args.one_fit,
+                                       foresight_every=FORESIGHT_EVERY)
                 cold, _ = makespan(study, model, dict(DEFAULT_RATIOS), learner, truth)
                 warm, _ = makespan(study, model, dict(learner.ratios), learner, truth)
                 sweep = []

@@ -16,6 +16,14 @@ if TYPE_CHECKING:
 Foresight = Callable[["SearchSpace", Sequence[NodeSpec], Sequence[Profile],
                       "OrchestratorConfig", Sequence[str]], Mapping[str, float]]
 
+# (space, nodes, profiles, config, policy, architecture, candidate ratios, the ratios
+# in force, the learner's fits by architecture, and by architecture and workload)
+# -> predicted makespan per candidate ratio
+RatioForesight = Callable[["SearchSpace", Sequence[NodeSpec], Sequence[Profile],
+                           "OrchestratorConfig", str, str, Sequence[float],
+                           Mapping[str, float], Mapping[str, Any],
+                           Mapping[str, Mapping[str, Any]]], Mapping[float, float]]
+
 DEFAULT_RATIOS: dict[str, float] = {"A100": 3.0, "H100": 2.5}
 _DEFAULT_SHARE = UserShare()
 
@@ -78,6 +86,13 @@ class OrchestratorConfig:
     # makespan each rule gives the study in simulation. None: `predict` places as its
     # fallback. Injected: the simulator sits above the core.
     foresight: Foresight | None = None
+    # With learn_ratio: the simulator again, for the learner's foresight
+    # (orchestrator/sharing.py): the study with the most trials pending simulated under
+    # each candidate ratio of an architecture, with the learner's fits as the
+    # interference; the ratio steps toward the one that ends it first. None, or
+    # learn_foresight False: the learner's progress model sets the target.
+    ratio_foresight: RatioForesight | None = None
+    learn_foresight: bool = True
 
     def share_rule(self, user: str) -> UserShare:
         rule = self.shares.get(user) or self.shares.get("*")

@@ -20,7 +20,7 @@ import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from hypersack.core.types import NodeSpec
+from hypersack.core.types import NodeSpec, Profile
 from hypersack.grid.space import SearchSpace
 from hypersack.orchestrator.state import CoreState
 
@@ -88,25 +88,14 @@ class RuleChooser:
         if len(trial_ids) > ask.max_trials:
             return Choice(fallback, f"{len(trial_ids)} trials, more than predict's "
                                     f"max_trials ({ask.max_trials}) simulates")
-        nodes = [n.spec for n in self.s.nodes_for(study_id, self.s.cluster.open_nodes())]
-        keys = {self.s.trials[t].key for t in trial_ids}
-        usable: list[NodeSpec] = []
-        for node in nodes:
-            # Only where every workload of the study has its profile: where one failed
-            # the trials never run, and where one is still on its way this decision
-            # places nothing there either.
-            if all((k, g.arch) in self.s.profiles for k in keys for g in node.gpus):
-                usable.append(node)
-        if not usable:
+        inputs = study_inputs(self.s, study_id)
+        if inputs is None:
             return None  # profiles first: asked again at the next decision
+        usable, profiles = inputs
         gpus = sum(len(n.gpus) for n in usable)
         if gpus > ask.max_gpus:
             return Choice(fallback, f"{gpus} GPUs, more than predict's max_gpus "
                                     f"({ask.max_gpus}) simulates")
-        # Every profile of the study's workloads there, fused widths' too.
-        archs = {g.arch for n in usable for g in n.gpus}
-        profiles = [p for (key, arch), p in self.s.profiles.items()
-                    if arch in archs and key.model_copy(update={"fusion_width": 1}) in keys]
         began = time.perf_counter()
         try:
             predicted = dict(foresee(space, usable, profiles, self.s.config, candidates))
@@ -122,3 +111,20 @@ class RuleChooser:
             return Choice(fallback, "no candidate ended the simulated study", predicted)
         return Choice(best, f"its simulated study ends first, of {len(candidates)} rules "
                             f"simulated in {took:.2f} s", predicted)
+
+
+def study_inputs(s: CoreState, study_id: str) -> tuple[list[NodeSpec], list[Profile]] | None:
+    """What a simulation of the study sees: the open nodes that take its trials where
+    every workload of it has its profile (where one failed the trials never run, and
+    where one is still on its way no decision places there either), and every profile
+    of its workloads there, fused widths' too. None: no such node yet."""
+    trial_ids = s.by_study.get(study_id, [])
+    keys = {s.trials[t].key for t in trial_ids}
+    usable = [n.spec for n in s.nodes_for(study_id, s.cluster.open_nodes())
+              if all((k, g.arch) in s.profiles for k in keys for g in n.spec.gpus)]
+    if not usable:
+        return None
+    archs = {g.arch for n in usable for g in n.gpus}
+    profiles = [p for (key, arch), p in s.profiles.items()
+                if arch in archs and key.model_copy(update={"fusion_width": 1}) in keys]
+    return usable, profiles

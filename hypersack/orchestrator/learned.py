@@ -14,6 +14,12 @@ store refuses, the move is taken back, so memory and store agree.
 
 The learned ratio is the server's: a study's own `settings.oversubscription` still wins
 for that study, and trials placed under an older ratio keep running.
+
+Foresight (`ratio_foresight`, the simulator, injected; `learn_foresight`): the learner's
+target is the candidate ratio under which the study with the most trials pending,
+simulated whole with the learner's fits as the interference, ends first (not studies
+that adapt to their results, nor past FORESIGHT_MAX_TRIALS trials or
+FORESIGHT_MAX_GPUS GPUs; there the progress model sets it).
 """
 
 from __future__ import annotations
@@ -21,9 +27,11 @@ from __future__ import annotations
 import json
 import logging
 import math
+from collections.abc import Callable, Mapping, Sequence
 
 from hypersack.core.types import TrialRecord, TrialState
 from hypersack.orchestrator.events import TrialProgress
+from hypersack.orchestrator.foresight import study_inputs
 from hypersack.orchestrator.journal import journaled
 from hypersack.orchestrator.sharing import RatioLearner, SharingLevel, WorkloadFit, believed
 from hypersack.orchestrator.state import CoreState
@@ -35,6 +43,10 @@ SETTING = "sharing.learned"
 # A slowdown outside these bounds is a broken measurement (or a lie), not sharing.
 MIN_SLOWDOWN = 0.5
 MAX_SLOWDOWN = 50.0
+# The largest study and cluster the learner's foresight simulates (about 10 candidates
+# a time, on the event worker; sim/foresight.RATIO_BUDGET_S caps their wall time).
+FORESIGHT_MAX_TRIALS = 1000
+FORESIGHT_MAX_GPUS = 256
 
 
 class LearnedSharing:
@@ -51,6 +63,11 @@ class LearnedSharing:
                                         every=config.learn_min_samples,
                                         window=10 * config.learn_min_samples,
                                         by_workload=config.learn_by_workload)
+            if config.learn_foresight and config.ratio_foresight is not None:
+                self.learner.weigh = self._weigh
+        # The rule a study's decisions use (its policy's, or predict's choice): set by
+        # the orchestrator; None: the configured policy's name.
+        self.rule_of: Callable[[str], str] | None = None
         # The batch's samples; an undone event's go with it (the journal truncates).
         self._pending = _Samples()
         j = s.journal
@@ -147,6 +164,38 @@ class LearnedSharing:
             # loses at most this interval's.
             self._save(now)
 
+    def _weigh(self, arch: str, candidates: Sequence[float]) -> Mapping[float, float] | None:
+        """The learner's foresight: the study with the most trials pending, simulated
+        under each candidate ratio of `arch` (None: no study to simulate there)."""
+        foresee, learner = self.s.config.ratio_foresight, self.learner
+        if foresee is None or learner is None:
+            return None
+        waiting = sorted(((len(w), sid) for sid, w in self.s.waiting.items() if w),
+                         reverse=True)
+        for _, sid in waiting:
+            space = self.s.spaces.get(sid)
+            if space is None or space.search.adaptive or space.pruner is not None or \
+                    len(self.s.by_study.get(sid, ())) > FORESIGHT_MAX_TRIALS:
+                continue
+            inputs = study_inputs(self.s, sid)
+            if inputs is None:
+                continue
+            nodes, profiles = inputs
+            if arch not in {g.arch for n in nodes for g in n.gpus} or \
+                    sum(len(n.gpus) for n in nodes) > FORESIGHT_MAX_GPUS:
+                continue
+            policy = self.rule_of(sid) if self.rule_of is not None else \
+                (self.s.config.policy or space.settings.policy)
+            try:
+                return foresee(space, nodes, profiles, self.s.config, policy, arch,
+                               candidates, dict(learner.ratios), dict(learner.fits),
+                               {a: dict(w) for a, w in learner.workload_fits.items()})
+            except Exception:  # a failing simulation leaves the progress model's target
+                log.warning("%s: simulating study %s under candidate ratios failed", arch,
+                            sid, exc_info=True)
+                return None
+        return None
+
     def _mix(self, arch: str) -> dict[str, float]:
         """The plain trials running on the architecture's GPUs now, by workload."""
         mix: dict[str, float] = {}
@@ -224,7 +273,8 @@ class LearnedSharing:
                 arch, configured, learner.ratios.get(arch, configured), True,
                 len(learner.samples.get(arch, ())), learner.min_samples,
                 f.contention if f else 0.0, f.saturation_pct if f else 0.0,
-                learner.moves.get(arch, 0), f.queued if f else 1.0, own))
+                learner.moves.get(arch, 0), f.queued if f else 1.0, own,
+                seen.describe() if (seen := learner.foreseen.get(arch)) else ""))
         return out
 
 

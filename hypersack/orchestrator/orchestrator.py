@@ -104,6 +104,7 @@ class Orchestrator(Queries):
         self.decider = Decider(s, self.book, self.pruning, self.profiling)
         self.preemption = Preemption(s, self.book, self.decider)
         self.sharing = LearnedSharing(s)
+        self.sharing.rule_of = lambda sid: self.decider.policy(s.spaces[sid], sid).name
         self.book.on_transition.append(self.sharing.transition)
         self.explainer = Explainer(s, self.book, self.profiling, self.decider, self.sharing)
         self.curves = Curves(s, self.book)

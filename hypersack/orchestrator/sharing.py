@@ -39,7 +39,7 @@ from __future__ import annotations
 
 import math
 from collections import deque
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import astuple, dataclass, fields, replace
 from typing import Any
 
@@ -65,6 +65,27 @@ KNEE = 0.01
 # worst at 1.140 of the best fixed ratio (1.278); 1 %: 67, 3 %: 76 but 58 within 5 % of
 # the best (64 and 63 with none and 2 %).
 STEP_GAIN = 0.02
+# With foresight (a host that simulates, `RatioLearner.weigh`): the ratio moves off the
+# one in force only toward a candidate whose simulated study ends at least this share
+# sooner (a simulated makespan is only as good as the fit behind it).
+FORESIGHT_MARGIN = 0.01
+# The candidates: from `low` to `high` by this, and a step either side of the ratio in
+# force (a study's makespan is not smooth in the ratio: whole trials fit or do not).
+FORESIGHT_GRID = 0.5
+FORESIGHT_CACHE = 256
+# An architecture's candidates are simulated again at most every this many decisions
+# (unless a grid under the same fits and ratios is kept): the target holds in between
+# (`foresight_every`; the server decides at most once a minute per architecture).
+FORESIGHT_EVERY = 3
+# Foresight acts once an architecture has this many times min_samples samples: a first
+# fit's contention and saturation are hard to tell apart, and a simulation extrapolates
+# them (in the simulator, SP3 under half the saturation stepped up on its first 20).
+FORESIGHT_SAMPLES = 2  # simulated grids kept, by the fits and ratios they assumed
+
+# Given an architecture and candidate ratios for it (the others' in force), each
+# candidate's simulated makespan of the work at hand under the learner's fits (math.inf:
+# did not end); None: nothing to simulate now.
+Weigh = Callable[[str, Sequence[float]], Mapping[float, float] | None]
 
 
 @dataclass(frozen=True)
@@ -160,7 +181,8 @@ class RatioLearner:
 
     def __init__(self, configured: Mapping[str, float], *, low: float = 1.0,
                  high: float = 4.0, step: float = 0.25, min_samples: int = 40,
-                 every: int = 40, window: int = 400, by_workload: bool = True) -> None:
+                 every: int = 40, window: int = 400, by_workload: bool = True,
+                 foresight_every: int = FORESIGHT_EVERY) -> None:
         if not 0 < low <= high:
             raise ValueError("ratio bounds: 0 < low <= high")
         self.low, self.high, self.step = low, high, step
@@ -177,6 +199,14 @@ class RatioLearner:
         # Per architecture, the latest fits of workloads with samples enough of their own.
         self.workload_fits: dict[str, dict[str, Fit]] = {}
         self.moves: dict[str, int] = {}
+        # Foresight: set by a host that can simulate the work at hand (the simulator,
+        # the server's `ratio_foresight`); None: the target is the progress model's.
+        self.weigh: Weigh | None = None
+        self._weighed: dict[tuple[Any, ...], dict[float, float]] = {}
+        self.foreseen: dict[str, Foreseen] = {}  # per architecture, the latest
+        self._unweighed: dict[str, int] = {}  # decisions since its last simulation
+        self._weighed_under: dict[str, tuple[Any, ...]] = {}  # the fits it assumed
+        self.foresight_every = max(1, foresight_every)
 
     def observe(self, arch: str, load_pct: float, n: int, slowdown: float,
                 workload: str = "", mix: Mapping[str, float] | None = None) -> float | None:
@@ -218,7 +248,19 @@ class RatioLearner:
         if parts is None:
             return None  # most trials running are of workloads with too few samples
         current = self.ratios[arch]
-        if any(believed(p) for _, p in parts):
+        packed = f.max_load_pct >= 0.8 * 100.0 * current or \
+            f.max_load_pct + f.mean_share_pct > 100.0 * current
+        saturated = any(believed(p) for _, p in parts)
+        target = self._foreseen_target(arch, current) \
+            if self.weigh is not None and len(q) >= FORESIGHT_SAMPLES * self.min_samples \
+            else None
+        if target is not None:
+            # The simulated study's choice; but up past loads never seen only as the
+            # progress model would go: where GPUs were packed as far as the ratio lets,
+            # or a saturation point is known (else the fit is extrapolated).
+            if target > current and not (saturated or packed):
+                target = current
+        elif saturated:
             grid = [self.low + i * 0.05 for i in range(round((self.high - self.low) / 0.05) + 1)]
             if len(parts) == 1:  # one fit: all samples', or the one workload running's
                 progress = [throughput(r, parts[0][1]) for r in grid]
@@ -226,8 +268,7 @@ class RatioLearner:
                 progress = [mixed_throughput(r, parts) for r in grid]
             most = max(progress)
             target = max(r for r, p in zip(grid, progress, strict=True) if p >= (1 - KNEE) * most)
-        elif f.max_load_pct >= 0.8 * 100.0 * current or \
-                f.max_load_pct + f.mean_share_pct > 100.0 * current:
+        elif packed:
             # Packed as far as the ratio lets (to 80 % of it, or with no room for one more
             # trial) and still short of saturation, which lies beyond what was seen: more
             # pays unless each client costs as much as it adds (c >= 1).
@@ -243,6 +284,53 @@ class RatioLearner:
         self.ratios[arch] = new
         self.moves[arch] = self.moves.get(arch, 0) + 1
         return new
+
+    def _foreseen_target(self, arch: str, current: float) -> float | None:
+        """The candidate ratio (FORESIGHT_GRID's and a step either side) whose simulated study
+        ends first, unless the one in force ends within FORESIGHT_MARGIN of it; None
+        where nothing was simulated or no candidate ended. A grid already simulated
+        under the same fits (rounded) and the same other ratios is not simulated again."""
+        weigh = self.weigh
+        if weigh is None:
+            return None
+        count = round((self.high - self.low) / FORESIGHT_GRID)
+        # The ratio in force and a step either side first: if the simulations run out of
+        # time (sim/foresight.BUDGET_S), those are the ones simulated.
+        near = [round(min(self.high, max(self.low, current + d)), 6)
+                for d in (0.0, -self.step, self.step)]
+        grid = list(dict.fromkeys(near + [round(min(self.high, self.low + i * FORESIGHT_GRID), 6)
+                                          for i in range(count + 1)]))
+        key = (arch, tuple(grid), tuple(sorted((a, round(r, 6)) for a, r in self.ratios.items()
+                                               if a != arch)),
+               tuple(sorted((a, _rounded(f)) for a, f in self.fits.items())),
+               tuple(sorted((a, w, _rounded(g)) for a, fs in self.workload_fits.items()
+                            for w, g in fs.items())))
+        spans = self._weighed.get(key)
+        last = self.foreseen.get(arch)
+        self._unweighed[arch] = self._unweighed.get(arch, 0) + 1
+        if spans is None and last is not None and key[3:] == self._weighed_under.get(arch) \
+                and self._unweighed[arch] < self.foresight_every:
+            # Simulated again every foresight_every-th decision, or once the fits move.
+            return last.target
+        if spans is None:
+            self._unweighed[arch] = 0
+            self._weighed_under[arch] = key[3:]
+            got = weigh(arch, grid)
+            if not got:
+                return None
+            spans = {round(float(r), 6): float(m) for r, m in got.items()
+                     if is_number(r) and is_number(m) and m > 0}
+            if len(self._weighed) >= FORESIGHT_CACHE:
+                self._weighed.pop(next(iter(self._weighed)))
+            self._weighed[key] = spans
+        ended = {r: m for r, m in spans.items() if math.isfinite(m)}
+        if not ended:
+            return None
+        best = min(ended, key=lambda r: (ended[r], abs(r - current)))
+        now = spans.get(round(current, 6), math.inf)
+        target = best if ended[best] < (1 - FORESIGHT_MARGIN) * now else current
+        self.foreseen[arch] = Foreseen(target, ended[best], best, now, len(spans))
+        return target
 
     def _parts(self, arch: str, pooled: Fit, mix: Mapping[str, float] | None
                ) -> list[tuple[float, Fit]] | None:
@@ -329,6 +417,31 @@ class RatioLearner:
                 and len(f) == len(fields(Fit)) and all(map(is_number, f))}
 
 
+def _rounded(f: Fit) -> tuple[Any, ...]:
+    """A fit as far as a simulated grid depends on it: a grid is simulated again only
+    when the fit moves past these steps."""
+    return (round(f.contention / 0.05), round(f.saturation_pct / 25), f.queued, believed(f),
+            round(f.mean_share_pct / 10))
+
+
+@dataclass(frozen=True)
+class Foreseen:
+    """An architecture's latest foresight: the target it set, and the simulated ends
+    behind it (the best candidate's and the ratio in force's)."""
+
+    target: float
+    best_s: float
+    best_ratio: float
+    current_s: float
+    candidates: int
+
+    def describe(self) -> str:
+        now = f"{self.current_s:.0f} s" if math.isfinite(self.current_s) else "no end"
+        return (f"foresight: of {self.candidates} ratios simulated, {self.best_ratio:g} ends "
+                f"the work at hand soonest ({self.best_s:.0f} s; {now} at the ratio then in "
+                f"force), target {self.target:g}")
+
+
 @dataclass(frozen=True)
 class WorkloadFit:
     """One workload's own slowdown fit on an architecture (saturation 0: not believed)."""
@@ -364,6 +477,7 @@ class SharingLevel:
     queued: float = 1.0
     # Workloads with samples enough for a fit of their own (weighed by the running mix).
     workloads: tuple[WorkloadFit, ...] = ()
+    foresight: str = ""  # the latest foresight behind its target (Foreseen.describe)
 
     def describe(self) -> str:
         if not self.learning:
@@ -381,4 +495,5 @@ class SharingLevel:
             else ""
         own = "; by workload: " + ", ".join(w.describe() for w in self.workloads) \
             if self.workloads else ""
-        return head + f"; from {self.samples} samples{fitted}{own}"
+        seen = f"; {self.foresight}" if self.foresight else ""
+        return head + f"; from {self.samples} samples{fitted}{own}{seen}"

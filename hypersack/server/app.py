@@ -31,7 +31,7 @@ from hypersack.server.bridge import LoopThread, offloaded, watch_lag
 from hypersack.server.metrics import ServerCollector
 from hypersack.server.service import SchedulerService
 from hypersack.server.servicers import AgentLinkServicer, SchedulerServicer
-from hypersack.sim.foresight import foresee
+from hypersack.sim.foresight import foresee, foresee_ratios
 from hypersack.store.sqlite import DamagedDatabase, DatabaseLock, SqliteStore, StoreError
 from hypersack.wire.logs import add_log_flags, parse_daemon_args
 from hypersack.wire.metrics import MetricsEndpoint, serve_metrics
@@ -105,8 +105,10 @@ class HyperSackServer:
                                         learn_min_samples=settings.learn_min_samples,
                                         learn_settle_s=settings.learn_settle_s,
                                         learn_by_workload=settings.learn_by_workload,
-                                        # The default policy's simulations (`predict`).
-                                        foresight=foresee)
+                                        learn_foresight=settings.learn_foresight,
+                                        # The default policy's simulations (`predict`),
+                                        # and the learned ratio's.
+                                        foresight=foresee, ratio_foresight=foresee_ratios)
             self.service = SchedulerService(
                 self.store, config, clock=clock,
                 heartbeat_interval_s=settings.heartbeat_interval_s,

@@ -1,7 +1,9 @@
-"""The simulator as the scheduler's foresight (`OrchestratorConfig.foresight`): a study
-run under each candidate rule, on the given nodes with the given profiles, for the
-default policy `predict` to take the rule that ends it first
-(orchestrator/foresight.py)."""
+"""The simulator as the scheduler's foresight: a study run under each candidate rule
+(`OrchestratorConfig.foresight`), for the default policy `predict` to take the rule
+that ends it first (orchestrator/foresight.py); and under each candidate ratio of one
+architecture with the ratio learner's fits as the interference
+(`OrchestratorConfig.ratio_foresight`), for the learner to step toward the ratio that
+ends it first (orchestrator/sharing.py)."""
 
 from __future__ import annotations
 
@@ -15,7 +17,9 @@ from dataclasses import replace
 from hypersack.core.types import ClusterSpec, NodeSpec, Profile
 from hypersack.grid.space import SearchSpace
 from hypersack.orchestrator.config import OrchestratorConfig
+from hypersack.orchestrator.sharing import Fit
 from hypersack.policies import kernels
+from hypersack.sim.interference import FittedInterference
 from hypersack.sim.simulator import Simulation
 
 # The simulated orchestrators log as the real one does (nodes joining, the study
@@ -31,6 +35,11 @@ PACKING = ("auto", "pack")
 # them): a candidate not started within it counts as not ending. Far above what the
 # bounds on trials and GPUs let a simulation take (predict.MAX_TRIALS).
 BUDGET_S = 10.0
+# The wall time the learner's candidate ratios may take together on the server's event
+# worker (a decision of the learner's, at most every third per architecture): candidates
+# past it count as not ending. The learner puts the ratio in force and a step either
+# side first.
+RATIO_BUDGET_S = 2.0
 
 
 def foresee(space: SearchSpace, nodes: Sequence[NodeSpec], profiles: Sequence[Profile],
@@ -48,10 +57,40 @@ def foresee(space: SearchSpace, nodes: Sequence[NodeSpec], profiles: Sequence[Pr
                 out[name] = math.inf  # not simulated
                 continue
             # Fixed ratios (the ones in force), no learning and no nested foresight.
-            run = replace(config, policy=name, foresight=None, learn_ratio=False)
+            run = replace(config, policy=name, foresight=None, ratio_foresight=None,
+                          learn_ratio=False)
             result = Simulation(space, cluster, profiles, config=run).run()
             ended = not result.stuck and result.completed == result.trials
             out[name] = result.makespan_s if ended else math.inf
+    return out
+
+
+def foresee_ratios(space: SearchSpace, nodes: Sequence[NodeSpec], profiles: Sequence[Profile],
+                   config: OrchestratorConfig, policy: str, arch: str,
+                   candidates: Sequence[float], ratios: Mapping[str, float],
+                   fits: Mapping[str, Fit], workload_fits: Mapping[str, Mapping[str, Fit]],
+                   budget_s: float = RATIO_BUDGET_S) -> Mapping[float, float]:
+    """Each candidate ratio's simulated makespan for the study: `arch` at the candidate,
+    the others at `ratios`, placed by `policy`, slowed as the fits say
+    (FittedInterference). Infinite where the simulated study did not end with every
+    trial completed, or where the candidate was not simulated (past `budget_s` of wall
+    time, or a PACKING rule without its compiled knapsacks)."""
+    cluster = ClusterSpec(nodes=tuple(nodes))
+    model = FittedInterference(fits=dict(fits),
+                               workload_fits={a: dict(w) for a, w in workload_fits.items()})
+    out: dict[float, float] = {}
+    began = time.perf_counter()
+    with _quiet():
+        for ratio in candidates:
+            if time.perf_counter() - began > budget_s or \
+                    (policy in PACKING and kernels.compiled("pairs_row") is None):
+                out[ratio] = math.inf
+                continue
+            run = replace(config, policy=policy, oversubscription={**ratios, arch: ratio},
+                          foresight=None, ratio_foresight=None, learn_ratio=False)
+            result = Simulation(space, cluster, profiles, config=run, interference=model).run()
+            ended = not result.stuck and result.completed == result.trials
+            out[ratio] = result.makespan_s if ended else math.inf
     return out
 
 

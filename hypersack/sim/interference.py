@@ -24,8 +24,11 @@ parameters, and other workloads move the peak.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+
+from hypersack.orchestrator.sharing import Fit, believed
 
 
 @dataclass(frozen=True)
@@ -75,6 +78,40 @@ class Interference:
         """Progress per second of virtual time, in solo seconds (1.0 = as fast as alone)."""
         f = trial.data_fraction
         return 1.0 / ((1.0 - f) * gpu_slowdown + f * cpu_slowdown)
+
+
+@dataclass(frozen=True)
+class FittedInterference(Interference):
+    """The interference a ratio learner believes (orchestrator/sharing.py): on an
+    architecture with a fit, each trial's slowdown is its workload's fit (else the
+    architecture's) of the whole iteration, as the samples measured it,
+    (1 + c (n - 1)) (1 - a + a max(1, L / S)), with S only where the fit's saturation
+    is believed; the node's cores slow it only where they slow it more. An architecture
+    without a fit keeps the default model's GPU slowdown. The learner's foresight
+    simulates with it (sim/foresight.py)."""
+
+    fits: Mapping[str, Fit] = field(default_factory=dict)
+    workload_fits: Mapping[str, Mapping[str, Fit]] = field(default_factory=dict)
+
+    def gpu_slowdowns(self, arch: str, trials: list[SharedTrial], models: list[str]
+                      ) -> list[float]:
+        pooled = self.fits.get(arch)
+        if pooled is None:
+            return Interference.gpu_slowdowns(self, arch, trials, models)
+        n = len(trials)
+        load = sum(t.compute_pct for t in trials)
+        own = self.workload_fits.get(arch, {})
+        out = []
+        for model in models:
+            f = own.get(model, pooled)
+            sat = f.saturation_pct if believed(f) and f.saturation_pct > 0 else math.inf
+            out.append((1.0 + f.contention * (n - 1)) *
+                       (1.0 - f.queued + f.queued * max(1.0, load / sat)))
+        return out
+
+    @staticmethod
+    def rate(trial: SharedTrial, gpu_slowdown: float, cpu_slowdown: float) -> float:
+        return 1.0 / max(gpu_slowdown, cpu_slowdown)
 
 
 def reports(models: list[str], rates: list[float]) -> list[tuple[str, float]]:

@@ -11,7 +11,7 @@ import heapq
 import itertools
 import logging
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
 from hypersack.core.clock import ManualClock
@@ -132,6 +132,12 @@ class Simulation:
         # sampled every `sample_every_s` of virtual time; the ratios it moves apply to
         # the next decisions. `ratio_moves`: (time, architecture, new ratio).
         self.learner = learner
+        if learner is not None:
+            # Its foresight simulates this study (the first), as the server's simulates
+            # the one with the most trials pending.
+            learner.weigh = self._weigh if self.config.learn_foresight else None
+        self._believed = list(truth if history is None else history)
+        self._study_id: str | None = None
         self.sample_every_s = sample_every_s
         self._sampled: dict[tuple[str, int], float] = {}
         self.ratio_moves: list[tuple[float, str, float]] = []
@@ -267,6 +273,7 @@ class Simulation:
                     return
                 sid = self.orchestrator.studies()[-1].id
                 study_id = study_id or sid
+                self._study_id = self._study_id or sid
                 studies.append(sid)
                 submitted[sid] = now
                 shares[sid] = [(now, 0.0)]
@@ -417,6 +424,23 @@ class Simulation:
                     if moved is not None:
                         self.ratio_moves.append((now, arch, moved))
                         self.orchestrator.s.set_ratios(self.learner.ratios)
+
+    def _weigh(self, arch: str, candidates: Sequence[float]) -> Mapping[float, float] | None:
+        """The learner's foresight: this study simulated whole under each candidate
+        ratio of `arch` (the others at the learner's), slowed as its fits say, placed
+        by the rule this study's decisions use."""
+        from hypersack.sim.foresight import foresee_ratios  # it builds on this module
+
+        learner = self.learner
+        if learner is None:
+            return None
+        policy = self.config.policy or self.space.settings.policy
+        if policy == "predict":
+            chosen = self.orchestrator.rule_choice(self._study_id or "")
+            policy = chosen.rule if chosen is not None else "eft"
+        return foresee_ratios(self.space, self.cluster.nodes, self._believed, self.config,
+                              policy, arch, candidates, learner.ratios, learner.fits,
+                              learner.workload_fits, budget_s=math.inf)  # as on any machine
 
     def _held(self, running: dict[str, _Running], live: set[tuple[str, int]]
               ) -> dict[str, float]:

@@ -92,6 +92,10 @@ class ServerSettings(BaseSettings):
     learn_by_workload: bool = Field(default=True, description="a slowdown fit per workload "
                                     "(model) with learn_min_samples samples of its own, "
                                     "weighed by the trials running; false: one fit of all")
+    learn_foresight: bool = Field(default=True, description="step each learned ratio "
+                                  "toward the one under which the study with the most "
+                                  "trials pending, simulated with the learned slowdown, "
+                                  "ends first; false: toward the most progress per GPU")
     heartbeat_interval_s: PositiveSeconds = 5.0
     heartbeat_timeout_s: PositiveSeconds = 30.0
     tick_interval_s: PositiveSeconds = 1.0

@@ -5,6 +5,7 @@ own ratio winning, what a restart keeps, and nothing learned from an undone batc
 from __future__ import annotations
 
 import itertools
+import re
 from typing import Any
 
 import pytest
@@ -279,3 +280,69 @@ def test_metrics_and_the_wire_carry_each_workloads_fit(tmp_path: Any,
     (msg,) = sharing_messages(svc)
     assert [(w.workload, w.samples, w.saturation_pct) for w in msg.workloads] == \
         [("vit_tiny", 60, 150.0)]
+
+
+class _Foresight:
+    """`ratio_foresight`, faked: what it was asked, and ends best at `best`."""
+
+    def __init__(self, best: float, fail: bool = False) -> None:
+        self.best, self.fail = best, fail
+        self.asked: list[dict[str, Any]] = []
+
+    def __call__(self, space: Any, nodes: Any, profiles: Any, config: Any, policy: str,
+                 arch: str, candidates: Any, ratios: Any, fits: Any, workload_fits: Any
+                 ) -> dict[float, float]:
+        self.asked.append({"study": space.name, "nodes": [n.name for n in nodes],
+                           "models": sorted({p.key.model for p in profiles}),
+                           "policy": policy, "arch": arch, "candidates": list(candidates),
+                           "ratios": dict(ratios), "fits": sorted(fits)})
+        if self.fail:
+            raise RuntimeError("simulator broke")
+        return {r: 100.0 + 10.0 * abs(r - self.best) for r in candidates}
+
+
+def test_foresight_steps_the_ratio_toward_the_one_the_busiest_study_ends_first_under(
+        caplog: Any) -> None:
+    fake = _Foresight(best=2.0)
+    orch, _, clock = learning(ratio_foresight=fake)
+    orch.handle(NodeJoined(parse_shorthand("1x4xA100-80GB").nodes[0]))
+    orch.handle(StudySubmitted(study(40)))  # 24 running at ratio 3, 16 pending
+    ratios = [orch.s.config.ratio("A100", {})]
+    for _ in range(60):
+        report_round(orch, clock)
+        ratios.append(orch.s.config.ratio("A100", {}))
+    moves = [b - a for a, b in itertools.pairwise(ratios) if b != a]
+    # The progress model's steps until foresight acts (FORESIGHT_SAMPLES x
+    # learn_min_samples samples), then a quarter at a time down to 2, where it holds.
+    down = moves.index(-0.25)
+    assert all(m == 0.25 for m in moves[:down]) and ratios[-1] == 2.0
+    assert moves[down:] == [-0.25] * len(moves[down:])
+    first = fake.asked[0]
+    assert first["study"] == "s" and first["nodes"] == ["node0"] and first["arch"] == "A100"
+    assert first["models"] == ["resnet18"] and first["policy"] == "ff"  # the study's rule
+    current = first["ratios"]["A100"]  # the ratio in force and a step either side first
+    assert first["candidates"][:3] == [current, current - 0.25, current + 0.25]
+    assert first["fits"] == ["A100"]
+    level = {lv.arch: lv for lv in orch.sharing.levels(["A100"])}["A100"]
+    assert re.search(r"; foresight: of \d+ ratios simulated, 2 ends the work at hand "
+                     r"soonest \(100 s; 10\d s at the ratio then in force\), target 2$",
+                     level.describe()), level.describe()
+    # Off: the simulator is never asked, and the progress model sets the target.
+    off = _Foresight(best=2.0)
+    orch, _, clock = learning(ratio_foresight=off, learn_foresight=False)
+    orch.handle(NodeJoined(parse_shorthand("1x4xA100-80GB").nodes[0]))
+    orch.handle(StudySubmitted(study(40)))
+    for _ in range(30):
+        report_round(orch, clock)
+    assert off.asked == [] and "foresight" not in orch.sharing.levels(["A100"])[0].describe()
+    # A simulator that raises leaves the progress model's target (as with none), logged.
+    ends = []
+    for config in ({"ratio_foresight": _Foresight(best=2.0, fail=True)}, {}):
+        orch, _, clock = learning(**config)
+        orch.handle(NodeJoined(parse_shorthand("1x4xA100-80GB").nodes[0]))
+        orch.handle(StudySubmitted(study(40)))
+        for _ in range(30):
+            report_round(orch, clock)
+        ends.append(orch.s.config.ratio("A100", {}))
+    assert "A100: simulating study s-1 under candidate ratios failed" in caplog.text
+    assert ends[0] == ends[1] != 3.0

@@ -12,10 +12,17 @@ import math
 import random
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import pytest
 
-from hypersack.orchestrator.sharing import STEP_GAIN, RatioLearner, fit, throughput
+from hypersack.orchestrator.sharing import (
+    FORESIGHT_EVERY,
+    STEP_GAIN,
+    RatioLearner,
+    fit,
+    throughput,
+)
 
 
 def _samples(c: float, sat: float, k: int = 300, share: float = 50.0, most: int = 10,
@@ -168,11 +175,16 @@ def test_in_the_simulator_half_the_saturation_is_learned_and_pays() -> None:
                           sample_every_s=2.0).run().makespan_s
 
     configured = run(dict(DEFAULT_RATIOS), None)
-    learner = RatioLearner(DEFAULT_RATIOS, high=6.0, every=10, min_samples=20)
+    learner = RatioLearner(DEFAULT_RATIOS, high=6.0, every=10, min_samples=20,
+                           foresight_every=10)
     run(dict(DEFAULT_RATIOS), learner)
     assert learner.ratios["A100"] < 2.0 and learner.ratios["H100"] < 2.0
     warm = run(dict(learner.ratios), learner)
     assert warm < 0.8 * configured
+    # The simulator gave the learner its foresight: SP2 simulated under candidate ratios
+    # with the fits (learn_foresight, on by default).
+    assert set(learner.foreseen) == {"A100", "H100"}
+    assert all(math.isfinite(f.best_s) and f.candidates >= 7 for f in learner.foreseen.values())
 
 
 def test_a_saved_state_that_does_not_parse_is_left_out() -> None:
@@ -285,3 +297,94 @@ def test_workloads_new_to_the_learner_hold_the_ratio_until_they_have_samples() -
                  _slow(300.0 if k % 2 else 120.0, 10 if k % 2 else 4, 1.0), "vit")
     assert both.decide("A100", {"vit": 3.0, "cnn": 1.0}) is not None
     assert set(both.workload_fits["A100"]) == {"vit"}
+
+
+class _Weigh:
+    """A host's foresight, faked: each candidate's 'simulated' makespan from `ends`."""
+
+    def __init__(self, ends: Any) -> None:
+        self.ends = ends
+        self.calls: list[tuple[str, list[float]]] = []
+
+    def __call__(self, arch: str, candidates: Any) -> Any:
+        self.calls.append((arch, list(candidates)))
+        return self.ends(list(candidates))
+
+
+def _counted(learner: RatioLearner) -> list[int]:
+    """How many decisions the learner makes (wraps decide)."""
+    made = [0]
+    decide = learner.decide
+
+    def counting(arch: str, mix: Any = None) -> float | None:
+        made[0] += 1
+        return decide(arch, mix)
+
+    learner.decide = counting  # type: ignore[method-assign]
+    return made
+
+
+def test_foresight_steps_toward_the_ratio_whose_simulated_study_ends_first() -> None:
+    # Unsaturated and packed: the progress model alone would step up (the test above);
+    # the simulated study ends first at 1.5, so the ratio steps down to it.
+    weigh = _Weigh(lambda rs: {r: 100.0 + 10.0 * abs(r - 1.5) for r in rs})
+    learner = RatioLearner({"A100": 3.0}, high=4.0, min_samples=20, every=10)
+    learner.weigh = weigh
+    made = _counted(learner)
+    samples = [(s[0] * 300 / 260, s[1], s[2]) for s in _samples(0.2, 5000.0, most=4, k=400)]
+    moves = _feed(learner, samples)
+    # Up by the progress model until FORESIGHT_SAMPLES x min_samples samples, then down
+    # a step at a time to where the simulated study ends first, and it holds.
+    assert moves == [3.25, 3.5, 3.25, 3.0, 2.75, 2.5, 2.25, 2.0, 1.75, 1.5]
+    # The ratio in force and a step either side first, then from low to high by 0.5.
+    assert weigh.calls[0] == ("A100", [3.5, 3.25, 3.75, 1.0, 1.5, 2.0, 2.5, 3.0, 4.0])
+    # Simulated again at most every FORESIGHT_EVERY-th decision.
+    assert 0 < len(weigh.calls) <= made[0] // FORESIGHT_EVERY + 1
+    seen = learner.foreseen["A100"]
+    assert (seen.target, seen.best_ratio, seen.best_s) == (1.5, 1.5, 100.0)
+    assert "1.5 ends the work at hand soonest (100 s" in seen.describe()
+    # Up past loads never seen (not packed near the ratio, no saturation known) only as
+    # the progress model would go: not at all.
+    eager = RatioLearner({"A100": 3.0}, high=4.0, min_samples=20, every=10)
+    eager.weigh = _Weigh(lambda rs: {r: 100.0 + 10.0 * abs(r - 4.0) for r in rs})
+    light = [(s[0] * 150 / 260, s[1], s[2]) for s in _samples(0.2, 5000.0, most=4, k=200)]
+    assert _feed(eager, light) == [] and eager.weigh.calls  # type: ignore[attr-defined]
+    assert eager.foreseen["A100"].target == 4.0
+
+
+def test_foresight_holds_within_its_margin_and_falls_back_without_an_end() -> None:
+    samples = [(s[0] * 300 / 260, s[1], s[2]) for s in _samples(0.2, 5000.0, most=4, k=200)]
+    # No candidate ended (or nothing to simulate): the progress model's target.
+    plain = RatioLearner({"A100": 3.0}, high=4.0, min_samples=20, every=10)
+    expected = _feed(plain, samples)
+    assert len(expected) > 2 and expected[0] > 3.0
+    # A candidate that ends under FORESIGHT_MARGIN sooner is not worth a move: once
+    # foresight acts (FORESIGHT_SAMPLES x min_samples), the ratio holds.
+    close = RatioLearner({"A100": 3.0}, high=4.0, min_samples=20, every=10)
+    close.weigh = _Weigh(lambda rs: {r: 100.0 - (0.5 if r == 4.0 else 0.0) for r in rs})
+    assert _feed(close, samples) == expected[:2]
+    for ends in (lambda rs: {r: math.inf for r in rs}, lambda rs: None,
+                 lambda rs: {r: -1.0 for r in rs}):
+        blind = RatioLearner({"A100": 3.0}, high=4.0, min_samples=20, every=10)
+        blind.weigh = _Weigh(ends)
+        assert _feed(blind, samples) == expected
+        assert "A100" not in blind.foreseen
+
+
+def test_the_fitted_interference_is_the_learner_s_model() -> None:
+    from hypersack.sim.interference import FittedInterference, Interference, SharedTrial
+
+    pooled = fit(_samples(0.2, 5000.0))  # contention alone: no saturation believed
+    own = fit(_samples(0.1, 135.0, seed=3))
+    assert pooled is not None and own is not None
+    model = FittedInterference(fits={"A100": pooled}, workload_fits={"A100": {"vit": own}})
+    trials = [SharedTrial(80.0, 4.0, 0.2)] * 3  # 240 % load
+    slow = model.gpu_slowdowns("A100", trials, ["vit", "resnet"])
+    assert slow[0] == pytest.approx((1 + 2 * own.contention) * 240 / own.saturation_pct)
+    assert slow[1] == pytest.approx(1 + 2 * pooled.contention)  # no saturation
+    # The fitted slowdown is the whole iteration's; the cores count only where worse.
+    assert model.rate(trials[0], 1.5, 1.2) == pytest.approx(1 / 1.5)
+    assert model.rate(trials[0], 1.5, 2.0) == pytest.approx(1 / 2.0)
+    # An architecture without a fit keeps the default model's GPU slowdown.
+    assert model.gpu_slowdowns("H100", trials, ["vit"]) == \
+        Interference().gpu_slowdowns("H100", trials, ["vit"])

@@ -187,7 +187,7 @@ class ListNodesResponse(_message.Message):
     def __init__(self, nodes: _Optional[_Iterable[_Union[Node, _Mapping]]] = ..., sharing: _Optional[_Iterable[_Union[SharingLevel, _Mapping]]] = ...) -> None: ...
 
 class SharingLevel(_message.Message):
-    __slots__ = ("arch", "configured", "ratio", "learning", "samples", "needed", "contention", "saturation_pct", "moves", "queued", "workloads")
+    __slots__ = ("arch", "configured", "ratio", "learning", "samples", "needed", "contention", "saturation_pct", "moves", "queued", "workloads", "foresight")
     ARCH_FIELD_NUMBER: _ClassVar[int]
     CONFIGURED_FIELD_NUMBER: _ClassVar[int]
     RATIO_FIELD_NUMBER: _ClassVar[int]
@@ -199,6 +199,7 @@ class SharingLevel(_message.Message):
     MOVES_FIELD_NUMBER: _ClassVar[int]
     QUEUED_FIELD_NUMBER: _ClassVar[int]
     WORKLOADS_FIELD_NUMBER: _ClassVar[int]
+    FORESIGHT_FIELD_NUMBER: _ClassVar[int]
     arch: str
     configured: float
     ratio: float
@@ -210,7 +211,8 @@ class SharingLevel(_message.Message):
     moves: int
     queued: float
     workloads: _containers.RepeatedCompositeFieldContainer[WorkloadFit]
-    def __init__(self, arch: _Optional[str] = ..., configured: _Optional[float] = ..., ratio: _Optional[float] = ..., learning: bool = ..., samples: _Optional[int] = ..., needed: _Optional[int] = ..., contention: _Optional[float] = ..., saturation_pct: _Optional[float] = ..., moves: _Optional[int] = ..., queued: _Optional[float] = ..., workloads: _Optional[_Iterable[_Union[WorkloadFit, _Mapping]]] = ...) -> None: ...
+    foresight: str
+    def __init__(self, arch: _Optional[str] = ..., configured: _Optional[float] = ..., ratio: _Optional[float] = ..., learning: bool = ..., samples: _Optional[int] = ..., needed: _Optional[int] = ..., contention: _Optional[float] = ..., saturation_pct: _Optional[float] = ..., moves: _Optional[int] = ..., queued: _Optional[float] = ..., workloads: _Optional[_Iterable[_Union[WorkloadFit, _Mapping]]] = ..., foresight: _Optional[str] = ...) -> None: ...
 
 class WorkloadFit(_message.Message):
     __slots__ = ("workload", "samples", "contention", "saturation_pct", "queued")
