@@ -13,6 +13,7 @@ import math
 import time
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import replace
+from typing import TypeVar
 
 from hypersack.core.types import ClusterSpec, NodeSpec, Profile
 from hypersack.grid.space import SearchSpace
@@ -40,6 +41,7 @@ BUDGET_S = 10.0
 # past it count as not ending. The learner puts the ratio in force and a step either
 # side first.
 RATIO_BUDGET_S = 2.0
+K = TypeVar("K", str, float)  # a candidate: a rule's name, or a ratio
 
 
 def foresee(space: SearchSpace, nodes: Sequence[NodeSpec], profiles: Sequence[Profile],
@@ -47,22 +49,9 @@ def foresee(space: SearchSpace, nodes: Sequence[NodeSpec], profiles: Sequence[Pr
     """Each candidate rule's simulated makespan for the study (infinite where the
     simulated study did not end with every trial completed, or where the rule was not
     simulated: past BUDGET_S, or a PACKING rule without its compiled knapsacks)."""
-    cluster = ClusterSpec(nodes=tuple(nodes))
-    out: dict[str, float] = {}
-    began = time.perf_counter()
-    with _quiet():
-        for name in candidates:
-            if time.perf_counter() - began > BUDGET_S or \
-                    (name in PACKING and kernels.compiled("pairs_row") is None):
-                out[name] = math.inf  # not simulated
-                continue
-            # Fixed ratios (the ones in force), no learning and no nested foresight.
-            run = replace(config, policy=name, foresight=None, ratio_foresight=None,
-                          learn_ratio=False)
-            result = Simulation(space, cluster, profiles, config=run).run()
-            ended = not result.stuck and result.completed == result.trials
-            out[name] = result.makespan_s if ended else math.inf
-    return out
+    # Fixed ratios (the ones in force), each candidate's rule.
+    runs = {name: (name, dict(config.oversubscription)) for name in candidates}
+    return _makespans(space, nodes, profiles, config, runs, None, BUDGET_S)
 
 
 def foresee_ratios(space: SearchSpace, nodes: Sequence[NodeSpec], profiles: Sequence[Profile],
@@ -75,22 +64,32 @@ def foresee_ratios(space: SearchSpace, nodes: Sequence[NodeSpec], profiles: Sequ
     (FittedInterference). Infinite where the simulated study did not end with every
     trial completed, or where the candidate was not simulated (past `budget_s` of wall
     time, or a PACKING rule without its compiled knapsacks)."""
-    cluster = ClusterSpec(nodes=tuple(nodes))
     model = FittedInterference(fits=dict(fits),
                                workload_fits={a: dict(w) for a, w in workload_fits.items()})
-    out: dict[float, float] = {}
+    runs = {ratio: (policy, {**ratios, arch: ratio}) for ratio in candidates}
+    return _makespans(space, nodes, profiles, config, runs, model, budget_s)
+
+
+def _makespans(space: SearchSpace, nodes: Sequence[NodeSpec], profiles: Sequence[Profile],
+               config: OrchestratorConfig, runs: Mapping[K, tuple[str, dict[str, float]]],
+               interference: FittedInterference | None, budget_s: float) -> dict[K, float]:
+    """Each run's (rule, ratios) simulated makespan, in order, within `budget_s` of wall
+    time: no learning and no nested foresight in the simulated orchestrators."""
+    cluster = ClusterSpec(nodes=tuple(nodes))
+    out: dict[K, float] = {}
     began = time.perf_counter()
     with _quiet():
-        for ratio in candidates:
+        for key, (policy, ratios) in runs.items():
             if time.perf_counter() - began > budget_s or \
                     (policy in PACKING and kernels.compiled("pairs_row") is None):
-                out[ratio] = math.inf
+                out[key] = math.inf  # not simulated
                 continue
-            run = replace(config, policy=policy, oversubscription={**ratios, arch: ratio},
-                          foresight=None, ratio_foresight=None, learn_ratio=False)
-            result = Simulation(space, cluster, profiles, config=run, interference=model).run()
+            run = replace(config, policy=policy, oversubscription=ratios, foresight=None,
+                          ratio_foresight=None, learn_ratio=False)
+            result = Simulation(space, cluster, profiles, config=run,
+                                interference=interference).run()
             ended = not result.stuck and result.completed == result.trials
-            out[ratio] = result.makespan_s if ended else math.inf
+            out[key] = result.makespan_s if ended else math.inf
     return out
 
 
