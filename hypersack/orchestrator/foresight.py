@@ -81,7 +81,7 @@ class RuleChooser:
         foresee = self.s.config.foresight
         if foresee is None:
             return Choice(fallback, "no simulator in this process")
-        if space.search.adaptive or space.pruner is not None:
+        if adapts(space):
             return Choice(fallback, "which trials run depends on their results (adaptive "
                                     "search or a pruner), so the study is not simulated")
         trial_ids = self.s.by_study.get(study_id, [])
@@ -111,6 +111,12 @@ class RuleChooser:
             return Choice(fallback, "no candidate ended the simulated study", predicted)
         return Choice(best, f"its simulated study ends first, of {len(candidates)} rules "
                             f"simulated in {took:.2f} s", predicted)
+
+
+def adapts(space: SearchSpace) -> bool:
+    """Whether which trials run depends on their results (adaptive search or a pruner):
+    such a study is not simulated."""
+    return space.search.adaptive or space.pruner is not None
 
 
 def study_inputs(s: CoreState, study_id: str) -> tuple[list[NodeSpec], list[Profile]] | None:

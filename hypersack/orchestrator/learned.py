@@ -31,7 +31,7 @@ from collections.abc import Callable, Mapping, Sequence
 
 from hypersack.core.types import TrialRecord, TrialState
 from hypersack.orchestrator.events import TrialProgress
-from hypersack.orchestrator.foresight import study_inputs
+from hypersack.orchestrator.foresight import adapts, study_inputs
 from hypersack.orchestrator.journal import journaled
 from hypersack.orchestrator.sharing import RatioLearner, SharingLevel, WorkloadFit, believed
 from hypersack.orchestrator.state import CoreState
@@ -174,7 +174,7 @@ class LearnedSharing:
                          reverse=True)
         for _, sid in waiting:
             space = self.s.spaces.get(sid)
-            if space is None or space.search.adaptive or space.pruner is not None or \
+            if space is None or adapts(space) or \
                     len(self.s.by_study.get(sid, ())) > FORESIGHT_MAX_TRIALS:
                 continue
             inputs = study_inputs(self.s, sid)

@@ -72,7 +72,7 @@ FORESIGHT_MARGIN = 0.01
 # The candidates: from `low` to `high` by this, and a step either side of the ratio in
 # force (a study's makespan is not smooth in the ratio: whole trials fit or do not).
 FORESIGHT_GRID = 0.5
-FORESIGHT_CACHE = 256
+FORESIGHT_CACHE = 256  # simulated grids kept, by the fits and ratios they assumed
 # An architecture's candidates are simulated again at most every this many decisions
 # (unless a grid under the same fits and ratios is kept): the target holds in between
 # (`foresight_every`; the server decides at most once a minute per architecture).
@@ -80,7 +80,7 @@ FORESIGHT_EVERY = 3
 # Foresight acts once an architecture has this many times min_samples samples: a first
 # fit's contention and saturation are hard to tell apart, and a simulation extrapolates
 # them (in the simulator, SP3 under half the saturation stepped up on its first 20).
-FORESIGHT_SAMPLES = 2  # simulated grids kept, by the fits and ratios they assumed
+FORESIGHT_SAMPLES = 2
 
 # Given an architecture and candidate ratios for it (the others' in force), each
 # candidate's simulated makespan of the work at hand under the learner's fits (math.inf:
@@ -168,12 +168,15 @@ def mixed_throughput(ratio: float, parts: Sequence[tuple[float, Fit]]) -> float:
     share = sum(w * f.mean_share_pct for w, f in parts) / total
     n = max(1.0, 100.0 * ratio / max(share, 1e-9))
     load = 100.0 * ratio
-    progress = 0.0
-    for w, f in parts:
-        sat = f.saturation_pct if believed(f) else math.inf
-        queued = 1.0 - f.queued + f.queued * max(1.0, load / sat)
-        progress += (w / total) * n / ((1 + f.contention * (n - 1)) * queued)
-    return progress
+    return sum((w / total) * n / slowdown(f, load, n) for w, f in parts)
+
+
+def slowdown(f: Fit, load_pct: float, n: float) -> float:
+    """A trial's slowdown under `f` on a GPU holding `n` trials at `load_pct`; a fit
+    whose saturation is not believed is taken as contention alone. The progress model
+    above and the simulator's FittedInterference both ask it."""
+    sat = f.saturation_pct if believed(f) and f.saturation_pct > 0 else math.inf
+    return (1.0 + f.contention * (n - 1)) * (1.0 - f.queued + f.queued * max(1.0, load_pct / sat))
 
 
 class RatioLearner:
@@ -295,26 +298,26 @@ class RatioLearner:
             return None
         count = round((self.high - self.low) / FORESIGHT_GRID)
         # The ratio in force and a step either side first: if the simulations run out of
-        # time (sim/foresight.BUDGET_S), those are the ones simulated.
+        # time (sim/foresight.RATIO_BUDGET_S on the server), those are the ones simulated.
         near = [round(min(self.high, max(self.low, current + d)), 6)
                 for d in (0.0, -self.step, self.step)]
         grid = list(dict.fromkeys(near + [round(min(self.high, self.low + i * FORESIGHT_GRID), 6)
                                           for i in range(count + 1)]))
+        fitted = (tuple(sorted((a, _rounded(f)) for a, f in self.fits.items())),
+                  tuple(sorted((a, w, _rounded(g)) for a, fs in self.workload_fits.items()
+                               for w, g in fs.items())))
         key = (arch, tuple(grid), tuple(sorted((a, round(r, 6)) for a, r in self.ratios.items()
-                                               if a != arch)),
-               tuple(sorted((a, _rounded(f)) for a, f in self.fits.items())),
-               tuple(sorted((a, w, _rounded(g)) for a, fs in self.workload_fits.items()
-                            for w, g in fs.items())))
+                                               if a != arch)), fitted)
         spans = self._weighed.get(key)
         last = self.foreseen.get(arch)
         self._unweighed[arch] = self._unweighed.get(arch, 0) + 1
-        if spans is None and last is not None and key[3:] == self._weighed_under.get(arch) \
+        if spans is None and last is not None and fitted == self._weighed_under.get(arch) \
                 and self._unweighed[arch] < self.foresight_every:
             # Simulated again every foresight_every-th decision, or once the fits move.
             return last.target
         if spans is None:
             self._unweighed[arch] = 0
-            self._weighed_under[arch] = key[3:]
+            self._weighed_under[arch] = fitted
             got = weigh(arch, grid)
             if not got:
                 return None

@@ -24,11 +24,10 @@ parameters, and other workloads move the peak.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from hypersack.orchestrator.sharing import Fit, believed
+from hypersack.orchestrator.sharing import Fit, slowdown
 
 
 @dataclass(frozen=True)
@@ -98,16 +97,9 @@ class FittedInterference(Interference):
         pooled = self.fits.get(arch)
         if pooled is None:
             return Interference.gpu_slowdowns(self, arch, trials, models)
-        n = len(trials)
         load = sum(t.compute_pct for t in trials)
         own = self.workload_fits.get(arch, {})
-        out = []
-        for model in models:
-            f = own.get(model, pooled)
-            sat = f.saturation_pct if believed(f) and f.saturation_pct > 0 else math.inf
-            out.append((1.0 + f.contention * (n - 1)) *
-                       (1.0 - f.queued + f.queued * max(1.0, load / sat)))
-        return out
+        return [slowdown(own.get(model, pooled), load, len(trials)) for model in models]
 
     @staticmethod
     def rate(trial: SharedTrial, gpu_slowdown: float, cpu_slowdown: float) -> float:

@@ -137,7 +137,6 @@ class Simulation:
             # the one with the most trials pending.
             learner.weigh = self._weigh if self.config.learn_foresight else None
         self._believed = list(truth if history is None else history)
-        self._study_id: str | None = None
         self.sample_every_s = sample_every_s
         self._sampled: dict[tuple[str, int], float] = {}
         self.ratio_moves: list[tuple[float, str, float]] = []
@@ -273,7 +272,6 @@ class Simulation:
                     return
                 sid = self.orchestrator.studies()[-1].id
                 study_id = study_id or sid
-                self._study_id = self._study_id or sid
                 studies.append(sid)
                 submitted[sid] = now
                 shares[sid] = [(now, 0.0)]
@@ -435,8 +433,9 @@ class Simulation:
         if learner is None:
             return None
         policy = self.config.policy or self.space.settings.policy
-        if policy == "predict":
-            chosen = self.orchestrator.rule_choice(self._study_id or "")
+        if policy == "predict":  # the rule chosen for this study, the first submitted
+            studies = self.orchestrator.studies()
+            chosen = self.orchestrator.rule_choice(studies[0].id) if studies else None
             policy = chosen.rule if chosen is not None else "eft"
         return foresee_ratios(self.space, self.cluster.nodes, self._believed, self.config,
                               policy, arch, candidates, learner.ratios, learner.fits,
