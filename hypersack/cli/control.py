@@ -31,7 +31,7 @@ from hypersack.core.bounds import MAX_EXTEND
 from hypersack.core.errors import InvalidInput
 from hypersack.core.types import TrialState
 from hypersack.grid.space import read_space_file
-from hypersack.orchestrator.sharing import SharingLevel, WorkloadFit
+from hypersack.orchestrator.levels import SharingLevel, WorkloadFit
 
 TERMINAL = tuple(s.value for s in TrialState if s.terminal)
 EXIT_CODES = ("exit status: 0 when the study completed and every trial completed (or was "

@@ -19,7 +19,9 @@ Foresight (`ratio_foresight`, the simulator, injected; `learn_foresight`): the l
 target is the candidate ratio under which the study with the most trials pending,
 simulated whole with the learner's fits as the interference, ends first (not studies
 that adapt to their results, nor past FORESIGHT_MAX_TRIALS trials or
-FORESIGHT_MAX_GPUS GPUs; there the progress model sets it).
+FORESIGHT_MAX_GPUS GPUs; there the progress model sets it). When that study changes (one
+arrives with more pending, or the one simulated has none left), each architecture is
+reconsidered for the new one at its next chance, without waiting for new samples.
 """
 
 from __future__ import annotations
@@ -27,13 +29,14 @@ from __future__ import annotations
 import json
 import logging
 import math
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 
 from hypersack.core.types import TrialRecord, TrialState
 from hypersack.orchestrator.events import TrialProgress
 from hypersack.orchestrator.foresight import adapts, study_inputs
 from hypersack.orchestrator.journal import journaled
-from hypersack.orchestrator.sharing import RatioLearner, SharingLevel, WorkloadFit, believed
+from hypersack.orchestrator.levels import SharingLevel, WorkloadFit
+from hypersack.orchestrator.sharing import RatioLearner, believed
 from hypersack.orchestrator.state import CoreState
 from hypersack.policies.base import COMPUTE_SCALE
 
@@ -47,6 +50,9 @@ MAX_SLOWDOWN = 50.0
 # a time, on the event worker; sim/foresight.RATIO_BUDGET_S caps their wall time).
 FORESIGHT_MAX_TRIALS = 1000
 FORESIGHT_MAX_GPUS = 256
+# Foresight's study changes to another with trials pending only once that one has this
+# many times as many pending (or the study simulated has none left).
+SUBJECT_SWITCH = 1.25
 
 
 class LearnedSharing:
@@ -76,6 +82,10 @@ class LearnedSharing:
         self._changed: dict[tuple[str, int], float] = journaled(j)
         self._sampled: dict[tuple[str, int], float] = journaled(j)
         self._decided: dict[str, float] = {}
+        # Foresight's study (the first of `_subjects`) as of the last batch, and the
+        # architectures to reconsider for it at their next chance.
+        self._subject: str | None = None
+        self._reconsider: set[str] = set()
         self._saved_at = -math.inf
 
     # ---------------------------------------------------------------- samples
@@ -128,9 +138,17 @@ class LearnedSharing:
     # ---------------------------------------------------------------- decisions
     def commit(self) -> None:
         """After a committed batch: hand its samples to the learner, and let it decide
-        for each architecture that is due. A moved ratio is stored, then put in force."""
+        for each architecture that is due. A moved ratio is stored, then put in force.
+        With foresight, a change of the study it simulates (a study arrived, or the one
+        simulated is done) has each architecture reconsidered at its next chance."""
         learner = self.learner
-        if learner is None or not self._pending:
+        if learner is None:
+            return
+        if learner.weigh is not None:
+            self._watch_subject(learner)
+        if not self._pending:
+            if self._reconsider:
+                self._decide_all([], self.s.clock.now())
             return
         pending = list(self._pending)
         self._pending.clear()
@@ -142,27 +160,72 @@ class LearnedSharing:
             if learner.add(arch, load, n, slowdown, workload) and arch not in archs:
                 archs.append(arch)
         now = self.s.clock.now()
+        saved = self._decide_all(archs, now)
+        if not saved and now - self._saved_at >= self.s.config.learn_decide_every_s:
+            # The samples since the last decision, kept once in a while too: a restart
+            # loses at most this interval's.
+            self._save(now)
+
+    def _decide_all(self, archs: list[str], now: float) -> bool:
+        """Decide for each architecture in `archs` that is due, and reconsider each one
+        waiting for it, at most once per `learn_decide_every_s` each; whether the
+        learner's state was stored."""
+        learner = self.learner
+        assert learner is not None
         every = self.s.config.learn_decide_every_s
         saved = False
-        for arch in archs:
-            if not learner.due(arch) or now - self._decided.get(arch, -math.inf) < every:
+        for arch in dict.fromkeys([*archs, *sorted(self._reconsider)]):
+            again = arch in self._reconsider
+            if not (again or learner.due(arch)) or \
+                    now - self._decided.get(arch, -math.inf) < every:
                 continue
             self._decided[arch] = now
+            self._reconsider.discard(arch)
             before = dict(learner.ratios), dict(learner.moves)
-            moved = learner.decide(arch, self._mix(arch) if learner.by_workload else None)
+            mix = self._mix(arch) if learner.by_workload else None
+            moved = learner.reconsider(arch, mix) if again and not learner.due(arch) \
+                else learner.decide(arch, mix)
             saved = self._save(now)
             if not saved:
                 learner.ratios, learner.moves = before
                 continue
             if moved is not None:
-                log.info("%s: oversubscription ratio %g -> %g, learned from %d samples",
-                         arch, before[0][arch], moved, len(learner.samples[arch]))
+                log.info("%s: oversubscription ratio %g -> %g, learned from %d samples%s",
+                         arch, before[0][arch], moved, len(learner.samples[arch]),
+                         " (reconsidered for a new study)" if again else "")
                 self.s.set_ratios(self._in_force())
                 self.s.decide_again = True  # the next tick packs with it
-        if not saved and now - self._saved_at >= every:
-            # The samples since the last decision, kept once in a while too: a restart
-            # loses at most this interval's.
-            self._save(now)
+        return saved
+
+    def _watch_subject(self, learner: RatioLearner) -> None:
+        """Foresight simulates `_subject` first: the study with the most trials pending,
+        kept until it has none or another has SUBJECT_SWITCH times as many (studies
+        of about the same size do not take turns). When it changes, the learner's grids
+        of the old one are forgotten, and each architecture is reconsidered for the new."""
+        best = next(self._subjects(), None)
+        current = self._subject
+        if current is not None and self._eligible(current) and best is not None and \
+                len(self.s.waiting[best]) < SUBJECT_SWITCH * len(self.s.waiting[current]):
+            best = current
+        if best == current:
+            return
+        self._subject = best
+        learner.forget_foresight()
+        if best is not None:
+            self._reconsider.update(a for a in learner.ratios if learner.can_foresee(a))
+
+    def _eligible(self, sid: str) -> bool:
+        """Whether foresight may simulate the study: trials pending, not one that adapts
+        to its results, not past FORESIGHT_MAX_TRIALS."""
+        space = self.s.spaces.get(sid)
+        return bool(self.s.waiting.get(sid)) and space is not None and not adapts(space) \
+            and len(self.s.by_study.get(sid, ())) <= FORESIGHT_MAX_TRIALS
+
+    def _subjects(self) -> Iterator[str]:
+        """The studies foresight may simulate, the one with the most trials pending first."""
+        waiting = sorted(((len(w), sid) for sid, w in self.s.waiting.items() if w),
+                         reverse=True)
+        return (sid for _, sid in waiting if self._eligible(sid))
 
     def _weigh(self, arch: str, candidates: Sequence[float]) -> Mapping[float, float] | None:
         """The learner's foresight: the study with the most trials pending, simulated
@@ -170,13 +233,10 @@ class LearnedSharing:
         foresee, learner = self.s.config.ratio_foresight, self.learner
         if foresee is None or learner is None:
             return None
-        waiting = sorted(((len(w), sid) for sid, w in self.s.waiting.items() if w),
-                         reverse=True)
-        for _, sid in waiting:
-            space = self.s.spaces.get(sid)
-            if space is None or adapts(space) or \
-                    len(self.s.by_study.get(sid, ())) > FORESIGHT_MAX_TRIALS:
-                continue
+        first = [self._subject] if self._subject is not None and \
+            self._eligible(self._subject) else []
+        for sid in dict.fromkeys([*first, *self._subjects()]):
+            space = self.s.spaces[sid]
             inputs = study_inputs(self.s, sid)
             if inputs is None:
                 continue

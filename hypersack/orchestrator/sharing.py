@@ -30,8 +30,9 @@ per-workload one 0.99-1.00 (tests/unit/test_sharing.py).
 Acting on an estimate needs `min_samples` samples; S is only known once some samples
 lie past it (otherwise the best ratio is at least the load seen, and the ratio steps up
 only if GPUs were packed as far as it lets: to 80 % of it, or with no room for one more
-trial). Each decision moves a ratio by at most `step`, so a bad estimate cannot swing
-the cluster. Pure: the caller feeds samples and applies the
+trial). Each decision moves a ratio by at most `step` (with foresight, up to
+FORESIGHT_BOLD_STEPS steps where the simulated study ends that much sooner), so a bad
+estimate cannot swing the cluster. Pure: the caller feeds samples and applies the
 ratios it returns (the simulator; the server through orchestrator/learned.py).
 """
 
@@ -81,6 +82,11 @@ FORESIGHT_EVERY = 3
 # fit's contention and saturation are hard to tell apart, and a simulation extrapolates
 # them (in the simulator, SP3 under half the saturation stepped up on its first 20).
 FORESIGHT_SAMPLES = 2
+# A foreseen move's step grows with the gain simulated: a step per FORESIGHT_BOLD of the
+# study's end saved (1 - best / in force), up to FORESIGHT_BOLD_STEPS steps; a gain
+# within FORESIGHT_BOLD (the fit's own error, about) moves one step as before.
+FORESIGHT_BOLD = 0.03
+FORESIGHT_BOLD_STEPS = 4
 
 # Given an architecture and candidate ratios for it (the others' in force), each
 # candidate's simulated makespan of the work at hand under the learner's fits (math.inf:
@@ -235,11 +241,36 @@ class RatioLearner:
         """Whether `every` samples came since the architecture's last decision."""
         return self._new.get(arch, 0) >= self.every
 
-    def decide(self, arch: str, mix: Mapping[str, float] | None = None) -> float | None:
+    def reconsider(self, arch: str, mix: Mapping[str, float] | None = None) -> float | None:
+        """A decision without new samples, by foresight alone, for new work at hand (a
+        study arrived, or the one simulated changed): its simulation runs afresh. None
+        where nothing moved, or foresight cannot act on the architecture yet."""
+        if not self.can_foresee(arch):
+            return None
+        self._weighed_under.pop(arch, None)
+        return self.decide(arch, mix, foresight_only=True)
+
+    def can_foresee(self, arch: str) -> bool:
+        """Whether foresight may set the architecture's target (a host simulates, and
+        FORESIGHT_SAMPLES x min_samples samples are in)."""
+        return self.weigh is not None and \
+            len(self.samples.get(arch, ())) >= FORESIGHT_SAMPLES * self.min_samples
+
+    def forget_foresight(self) -> None:
+        """The work at hand changed: the grids simulated for the old work no longer hold
+        (the host's `weigh` simulates what is at hand; the cache does not know what)."""
+        self._weighed.clear()
+        self._weighed_under.clear()
+
+    def decide(self, arch: str, mix: Mapping[str, float] | None = None, *,
+               foresight_only: bool = False) -> float | None:
         """Fit the architecture's samples and step its ratio toward the best; the new
         ratio when it moved. `mix`: the trials running on the architecture now, counted
-        by workload (the per-workload fits are weighed by it; None: the pooled fit)."""
-        self._new[arch] = 0
+        by workload (the per-workload fits are weighed by it; None: the pooled fit).
+        `foresight_only`: no step unless foresight sets the target (the progress model's
+        target comes from the samples alone, and no new ones came)."""
+        if not foresight_only:
+            self._new[arch] = 0
         q = self.samples.get(arch, ())
         if len(q) < self.min_samples:
             return None
@@ -254,39 +285,50 @@ class RatioLearner:
         packed = f.max_load_pct >= 0.8 * 100.0 * current or \
             f.max_load_pct + f.mean_share_pct > 100.0 * current
         saturated = any(believed(p) for _, p in parts)
-        target = self._foreseen_target(arch, current) \
-            if self.weigh is not None and len(q) >= FORESIGHT_SAMPLES * self.min_samples \
-            else None
+        progress = self._progress_target(f, parts, current, packed, saturated)
+        target = self._foreseen_target(arch, current) if self.can_foresee(arch) else None
+        step = self.step
         if target is not None:
-            # The simulated study's choice; but up past loads never seen only as the
-            # progress model would go: where GPUs were packed as far as the ratio lets,
-            # or a saturation point is known (else the fit is extrapolated).
-            if target > current and not (saturated or packed):
+            # The simulated study's choice; but up past loads never seen only where the
+            # progress model would go up too (GPUs packed as far as the ratio lets and
+            # a step promising STEP_GAIN more, or a saturation point known past it):
+            # there the simulation extrapolates the fit.
+            if target > current and not (progress is not None and progress > current):
                 target = current
-        elif saturated:
+            step = self.step * _boldness(self.foreseen.get(arch))
+        elif foresight_only or progress is None:
+            return None  # nothing foreseen; not packed near the ratio: nothing says where
+        else:
+            target = progress
+        new = min(self.high, max(self.low, current + max(-step, min(step, target - current))))
+        if abs(new - current) < 1e-9:
+            return None
+        self.ratios[arch] = new
+        self.moves[arch] = self.moves.get(arch, 0) + 1
+        return new
+
+    def _progress_target(self, f: Fit, parts: list[tuple[float, Fit]], current: float,
+                         packed: bool, saturated: bool) -> float | None:
+        """The progress model's target: the largest ratio within KNEE of the most
+        progress the fits predict where saturation is known; a step up where GPUs are
+        packed as far as the ratio lets and it promises STEP_GAIN more; None where
+        neither (not packed near the ratio: nothing says where saturation lies)."""
+        if saturated:
             grid = [self.low + i * 0.05 for i in range(round((self.high - self.low) / 0.05) + 1)]
             if len(parts) == 1:  # one fit: all samples', or the one workload running's
                 progress = [throughput(r, parts[0][1]) for r in grid]
             else:
                 progress = [mixed_throughput(r, parts) for r in grid]
             most = max(progress)
-            target = max(r for r, p in zip(grid, progress, strict=True) if p >= (1 - KNEE) * most)
-        elif packed:
+            return max(r for r, p in zip(grid, progress, strict=True) if p >= (1 - KNEE) * most)
+        if packed:
             # Packed as far as the ratio lets (to 80 % of it, or with no room for one more
             # trial) and still short of saturation, which lies beyond what was seen: more
             # pays unless each client costs as much as it adds (c >= 1).
             unsaturated = replace(f, saturation_pct=math.inf)
-            target = current + self.step if throughput(current + self.step, unsaturated) > \
+            return current + self.step if throughput(current + self.step, unsaturated) > \
                 (1 + STEP_GAIN) * throughput(current, unsaturated) else current
-        else:
-            return None  # not packed near the ratio: nothing says where it lies
-        new = min(self.high, max(self.low, current + max(-self.step,
-                                                          min(self.step, target - current))))
-        if abs(new - current) < 1e-9:
-            return None
-        self.ratios[arch] = new
-        self.moves[arch] = self.moves.get(arch, 0) + 1
-        return new
+        return None
 
     def _foreseen_target(self, arch: str, current: float) -> float | None:
         """The candidate ratio (FORESIGHT_GRID's and a step either side) whose simulated study
@@ -420,13 +462,6 @@ class RatioLearner:
                 and len(f) == len(fields(Fit)) and all(map(is_number, f))}
 
 
-def _rounded(f: Fit) -> tuple[Any, ...]:
-    """A fit as far as a simulated grid depends on it: a grid is simulated again only
-    when the fit moves past these steps."""
-    return (round(f.contention / 0.05), round(f.saturation_pct / 25), f.queued, believed(f),
-            round(f.mean_share_pct / 10))
-
-
 @dataclass(frozen=True)
 class Foreseen:
     """An architecture's latest foresight: the target it set, and the simulated ends
@@ -445,58 +480,17 @@ class Foreseen:
                 f"force), target {self.target:g}")
 
 
-@dataclass(frozen=True)
-class WorkloadFit:
-    """One workload's own slowdown fit on an architecture (saturation 0: not believed)."""
-
-    workload: str
-    samples: int
-    contention: float
-    saturation_pct: float
-    queued: float = 1.0
-
-    def describe(self) -> str:
-        if not self.saturation_pct:
-            return f"{self.workload} ({self.samples} samples: {100 * self.contention:.0f} % " \
-                "per extra trial, no saturation seen)"
-        part = "" if self.queued >= 1.0 else f" for {100 * self.queued:.0f} % of an iteration"
-        return f"{self.workload} ({self.samples} samples: {100 * self.contention:.0f} % per " \
-            f"extra trial, queues past {self.saturation_pct:.0f} %{part})"
+def _boldness(seen: Foreseen | None) -> float:
+    """Steps a foreseen move may take: one per FORESIGHT_BOLD of the end it saves, at
+    least one and at most FORESIGHT_BOLD_STEPS."""
+    if seen is None or not (math.isfinite(seen.current_s) and seen.current_s > 0):
+        return 1.0
+    gain = 1.0 - seen.best_s / seen.current_s
+    return float(min(FORESIGHT_BOLD_STEPS, max(1, math.floor(gain / FORESIGHT_BOLD))))
 
 
-@dataclass(frozen=True)
-class SharingLevel:
-    """One architecture's ratio, as `hypersack nodes`, `why` and /metrics show it."""
-
-    arch: str
-    configured: float
-    ratio: float
-    learning: bool
-    samples: int = 0
-    needed: int = 0
-    contention: float = 0.0
-    saturation_pct: float = 0.0
-    moves: int = 0
-    queued: float = 1.0
-    # Workloads with samples enough for a fit of their own (weighed by the running mix).
-    workloads: tuple[WorkloadFit, ...] = ()
-    foresight: str = ""  # the latest foresight behind its target (Foreseen.describe)
-
-    def describe(self) -> str:
-        if not self.learning:
-            return f"{self.arch}: ratio {self.ratio:g} (configured; learning is off)"
-        head = f"{self.arch}: ratio {self.ratio:g}"
-        if abs(self.ratio - self.configured) > 1e-9:
-            head += f" (learned, {self.moves} moves; configured {self.configured:g})"
-        else:
-            head += " (configured)"
-        if self.samples < self.needed:
-            return head + f"; learning: {self.samples} of {self.needed} samples"
-        part = "" if self.queued >= 1.0 else f" for {100 * self.queued:.0f} % of an iteration"
-        fitted = (f"; each extra trial costs {100 * self.contention:.0f} %, kernels queue "
-                  f"past {self.saturation_pct:.0f} % load{part}") if self.saturation_pct \
-            else ""
-        own = "; by workload: " + ", ".join(w.describe() for w in self.workloads) \
-            if self.workloads else ""
-        seen = f"; {self.foresight}" if self.foresight else ""
-        return head + f"; from {self.samples} samples{fitted}{own}{seen}"
+def _rounded(f: Fit) -> tuple[Any, ...]:
+    """A fit as far as a simulated grid depends on it: a grid is simulated again only
+    when the fit moves past these steps."""
+    return (round(f.contention / 0.05), round(f.saturation_pct / 25), f.queued, believed(f),
+            round(f.mean_share_pct / 10))

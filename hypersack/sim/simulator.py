@@ -39,6 +39,7 @@ from hypersack.orchestrator.events import (
     ProfileFailed,
     ProfileMeasured,
     StudySubmitted,
+    Tick,
     TrialFinished,
     TrialProgress,
     Wake,
@@ -275,6 +276,11 @@ class Simulation:
                 studies.append(sid)
                 submitted[sid] = now
                 shares[sid] = [(now, 0.0)]
+                if sid == study_id and self._arrived(running, now):
+                    # As the server's learner reconsiders a study that arrives, after
+                    # the batch that placed its first trials; the next tick packs on.
+                    self.orchestrator.s.decide_again = True
+                    heapq.heappush(queue, (now, next(seq), Tick()))
 
         while True:
             for sid in studies:
@@ -422,6 +428,25 @@ class Simulation:
                     if moved is not None:
                         self.ratio_moves.append((now, arch, moved))
                         self.orchestrator.s.set_ratios(self.learner.ratios)
+
+    def _arrived(self, running: dict[str, _Running], now: float) -> bool:
+        """This study arrived: the learner reconsiders each architecture by foresight
+        (orchestrator/learned.py does the same on the server); whether a ratio moved."""
+        learner = self.learner
+        if learner is None:
+            return False
+        learner.forget_foresight()
+        mixes = running_mix([(self._arch[r.node, r.gpu_index], [r.model])
+                             for r in running.values()])
+        moved = False
+        for arch in sorted(learner.ratios):
+            new = learner.reconsider(arch, mixes.get(arch))
+            if new is not None:
+                self.ratio_moves.append((now, arch, new))
+                moved = True
+        if moved:
+            self.orchestrator.s.set_ratios(learner.ratios)
+        return moved
 
     def _weigh(self, arch: str, candidates: Sequence[float]) -> Mapping[float, float] | None:
         """The learner's foresight: this study simulated whole under each candidate

@@ -262,7 +262,7 @@ def test_metrics_and_the_wire_carry_each_workloads_fit(tmp_path: Any,
                                                        monkeypatch: pytest.MonkeyPatch) -> None:
     """/metrics has a family for the workloads' own fits, and `hypersack nodes` gets them
     over the wire (sharing_messages)."""
-    from hypersack.orchestrator.sharing import SharingLevel, WorkloadFit
+    from hypersack.orchestrator.levels import SharingLevel, WorkloadFit
     from hypersack.server.metrics import ServerCollector
     from hypersack.server.service import SchedulerService
     from hypersack.server.views import sharing_messages
@@ -285,7 +285,9 @@ def test_metrics_and_the_wire_carry_each_workloads_fit(tmp_path: Any,
 class _Foresight:
     """`ratio_foresight`, faked: what it was asked, and ends best at `best`."""
 
-    def __init__(self, best: float, fail: bool = False) -> None:
+    def __init__(self, best: float | dict[str, float], fail: bool = False) -> None:
+        # One best ratio, or one per study name (those simulated go steeply: a gain of
+        # more than sharing.FORESIGHT_BOLD moves several steps at once).
         self.best, self.fail = best, fail
         self.asked: list[dict[str, Any]] = []
 
@@ -298,7 +300,11 @@ class _Foresight:
                            "ratios": dict(ratios), "fits": sorted(fits)})
         if self.fail:
             raise RuntimeError("simulator broke")
-        return {r: 100.0 + 10.0 * abs(r - self.best) for r in candidates}
+        if isinstance(self.best, dict):
+            best = self.best[space.name]
+            return {r: 100.0 + 10.0 * abs(r - best) for r in candidates}
+        # Gentle: each gain under FORESIGHT_BOLD, so a step at a time.
+        return {r: 100.0 + min(2.5, 5.0 * abs(r - self.best)) for r in candidates}
 
 
 def test_foresight_steps_the_ratio_toward_the_one_the_busiest_study_ends_first_under(
@@ -346,3 +352,36 @@ def test_foresight_steps_the_ratio_toward_the_one_the_busiest_study_ends_first_u
         ends.append(orch.s.config.ratio("A100", {}))
     assert "A100: simulating study s-1 under candidate ratios failed" in caplog.text
     assert ends[0] == ends[1] != 3.0
+
+
+def test_a_study_that_arrives_is_foreseen_at_once_and_steps_boldly_where_it_gains() -> None:
+    # The ratio settles for one study; a larger one arrives. Foresight simulates it at
+    # the next batch, with no new samples, and steps by the gain it simulates (four
+    # steps for 20 % sooner); the decision interval still holds between moves.
+    fake = _Foresight(best={"s": 3.0, "big": 1.0})
+    orch, _, clock = learning(ratio_foresight=fake, learn_decide_every_s=5.0)
+    orch.handle(NodeJoined(parse_shorthand("1x4xA100-80GB").nodes[0]))
+    orch.handle(StudySubmitted(study(40)))
+    for _ in range(30):
+        report_round(orch, clock)
+    assert orch.s.config.ratio("A100", {}) == 3.0 and fake.asked
+    asked = len(fake.asked)
+    clock.advance(10.0)
+    def space_of(name: str, n: int) -> Any:
+        return parse_space({"name": name, "models": ["resnet18"],
+                            "hyperparameters": {"batch_size": [64], "lr": [
+                                round(1e-5 * (i + 1), 6) for i in range(n)]},
+                            "settings": {"policy": "ff", "fusion": "off"}})
+
+    orch.handle(StudySubmitted(space_of("big", 60)))  # 60 pending: the busiest now
+    assert orch.s.config.ratio("A100", {}) == 2.0
+    assert [a["study"] for a in fake.asked[asked:]] == ["big"]
+    assert orch.s.decide_again  # the next tick packs at the new ratio
+    # The same study stays the one simulated: no reconsidering at later batches, nor for
+    # a study of about as many trials pending (under SUBJECT_SWITCH times as many).
+    orch.handle(TrialProgress(min(orch.gpu_trials("node0", 0)), "node0", 1, {"loss": 1.0}))
+    clock.advance(10.0)
+    orch.handle(StudySubmitted(space_of("alike", 70)))
+    assert len(fake.asked) == asked + 1
+    waiting = {orch.s.spaces[sid].name: len(w) for sid, w in orch.s.waiting.items() if w}
+    assert waiting["alike"] > waiting["big"]

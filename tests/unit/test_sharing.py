@@ -18,8 +18,11 @@ import pytest
 
 from hypersack.orchestrator.sharing import (
     FORESIGHT_EVERY,
+    FORESIGHT_SAMPLES,
     STEP_GAIN,
+    Foreseen,
     RatioLearner,
+    _boldness,
     fit,
     throughput,
 )
@@ -187,6 +190,34 @@ def test_in_the_simulator_half_the_saturation_is_learned_and_pays() -> None:
     assert all(math.isfinite(f.best_s) and f.candidates >= 7 for f in learner.foreseen.values())
 
 
+def test_in_the_simulator_a_study_that_arrives_is_reconsidered_before_it_runs() -> None:
+    from hypersack.core.cluster import parse_shorthand
+    from hypersack.grid.space import load_space
+    from hypersack.orchestrator import OrchestratorConfig
+    from hypersack.orchestrator.config import DEFAULT_RATIOS
+    from hypersack.sampler.profiles import load_profiles
+    from hypersack.sim.simulator import Simulation
+
+    class Foreseeing(Simulation):
+        def _weigh(self, arch: str, candidates: Any) -> Any:  # the study ends first at 1
+            return {r: 100.0 + 10.0 * abs(r - 1.0) for r in candidates}
+
+    examples = Path(__file__).resolve().parents[2] / "examples"
+    learner = RatioLearner(DEFAULT_RATIOS, high=6.0, every=10, min_samples=20)
+    for load, n, slow in _samples(0.2, 5000.0, most=4, k=FORESIGHT_SAMPLES * 20):
+        learner.add("A100", load, n, slow)  # learned before: H100 has no samples yet
+    sim = Foreseeing(load_space(str(examples / "sp2.yaml")),
+                     parse_shorthand("1x4xA100-80GB@88,1x2xH100-80GB@96"),
+                     load_profiles(examples / "profiles-estimates.yaml"),
+                     config=OrchestratorConfig(oversubscription=dict(DEFAULT_RATIOS),
+                                               fusion=False, policy="wfd"),
+                     learner=learner, sample_every_s=2.0)
+    sim.run()
+    # At the study's arrival (time 0), A100 four steps toward 1 (1 - 100 / 120 saved).
+    assert sim.ratio_moves[0] == (0.0, "A100", DEFAULT_RATIOS["A100"] - 1.0)
+    assert all(at > 0 for at, arch, _ in sim.ratio_moves if arch == "H100")
+
+
 def test_a_saved_state_that_does_not_parse_is_left_out() -> None:
     """What the store gave back is checked as a peer's input is: numbers past a float's
     range, bools, NaN and wrong shapes are left out, not raised on."""
@@ -326,8 +357,9 @@ def _counted(learner: RatioLearner) -> list[int]:
 
 def test_foresight_steps_toward_the_ratio_whose_simulated_study_ends_first() -> None:
     # Unsaturated and packed: the progress model alone would step up (the test above);
-    # the simulated study ends first at 1.5, so the ratio steps down to it.
-    weigh = _Weigh(lambda rs: {r: 100.0 + 10.0 * abs(r - 1.5) for r in rs})
+    # the simulated study ends first at 1.5, so the ratio steps down to it (each gain
+    # under FORESIGHT_BOLD: a step at a time).
+    weigh = _Weigh(lambda rs: {r: 100.0 + min(2.5, 5.0 * abs(r - 1.5)) for r in rs})
     learner = RatioLearner({"A100": 3.0}, high=4.0, min_samples=20, every=10)
     learner.weigh = weigh
     made = _counted(learner)
@@ -342,6 +374,13 @@ def test_foresight_steps_toward_the_ratio_whose_simulated_study_ends_first() -> 
     assert 0 < len(weigh.calls) <= made[0] // FORESIGHT_EVERY + 1
     seen = learner.foreseen["A100"]
     assert (seen.target, seen.best_ratio, seen.best_s) == (1.5, 1.5, 100.0)
+    # Where the simulated gain is larger, the steps are: one per FORESIGHT_BOLD of the
+    # end saved, at most FORESIGHT_BOLD_STEPS (here 120 s against 100: four).
+    bold = RatioLearner({"A100": 3.0}, high=4.0, min_samples=20, every=10)
+    bold.weigh = _Weigh(lambda rs: {r: 100.0 + 10.0 * abs(r - 1.5) for r in rs})
+    assert _feed(bold, samples) == [3.25, 3.5, 2.5, 1.5]
+    assert [_boldness(Foreseen(1.5, 100.0, 1.5, now, 9)) for now in
+            (100.5, 102.0, 104.0, 110.0, 200.0, math.inf)] == [1, 1, 1, 3, 4, 1]
     assert "1.5 ends the work at hand soonest (100 s" in seen.describe()
     # Up past loads never seen (not packed near the ratio, no saturation known) only as
     # the progress model would go: not at all.
@@ -350,6 +389,15 @@ def test_foresight_steps_toward_the_ratio_whose_simulated_study_ends_first() -> 
     light = [(s[0] * 150 / 260, s[1], s[2]) for s in _samples(0.2, 5000.0, most=4, k=200)]
     assert _feed(eager, light) == [] and eager.weigh.calls  # type: ignore[attr-defined]
     assert eager.foreseen["A100"].target == 4.0
+    # Nor where GPUs are packed to the ratio but a step up promises under STEP_GAIN
+    # more progress (each extra trial costs 90 %): the progress model holds there.
+    costly = RatioLearner({"A100": 3.0}, high=4.0, min_samples=20, every=10)
+    costly.weigh = _Weigh(lambda rs: {r: 100.0 + 10.0 * abs(r - 4.0) for r in rs})
+    rng = random.Random(5)
+    packed = [(50.0 * n, n, (1 + 0.9 * (n - 1)) * rng.uniform(0.98, 1.02))
+              for n in (rng.randint(1, 6) for _ in range(200))]
+    assert _feed(costly, packed) == [] and costly.weigh.calls  # type: ignore[attr-defined]
+    assert costly.foreseen["A100"].target == 4.0 and costly.ratios["A100"] == 3.0
 
 
 def test_foresight_holds_within_its_margin_and_falls_back_without_an_end() -> None:
@@ -369,6 +417,34 @@ def test_foresight_holds_within_its_margin_and_falls_back_without_an_end() -> No
         blind.weigh = _Weigh(ends)
         assert _feed(blind, samples) == expected
         assert "A100" not in blind.foreseen
+
+
+def test_new_work_is_reconsidered_by_foresight_alone() -> None:
+    # A study arrives: without new samples, the learner moves only where foresight (run
+    # afresh for the new work) says so; the progress model, whose target comes from the
+    # samples alone, never steps again on the same samples.
+    samples = [(s[0] * 300 / 260, s[1], s[2]) for s in _samples(0.2, 5000.0, most=4, k=200)]
+    ends = [lambda rs: {r: 100.0 for r in rs}]  # the first study: every ratio alike
+    learner = RatioLearner({"A100": 3.0}, high=4.0, min_samples=20, every=10)
+    weigh = _Weigh(lambda rs: ends[0](rs))
+    learner.weigh = weigh
+    assert learner.reconsider("A100") is None  # too few samples for foresight
+    assert not weigh.calls
+    for load, n, slow in samples[:FORESIGHT_SAMPLES * 20]:
+        learner.add("A100", load, n, slow)
+    learner.decide("A100")
+    held, calls = learner.ratios["A100"], len(weigh.calls)
+    assert learner.reconsider("A100") is None and learner.ratios["A100"] == held
+    assert len(weigh.calls) == calls  # the same work, the same fits: the grid is kept
+    ends[0] = lambda rs: {r: 100.0 + 10.0 * abs(r - 1.5) for r in rs}  # new work
+    learner.forget_foresight()
+    assert learner.reconsider("A100") == held - 1.0  # four steps: 1 - 100/(100 + 10 x 2)
+    assert len(weigh.calls) == calls + 1
+    # Without foresight, reconsidering never moves a ratio.
+    plain = RatioLearner({"A100": 3.0}, high=4.0, min_samples=20, every=10)
+    for load, n, slow in samples:
+        plain.add("A100", load, n, slow)
+    assert plain.reconsider("A100") is None and plain.ratios["A100"] == 3.0
 
 
 def test_the_fitted_interference_is_the_learner_s_model() -> None:
