@@ -30,9 +30,8 @@ per-workload one 0.99-1.00 (tests/unit/test_sharing.py).
 Acting on an estimate needs `min_samples` samples; S is only known once some samples
 lie past it (otherwise the best ratio is at least the load seen, and the ratio steps up
 only if GPUs were packed as far as it lets: to 80 % of it, or with no room for one more
-trial). Each decision moves a ratio by at most `step` (with foresight, up to
-FORESIGHT_BOLD_STEPS steps where the simulated study ends that much sooner), so a bad
-estimate cannot swing the cluster. Pure: the caller feeds samples and applies the
+trial). Each decision moves a ratio by at most `step`, so a bad estimate cannot swing
+the cluster. Pure: the caller feeds samples and applies the
 ratios it returns (the simulator; the server through orchestrator/learned.py).
 """
 
@@ -82,11 +81,6 @@ FORESIGHT_EVERY = 3
 # fit's contention and saturation are hard to tell apart, and a simulation extrapolates
 # them (in the simulator, SP3 under half the saturation stepped up on its first 20).
 FORESIGHT_SAMPLES = 2
-# A foreseen move's step grows with the gain simulated: a step per FORESIGHT_BOLD of the
-# study's end saved (1 - best / in force), up to FORESIGHT_BOLD_STEPS steps; a gain
-# within FORESIGHT_BOLD (the fit's own error, about) moves one step as before.
-FORESIGHT_BOLD = 0.03
-FORESIGHT_BOLD_STEPS = 4
 
 # Given an architecture and candidate ratios for it (the others' in force), each
 # candidate's simulated makespan of the work at hand under the learner's fits (math.inf:
@@ -287,7 +281,6 @@ class RatioLearner:
         saturated = any(believed(p) for _, p in parts)
         progress = self._progress_target(f, parts, current, packed, saturated)
         target = self._foreseen_target(arch, current) if self.can_foresee(arch) else None
-        step = self.step
         if target is not None:
             # The simulated study's choice; but up past loads never seen only where the
             # progress model would go up too (GPUs packed as far as the ratio lets and
@@ -295,12 +288,12 @@ class RatioLearner:
             # there the simulation extrapolates the fit.
             if target > current and not (progress is not None and progress > current):
                 target = current
-            step = self.step * _boldness(self.foreseen.get(arch))
         elif foresight_only or progress is None:
             return None  # nothing foreseen; not packed near the ratio: nothing says where
         else:
             target = progress
-        new = min(self.high, max(self.low, current + max(-step, min(step, target - current))))
+        new = min(self.high, max(self.low, current + max(-self.step,
+                                                          min(self.step, target - current))))
         if abs(new - current) < 1e-9:
             return None
         self.ratios[arch] = new
@@ -478,15 +471,6 @@ class Foreseen:
         return (f"foresight: of {self.candidates} ratios simulated, {self.best_ratio:g} ends "
                 f"the work at hand soonest ({self.best_s:.0f} s; {now} at the ratio then in "
                 f"force), target {self.target:g}")
-
-
-def _boldness(seen: Foreseen | None) -> float:
-    """Steps a foreseen move may take: one per FORESIGHT_BOLD of the end it saves, at
-    least one and at most FORESIGHT_BOLD_STEPS."""
-    if seen is None or not (math.isfinite(seen.current_s) and seen.current_s > 0):
-        return 1.0
-    gain = 1.0 - seen.best_s / seen.current_s
-    return float(min(FORESIGHT_BOLD_STEPS, max(1, math.floor(gain / FORESIGHT_BOLD))))
 
 
 def _rounded(f: Fit) -> tuple[Any, ...]:

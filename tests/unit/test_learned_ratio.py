@@ -286,8 +286,7 @@ class _Foresight:
     """`ratio_foresight`, faked: what it was asked, and ends best at `best`."""
 
     def __init__(self, best: float | dict[str, float], fail: bool = False) -> None:
-        # One best ratio, or one per study name (those simulated go steeply: a gain of
-        # more than sharing.FORESIGHT_BOLD moves several steps at once).
+        # One best ratio, or one per study name.
         self.best, self.fail = best, fail
         self.asked: list[dict[str, Any]] = []
 
@@ -303,8 +302,7 @@ class _Foresight:
         if isinstance(self.best, dict):
             best = self.best[space.name]
             return {r: 100.0 + 10.0 * abs(r - best) for r in candidates}
-        # Gentle: each gain under FORESIGHT_BOLD, so a step at a time.
-        return {r: 100.0 + min(2.5, 5.0 * abs(r - self.best)) for r in candidates}
+        return {r: 100.0 + 10.0 * abs(r - self.best) for r in candidates}
 
 
 def test_foresight_steps_the_ratio_toward_the_one_the_busiest_study_ends_first_under(
@@ -354,10 +352,9 @@ def test_foresight_steps_the_ratio_toward_the_one_the_busiest_study_ends_first_u
     assert ends[0] == ends[1] != 3.0
 
 
-def test_a_study_that_arrives_is_foreseen_at_once_and_steps_boldly_where_it_gains() -> None:
+def test_a_study_that_arrives_is_foreseen_at_once() -> None:
     # The ratio settles for one study; a larger one arrives. Foresight simulates it at
-    # the next batch, with no new samples, and steps by the gain it simulates (four
-    # steps for 20 % sooner); the decision interval still holds between moves.
+    # the next batch, with no new samples, and steps toward its best.
     fake = _Foresight(best={"s": 3.0, "big": 1.0})
     orch, _, clock = learning(ratio_foresight=fake, learn_decide_every_s=5.0)
     orch.handle(NodeJoined(parse_shorthand("1x4xA100-80GB").nodes[0]))
@@ -374,7 +371,7 @@ def test_a_study_that_arrives_is_foreseen_at_once_and_steps_boldly_where_it_gain
                             "settings": {"policy": "ff", "fusion": "off"}})
 
     orch.handle(StudySubmitted(space_of("big", 60)))  # 60 pending: the busiest now
-    assert orch.s.config.ratio("A100", {}) == 2.0
+    assert orch.s.config.ratio("A100", {}) == 2.75
     assert [a["study"] for a in fake.asked[asked:]] == ["big"]
     assert orch.s.decide_again  # the next tick packs at the new ratio
     # The same study stays the one simulated: no reconsidering at later batches, nor for

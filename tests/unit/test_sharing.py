@@ -20,9 +20,7 @@ from hypersack.orchestrator.sharing import (
     FORESIGHT_EVERY,
     FORESIGHT_SAMPLES,
     STEP_GAIN,
-    Foreseen,
     RatioLearner,
-    _boldness,
     fit,
     throughput,
 )
@@ -213,8 +211,8 @@ def test_in_the_simulator_a_study_that_arrives_is_reconsidered_before_it_runs() 
                                                fusion=False, policy="wfd"),
                      learner=learner, sample_every_s=2.0)
     sim.run()
-    # At the study's arrival (time 0), A100 four steps toward 1 (1 - 100 / 120 saved).
-    assert sim.ratio_moves[0] == (0.0, "A100", DEFAULT_RATIOS["A100"] - 1.0)
+    # At the study's arrival (time 0), A100 a step toward 1.
+    assert sim.ratio_moves[0] == (0.0, "A100", DEFAULT_RATIOS["A100"] - 0.25)
     assert all(at > 0 for at, arch, _ in sim.ratio_moves if arch == "H100")
 
 
@@ -357,8 +355,7 @@ def _counted(learner: RatioLearner) -> list[int]:
 
 def test_foresight_steps_toward_the_ratio_whose_simulated_study_ends_first() -> None:
     # Unsaturated and packed: the progress model alone would step up (the test above);
-    # the simulated study ends first at 1.5, so the ratio steps down to it (each gain
-    # under FORESIGHT_BOLD: a step at a time).
+    # the simulated study ends first at 1.5, so the ratio steps down to it.
     weigh = _Weigh(lambda rs: {r: 100.0 + min(2.5, 5.0 * abs(r - 1.5)) for r in rs})
     learner = RatioLearner({"A100": 3.0}, high=4.0, min_samples=20, every=10)
     learner.weigh = weigh
@@ -374,13 +371,10 @@ def test_foresight_steps_toward_the_ratio_whose_simulated_study_ends_first() -> 
     assert 0 < len(weigh.calls) <= made[0] // FORESIGHT_EVERY + 1
     seen = learner.foreseen["A100"]
     assert (seen.target, seen.best_ratio, seen.best_s) == (1.5, 1.5, 100.0)
-    # Where the simulated gain is larger, the steps are: one per FORESIGHT_BOLD of the
-    # end saved, at most FORESIGHT_BOLD_STEPS (here 120 s against 100: four).
-    bold = RatioLearner({"A100": 3.0}, high=4.0, min_samples=20, every=10)
-    bold.weigh = _Weigh(lambda rs: {r: 100.0 + 10.0 * abs(r - 1.5) for r in rs})
-    assert _feed(bold, samples) == [3.25, 3.5, 2.5, 1.5]
-    assert [_boldness(Foreseen(1.5, 100.0, 1.5, now, 9)) for now in
-            (100.5, 102.0, 104.0, 110.0, 200.0, math.inf)] == [1, 1, 1, 3, 4, 1]
+    # However much sooner the simulated study ends: a step at a time.
+    steep = RatioLearner({"A100": 3.0}, high=4.0, min_samples=20, every=10)
+    steep.weigh = _Weigh(lambda rs: {r: 100.0 + 50.0 * abs(r - 1.5) for r in rs})
+    assert _feed(steep, samples)[:4] == [3.25, 3.5, 3.25, 3.0]
     assert "1.5 ends the work at hand soonest (100 s" in seen.describe()
     # Up past loads never seen (not packed near the ratio, no saturation known) only as
     # the progress model would go: not at all.
@@ -438,7 +432,7 @@ def test_new_work_is_reconsidered_by_foresight_alone() -> None:
     assert len(weigh.calls) == calls  # the same work, the same fits: the grid is kept
     ends[0] = lambda rs: {r: 100.0 + 10.0 * abs(r - 1.5) for r in rs}  # new work
     learner.forget_foresight()
-    assert learner.reconsider("A100") == held - 1.0  # four steps: 1 - 100/(100 + 10 x 2)
+    assert learner.reconsider("A100") == held - 0.25
     assert len(weigh.calls) == calls + 1
     # Without foresight, reconsidering never moves a ratio.
     plain = RatioLearner({"A100": 3.0}, high=4.0, min_samples=20, every=10)
