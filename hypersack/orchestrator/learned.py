@@ -53,6 +53,8 @@ FORESIGHT_MAX_GPUS = 256
 # Foresight's study changes to another with trials pending only once that one has this
 # many times as many pending (or the study simulated has none left).
 SUBJECT_SWITCH = 1.25
+# ... looked for at most once per this many seconds, and whenever a study was submitted.
+SUBJECT_EVERY_S = 1.0
 
 
 class LearnedSharing:
@@ -86,6 +88,7 @@ class LearnedSharing:
         # architectures to reconsider for it at their next chance.
         self._subject: str | None = None
         self._reconsider: set[str] = set()
+        self._watched: tuple[int, float] = (-1, -math.inf)  # (studies known, when)
         self._saved_at = -math.inf
 
     # ---------------------------------------------------------------- samples
@@ -202,6 +205,10 @@ class LearnedSharing:
         kept until it has none or another has SUBJECT_SWITCH times as many (studies
         of about the same size do not take turns). When it changes, the learner's grids
         of the old one are forgotten, and each architecture is reconsidered for the new."""
+        now, count = self.s.clock.now(), len(self.s.spaces)
+        if count == self._watched[0] and now - self._watched[1] < SUBJECT_EVERY_S:
+            return  # no study came: looked at once a second (a sort of the studies)
+        self._watched = (count, now)
         best = next(self._subjects(), None)
         current = self._subject
         if current is not None and self._eligible(current) and best is not None and \
