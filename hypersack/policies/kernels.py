@@ -116,7 +116,10 @@ def compiled(name: str) -> Callable[..., int] | None:
     fn = _compiled.get(name)
     if fn is None and _state == "unknown":
         if _background:
-            threading.Thread(target=compile_now, name="hypersack-kernels", daemon=True).start()
+            # Not a daemon: a process that ends mid-compile waits for it (at most the
+            # compile's ~9 s) rather than tear LLVM down under it, which aborts the
+            # process (an LLVM assertion, exit 134) after its work is done.
+            threading.Thread(target=compile_now, name="hypersack-kernels").start()
         else:
             compile_now()
             fn = _compiled.get(name)
