@@ -33,10 +33,11 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 
 from hypersack.core.types import TrialRecord, TrialState
 from hypersack.orchestrator.events import TrialProgress
+from hypersack.orchestrator.fits import believed
 from hypersack.orchestrator.foresight import adapts, study_inputs
 from hypersack.orchestrator.journal import journaled
 from hypersack.orchestrator.levels import SharingLevel, WorkloadFit
-from hypersack.orchestrator.sharing import RatioLearner, believed
+from hypersack.orchestrator.sharing import RatioLearner
 from hypersack.orchestrator.state import CoreState
 from hypersack.policies.base import COMPUTE_SCALE
 

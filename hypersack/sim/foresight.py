@@ -18,7 +18,7 @@ from typing import TypeVar
 from hypersack.core.types import ClusterSpec, NodeSpec, Profile
 from hypersack.grid.space import SearchSpace
 from hypersack.orchestrator.config import OrchestratorConfig
-from hypersack.orchestrator.sharing import Fit
+from hypersack.orchestrator.fits import Fit
 from hypersack.policies import kernels
 from hypersack.sim.interference import FittedInterference
 from hypersack.sim.simulator import Simulation

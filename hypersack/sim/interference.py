@@ -27,7 +27,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from hypersack.orchestrator.sharing import Fit, slowdown
+from hypersack.orchestrator.fits import Fit, slowdown
 
 
 @dataclass(frozen=True)

@@ -92,11 +92,11 @@ def test_the_check_sees_a_violation(tmp_path: Path) -> None:
 
 # Inside the core, each module imports only those before it: the runtime on top, the
 # modules over the one state below it, the state, and the plain parts under everything.
-CORE_ORDER = ["events", "commands", "journal", "config", "sharing", "levels", "outcomes", "retries",
-              "fusion", "shares", "cycle", "cluster", "state", "foresight", "learned", "book",
-              "curves", "pruning", "profiling", "searches", "membership", "decide", "preempt",
-              "explain",
-              "trials", "studies", "queries", "orchestrator", "__init__"]
+CORE_ORDER = ["events", "commands", "journal", "config", "fits", "sharing", "levels", "outcomes",
+              "retries", "fusion", "shares", "cycle", "cluster", "state", "foresight",
+              "learned", "book", "curves", "pruning", "profiling", "searches", "membership",
+              "decide", "preempt", "explain", "trials", "studies", "queries", "orchestrator",
+              "__init__"]
 
 
 def _core_imports(path: Path) -> set[str]:

@@ -16,13 +16,12 @@ from typing import Any
 
 import pytest
 
+from hypersack.orchestrator.fits import fit, throughput
 from hypersack.orchestrator.sharing import (
     FORESIGHT_EVERY,
     FORESIGHT_SAMPLES,
     STEP_GAIN,
     RatioLearner,
-    fit,
-    throughput,
 )
 
 
