@@ -43,6 +43,19 @@ MODELS = {
     "contention-0.1": Interference(contention=0.1),
     "contention-0.5": Interference(contention=0.5),
 }
+# Models the learner was never tuned on (`--models held-out`, or any of their names): a
+# check that it learns the class of interference, not the four points above.
+HELD_OUT = {
+    "sat-1.5x": Interference(saturation_pct={a: 1.5 * s for a, s in BASE.saturation_pct.items()}),
+    "sat-0.7x": Interference(saturation_pct={a: 0.7 * s for a, s in BASE.saturation_pct.items()}),
+    "contention-0.2": Interference(contention=0.2),
+    "contention-0.4": Interference(contention=0.4),
+    "cnns-half-queued": Interference(queued={m: 0.5 for m in
+                                             ["shufflenet", "mobilenet_v2", "resnet18",
+                                              "resnet34"]}),
+    "sat-half-contention-0.1": Interference(
+        saturation_pct={a: s / 2 for a, s in BASE.saturation_pct.items()}, contention=0.1),
+}
 CLUSTER = "1x4xA100-80GB@88,1x2xH100-80GB@96"  # the paper's
 TRUTH = load_profiles(EXAMPLES / "profiles-estimates.yaml")  # read once, for every run
 
@@ -128,7 +141,10 @@ def mix_shift(sweep: list[float], h100: float) -> None:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--studies", default="sp1,sp2,sp3,sp4")
-    ap.add_argument("--models", default=",".join(MODELS))
+    ap.add_argument("--models", default=",".join(MODELS),
+                    help="hidden interference models, comma-separated: "
+                         f"{', '.join(MODELS)} (the default), or the held-out "
+                         f"{', '.join(HELD_OUT)} ('held-out': all of those)")
     ap.add_argument("--sweep", default="1,1.5,2,2.5,3,3.5,4,5,6",
                     help="A100 ratios to sweep (H100's scaled as the defaults are)")
     ap.add_argument("--one-fit", action="store_true",
@@ -160,8 +176,13 @@ def main() -> int:
           f"{'best fixed':>17}{'cold/best':>11}{'warm/best':>11}{'warm/conf':>11}"
           "  ratios after")
     cells = []
-    for model_name in args.models.split(","):
-        model = MODELS[model_name]
+    names = args.models.replace("held-out", ",".join(HELD_OUT)).split(",")
+    unknown = [m for m in names if m not in MODELS and m not in HELD_OUT]
+    if unknown:
+        ap.error(f"unknown model(s) {', '.join(unknown)}; known: "
+                 f"{', '.join([*MODELS, *HELD_OUT, 'held-out'])}")
+    for model_name in names:
+        model = MODELS.get(model_name) or HELD_OUT[model_name]
         for study in args.studies.split(","):
             for seed in seeds:
                 truth = perturbed(seed)

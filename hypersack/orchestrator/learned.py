@@ -160,7 +160,7 @@ class LearnedSharing:
         for arch, load, n, slowdown, workload in pending:
             if arch not in learner.ratios:
                 # An architecture the configuration does not name runs at the default.
-                learner.ratios[arch] = self._configured(arch)
+                learner.ratios[arch] = learner.configured[arch] = self._configured(arch)
             if learner.add(arch, load, n, slowdown, workload) and arch not in archs:
                 archs.append(arch)
         now = self.s.clock.now()
@@ -169,6 +169,30 @@ class LearnedSharing:
             # The samples since the last decision, kept once in a while too: a restart
             # loses at most this interval's.
             self._save(now)
+
+    def arriving(self, studies: Sequence[Mapping[str, float]]) -> None:
+        """Studies about to be submitted (each its trials by workload), before the batch
+        that places their first trials: one of work new to the learner goes at the
+        configured ratio (RatioLearner.arriving). Stored, then in force; what cannot be
+        stored is not made."""
+        learner = self.learner
+        if learner is None or not studies:
+            return
+        pending = sum(len(w) for w in self.s.waiting.values())
+        for workloads in studies:
+            before = dict(learner.ratios), dict(learner.moves)
+            moved = learner.arriving(workloads, pending)
+            if not moved:
+                continue
+            if not self._save(self.s.clock.now()):
+                learner.ratios, learner.moves = before
+                continue
+            for arch, ratio in moved.items():
+                log.info("%s: oversubscription ratio %g -> %g, the configured one: the "
+                         "study arriving is mostly of workloads not yet seen there (%s)",
+                         arch, before[0][arch], ratio,
+                         ", ".join(sorted(w[:64] for w in workloads)[:4]))
+            self.s.set_ratios(self._in_force())
 
     def _decide_all(self, archs: list[str], now: float) -> bool:
         """Decide for each architecture in `archs` that is due, and reconsider each one
@@ -314,7 +338,8 @@ class LearnedSharing:
         saved = state.get("configured")
         for arch in saved if isinstance(saved, dict) else {}:
             if arch not in self.learner.ratios and arch not in configured:
-                self.learner.ratios[arch] = configured[arch] = self._configured(arch)
+                self.learner.ratios[arch] = configured[arch] = \
+                    self.learner.configured[arch] = self._configured(arch)
         self.learner.load(state, configured)
         self.s.set_ratios(self._in_force())
 

@@ -67,7 +67,7 @@ from hypersack.orchestrator.pruning import Pruning
 from hypersack.orchestrator.queries import Queries
 from hypersack.orchestrator.searches import Searches
 from hypersack.orchestrator.state import CoreState, Decision, short
-from hypersack.orchestrator.studies import StudyEvents
+from hypersack.orchestrator.studies import StudyEvents, submitted_workloads
 from hypersack.orchestrator.trials import TrialEvents
 from hypersack.store.base import Store
 
@@ -201,6 +201,11 @@ class Orchestrator(Queries):
         event's savepoint too) is no event's fault, and refuses none of them, so that
         their senders can give them again."""
         result = BatchResult()
+        events = list(events)
+        # Before anything is placed: a study of work new to the learned sharing level
+        # starts at the configured ratio (orchestrator/learned.py).
+        self.sharing.arriving([submitted_workloads(e) for e in events
+                               if isinstance(e, StudySubmitted)])
         self.s.journal.begin()
         try:
             with self.s.store.transaction():

@@ -98,6 +98,9 @@ class RatioLearner:
         self.min_samples, self.every = min_samples, every
         self.ratios: dict[str, float] = {a: min(high, max(low, r))
                                          for a, r in configured.items()}
+        # Where each architecture started: the operator's prior, which work new to the
+        # learner goes back to (`fall_back`); a host adds an architecture it learns later.
+        self.configured = dict(self.ratios)
         self.samples: dict[str, deque[tuple[float, int, float]]] = {}
         # Each sample's workload (its trial's model; "" unknown), in step with `samples`.
         self.labels: dict[str, deque[str]] = {}
@@ -161,6 +164,41 @@ class RatioLearner:
         (the host's `weigh` simulates what is at hand; the cache does not know what)."""
         self._weighed.clear()
         self._weighed_under.clear()
+
+    def novel(self, arch: str, workloads: Mapping[str, float]) -> bool:
+        """Whether most of `workloads` (each counted by its trials) have fewer than
+        `min_samples` samples of their own on the architecture in the window."""
+        weights = {w: float(c) for w, c in workloads.items()
+                   if isinstance(w, str) and w and is_number(c) and 0 < float(c) < math.inf}
+        total = sum(weights.values())
+        if total <= 0:
+            return False
+        seen: dict[str, int] = {}
+        for label in self.labels.get(arch, ()):
+            seen[label] = seen.get(label, 0) + 1
+        new = sum(c for w, c in weights.items() if seen.get(w[:200], 0) < self.min_samples)
+        return new > 0.5 * total
+
+    def arriving(self, workloads: Mapping[str, float], pending: int) -> dict[str, float]:
+        """A study is about to be placed (`workloads`: its trials by workload; `pending`:
+        the trials all studies have waiting). Where it brings more than those and is
+        mostly of workloads new to the learner on an architecture, what the learner knows
+        there is of other work: that architecture's ratio goes back to the configured one
+        (the operator's prior) at once, and the new workloads' own samples move it from
+        there. The architectures moved, to their new ratio; none with one fit of every
+        sample (no workloads told apart)."""
+        moved: dict[str, float] = {}
+        if not self.by_workload or sum(workloads.values()) <= pending:
+            return moved
+        for arch in sorted(self.ratios):
+            configured = self.configured.get(arch)
+            if configured is None or abs(self.ratios[arch] - configured) < 1e-9 or \
+                    not self.novel(arch, workloads):
+                continue
+            self.ratios[arch] = moved[arch] = configured
+            self.moves[arch] = self.moves.get(arch, 0) + 1
+            self._weighed_under.pop(arch, None)
+        return moved
 
     def decide(self, arch: str, mix: Mapping[str, float] | None = None, *,
                foresight_only: bool = False) -> float | None:

@@ -139,6 +139,21 @@ class StudyEvents:
                                        "study cancelled") + self.s.decide()
 
 
+def submitted_workloads(event: StudySubmitted) -> dict[str, float]:
+    """The trials a submitted study brings, by workload as their keys will name it (a
+    built-in program's models, an equal share each; a command program's workload in its
+    owner's namespace); empty where the submission will be refused."""
+    try:
+        space = owned_workload(event.space, event.owner)
+        size = float(space.size())
+    except Exception:  # refused when it is handled
+        return {}
+    if space.program.command is not None:
+        return {space.workload or space.program.identity(): size}
+    models = list(dict.fromkeys(space.models))
+    return {m: size / len(models) for m in models} if models else {}
+
+
 def owned_workload(space: SearchSpace, owner: str) -> SearchSpace:
     """A command program's workload lives in its owner's namespace (`OWNER:NAME`), so
     that one user's measurements or stated demands never stand for another's program of

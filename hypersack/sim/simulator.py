@@ -48,6 +48,7 @@ from hypersack.orchestrator.fusion import fused_key
 from hypersack.orchestrator.orchestrator import Orchestrator, OrchestratorConfig
 from hypersack.orchestrator.shares import share_of
 from hypersack.orchestrator.sharing import RatioLearner
+from hypersack.orchestrator.studies import submitted_workloads
 from hypersack.policies.base import COMPUTE_SCALE, compute_capacity
 from hypersack.sim.fused import fused_estimate
 from hypersack.sim.interference import Interference, SharedTrial, reports, running_mix
@@ -258,6 +259,13 @@ class Simulation:
             if isinstance(ev, (ProfileMeasured, ProfileFailed)) and ev.node not in {
                     n for n, _ in live_gpus}:
                 return  # the node that profiled is gone; the orchestrator asks again
+            if isinstance(ev, StudySubmitted) and self.learner is not None:
+                # As the server's learner does before the study's first placement.
+                pending = sum(len(w) for w in self.orchestrator.s.waiting.values())
+                fell = self.learner.arriving(submitted_workloads(ev), pending)
+                self.ratio_moves += [(now, arch, r) for arch, r in fell.items()]
+                if fell:
+                    self.orchestrator.s.set_ratios(self.learner.ratios)
             before = len(self.orchestrator.studies())
             apply(self.orchestrator.handle(ev))
             idle_fit = self.orchestrator.idle_fits()

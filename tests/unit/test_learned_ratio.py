@@ -382,3 +382,47 @@ def test_a_study_that_arrives_is_foreseen_at_once() -> None:
     assert len(fake.asked) == asked + 1
     waiting = {orch.s.spaces[sid].name: len(w) for sid, w in orch.s.waiting.items() if w}
     assert waiting["alike"] > waiting["big"]
+
+
+def test_a_study_of_workloads_new_to_the_learner_starts_at_the_configured_ratio() -> None:
+    """What was learned holds for the workloads it was learned from: a study mostly of
+    others (larger than what waits) is placed at the configured ratio from its first
+    decision, and its own samples move the ratio from there. A study of known workloads
+    keeps the learned ratio."""
+    orch, store, clock = make(profiles=[prof("resnet18", 64, compute=50.0),
+                                        prof("mobilenet_v2", 64, compute=50.0)],
+                              learn_ratio=True, learn_sample_every_s=1.0,
+                              learn_decide_every_s=1.0, learn_settle_s=1.0,
+                              heartbeat_timeout_s=1e6)
+    orch.handle(NodeJoined(parse_shorthand("1x4xA100-80GB").nodes[0]))
+    orch.handle(StudySubmitted(study(14)))
+    for _ in range(60):
+        report_round(orch, clock)
+    learned = orch.s.config.ratio("A100", {})
+    assert learned <= 2.0
+    for node, idx in list(orch.gpu_load()):
+        for tid in sorted(orch.gpu_trials(node, idx)):
+            orch.handle(TrialFinished(tid, node, {"loss": 0.5}))
+    assert sum(per_gpu(orch)) == 0
+
+    def space_of(name: str, model: str, n: int) -> Any:
+        return parse_space({"name": name, "models": [model],
+                            "hyperparameters": {"batch_size": [64], "lr": [
+                                round(1e-5 * (i + 1), 6) for i in range(n)]},
+                            "settings": {"policy": "ff", "fusion": "off"}})
+
+    # Known workload: the learned ratio packs it (2 trials of 50 % per GPU at <= 2).
+    orch.handle(StudySubmitted(space_of("known", "resnet18", 8)))
+    assert orch.s.config.ratio("A100", {}) == learned
+    assert max(per_gpu(orch)) == int(learned * 100 // 50)
+    for node, idx in list(orch.gpu_load()):
+        for tid in sorted(orch.gpu_trials(node, idx)):
+            orch.handle(TrialFinished(tid, node, {"loss": 0.5}))
+    # A new workload: the configured 3 from the first placement (6 per GPU), stored.
+    orch.handle(StudySubmitted(space_of("new", "mobilenet_v2", 14)))
+    assert orch.s.config.ratio("A100", {}) == 3.0
+    assert per_gpu(orch) == [6, 6, 2, 0]
+    (level,) = orch.sharing.levels(["A100"])
+    assert level.ratio == 3.0 and level.configured == 3.0
+    saved = store.get_setting(SETTING)
+    assert saved is not None and '"A100": 3.0' in saved

@@ -215,6 +215,64 @@ def test_in_the_simulator_a_study_that_arrives_is_reconsidered_before_it_runs() 
     assert all(at > 0 for at, arch, _ in sim.ratio_moves if arch == "H100")
 
 
+def test_work_new_to_the_learner_goes_back_to_the_configured_ratio() -> None:
+    """A study about to be placed, larger than what waits and mostly of workloads with
+    fewer than min_samples samples of their own: the ratio goes back to the configured
+    one at once (what was learned is of other work). Not for known work, a study smaller
+    than what waits, or one fit of every sample."""
+    for by_workload in (True, False):
+        learner = RatioLearner({"A100": 3.0}, high=6.0, min_samples=20,
+                               by_workload=by_workload)
+        for load, n, slow in _samples(0.1, 5000.0, k=40):
+            learner.add("A100", load, n, slow, "cnn")
+        for load, n, slow in _samples(0.1, 5000.0, k=19):
+            learner.add("A100", load, n, slow, "vit")  # one short of its own fit
+        learner.ratios["A100"] = 4.5  # as learned from the CNN samples
+        assert learner.arriving({"vit": 10.0}, pending=20) == {}
+        assert learner.arriving({"vit": 10.0, "cnn": 30.0}, pending=0) == {}
+        moves = learner.moves.get("A100", 0)
+        got = learner.arriving({"vit": 30.0, "bert": 1.0, "cnn": 10.0}, pending=0)
+        if not by_workload:
+            assert got == {} and learner.ratios["A100"] == 4.5
+            continue
+        assert got == {"A100": 3.0} and learner.ratios["A100"] == 3.0
+        assert learner.moves["A100"] == moves + 1
+        assert learner.arriving({"vit": 30.0}, pending=0) == {}  # at the configured already
+        assert not learner.novel("A100", {"cnn": 5.0}) and learner.novel("A100", {"x": 1.0})
+        assert not learner.novel("A100", {"vit": math.nan, "": 3.0})
+
+
+def test_in_the_simulator_new_work_starts_at_the_configured_ratio() -> None:
+    from hypersack.core.cluster import parse_shorthand
+    from hypersack.grid.space import load_space
+    from hypersack.orchestrator import OrchestratorConfig
+    from hypersack.orchestrator.config import DEFAULT_RATIOS
+    from hypersack.sampler.profiles import load_profiles
+    from hypersack.sim.simulator import Simulation
+
+    examples = Path(__file__).resolve().parents[2] / "examples"
+    firsts = {}
+    for labels in (["resnet18"], ["bert_tiny", "pythia_14m", "pythia_31m"]):
+        learner = RatioLearner(DEFAULT_RATIOS, high=6.0, every=10, min_samples=20)
+        for label in labels:
+            for load, n, slow in _samples(0.1, 5000.0, k=30):
+                learner.add("A100", load, n, slow, label)
+        learner.ratios["A100"] = 5.0  # learned on those workloads
+        sim = Simulation(load_space(str(examples / "sp2.yaml")),
+                         parse_shorthand("1x4xA100-80GB@88,1x2xH100-80GB@96"),
+                         load_profiles(examples / "profiles-estimates.yaml"),
+                         config=OrchestratorConfig(oversubscription=dict(learner.ratios),
+                                                   fusion=False, policy="wfd",
+                                                   learn_foresight=False),
+                         learner=learner, sample_every_s=2.0)
+        sim.run()
+        firsts[labels[0]] = sim.ratio_moves
+    # SP2's language models after a CNN: A100 back to 3 at the submission (time 0).
+    assert firsts["resnet18"][0] == (0.0, "A100", DEFAULT_RATIOS["A100"])
+    # After SP2's own workloads: it steps on from 5, a quarter at a time.
+    assert firsts["bert_tiny"][0][2] in (4.75, 5.25)
+
+
 def test_a_saved_state_that_does_not_parse_is_left_out() -> None:
     """What the store gave back is checked as a peer's input is: numbers past a float's
     range, bools, NaN and wrong shapes are left out, not raised on."""
