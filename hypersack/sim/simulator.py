@@ -11,7 +11,7 @@ import heapq
 import itertools
 import logging
 import math
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 
 from hypersack.core.clock import ManualClock
@@ -48,10 +48,10 @@ from hypersack.orchestrator.fusion import fused_key
 from hypersack.orchestrator.orchestrator import Orchestrator, OrchestratorConfig
 from hypersack.orchestrator.shares import share_of
 from hypersack.orchestrator.sharing import RatioLearner
-from hypersack.orchestrator.studies import submitted_workloads
 from hypersack.policies.base import COMPUTE_SCALE, compute_capacity
 from hypersack.sim.fused import fused_estimate
 from hypersack.sim.interference import Interference, SharedTrial, reports, running_mix
+from hypersack.sim.learning import Learning
 from hypersack.sim.results import Segment, SimResult
 from hypersack.store.base import Store
 from hypersack.store.memory import MemoryStore
@@ -88,7 +88,7 @@ class _Running:
         return now + max(0.0, self.work_left_s - after) / self.rate
 
 
-class Simulation:
+class Simulation(Learning):
     """Run one study (and any `more` studies, each (time, space, owner), submitted at
     their times) to the end on a simulated cluster.
 
@@ -259,13 +259,8 @@ class Simulation:
             if isinstance(ev, (ProfileMeasured, ProfileFailed)) and ev.node not in {
                     n for n, _ in live_gpus}:
                 return  # the node that profiled is gone; the orchestrator asks again
-            if isinstance(ev, StudySubmitted) and self.learner is not None:
-                # As the server's learner does before the study's first placement.
-                pending = sum(len(w) for w in self.orchestrator.s.waiting.values())
-                fell = self.learner.arriving(submitted_workloads(ev), pending)
-                self.ratio_moves += [(now, arch, r) for arch, r in fell.items()]
-                if fell:
-                    self.orchestrator.s.set_ratios(self.learner.ratios)
+            if isinstance(ev, StudySubmitted):
+                self._arriving(ev, now)  # before the study's first placement
             before = len(self.orchestrator.studies())
             apply(self.orchestrator.handle(ev))
             idle_fit = self.orchestrator.idle_fits()
@@ -284,7 +279,9 @@ class Simulation:
                 studies.append(sid)
                 submitted[sid] = now
                 shares[sid] = [(now, 0.0)]
-                if sid == study_id and self._arrived(running, now):
+                if sid == study_id and self._arrived(running_mix(
+                        [(self._arch[r.node, r.gpu_index], [r.model])
+                         for r in running.values()]), now):
                     # As the server's learner reconsiders a study that arrives, after
                     # the batch that placed its first trials; the next tick packs on.
                     self.orchestrator.s.decide_again = True
@@ -434,45 +431,7 @@ class Simulation:
                     moved = self.learner.observe(arch, load, len(rs), seen, model,
                                                  mixes[arch])
                     if moved is not None:
-                        self.ratio_moves.append((now, arch, moved))
-                        self.orchestrator.s.set_ratios(self.learner.ratios)
-
-    def _arrived(self, running: dict[str, _Running], now: float) -> bool:
-        """This study arrived: the learner reconsiders each architecture by foresight
-        (orchestrator/learned.py does the same on the server); whether a ratio moved."""
-        learner = self.learner
-        if learner is None:
-            return False
-        learner.forget_foresight()
-        mixes = running_mix([(self._arch[r.node, r.gpu_index], [r.model])
-                             for r in running.values()])
-        moved = False
-        for arch in sorted(learner.ratios):
-            new = learner.reconsider(arch, mixes.get(arch))
-            if new is not None:
-                self.ratio_moves.append((now, arch, new))
-                moved = True
-        if moved:
-            self.orchestrator.s.set_ratios(learner.ratios)
-        return moved
-
-    def _weigh(self, arch: str, candidates: Sequence[float]) -> Mapping[float, float] | None:
-        """The learner's foresight: this study simulated whole under each candidate
-        ratio of `arch` (the others at the learner's), slowed as its fits say, placed
-        by the rule this study's decisions use."""
-        from hypersack.sim.foresight import foresee_ratios  # it builds on this module
-
-        learner = self.learner
-        if learner is None:
-            return None
-        policy = self.config.policy or self.space.settings.policy
-        if policy == "predict":  # the rule chosen for this study, the first submitted
-            studies = self.orchestrator.studies()
-            chosen = self.orchestrator.rule_choice(studies[0].id) if studies else None
-            policy = chosen.rule if chosen is not None else "eft"
-        return foresee_ratios(self.space, self.cluster.nodes, self._believed, self.config,
-                              policy, arch, candidates, learner.ratios, learner.fits,
-                              learner.workload_fits, budget_s=math.inf)  # as on any machine
+                        self._moved(now, {arch: moved})
 
     def _held(self, running: dict[str, _Running], live: set[tuple[str, int]]
               ) -> dict[str, float]:
