@@ -172,16 +172,21 @@ class LearnedSharing:
 
     def arriving(self, studies: Sequence[Mapping[str, float]]) -> None:
         """Studies about to be submitted (each its trials by workload), before the batch
-        that places their first trials: one of work new to the learner goes at the
-        configured ratio (RatioLearner.arriving). Stored, then in force; what cannot be
-        stored is not made."""
+        that places their first trials: one of work new to the learner, larger than what
+        runs on an architecture and waits, goes there at the configured ratio
+        (RatioLearner.arriving). Stored, then in force; what cannot be stored is not
+        made."""
         learner = self.learner
         if learner is None or not studies:
             return
         pending = sum(len(w) for w in self.s.waiting.values())
+        others = {arch: float(pending) for arch in learner.ratios}
+        for node in self.s.cluster:
+            for gpu in node.gpus.values():
+                others[gpu.arch] = others.get(gpu.arch, float(pending)) + len(gpu.trials)
         for workloads in studies:
             before = dict(learner.ratios), dict(learner.moves)
-            moved = learner.arriving(workloads, pending)
+            moved = learner.arriving(workloads, others)
             if not moved:
                 continue
             if not self._save(self.s.clock.now()):

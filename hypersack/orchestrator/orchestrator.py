@@ -204,8 +204,9 @@ class Orchestrator(Queries):
         events = list(events)
         # Before anything is placed: a study of work new to the learned sharing level
         # starts at the configured ratio (orchestrator/learned.py).
-        self.sharing.arriving([submitted_workloads(e) for e in events
-                               if isinstance(e, StudySubmitted)])
+        arriving = [e for e in events if isinstance(e, StudySubmitted)]
+        if arriving and self.sharing.learner is not None:
+            self.sharing.arriving([submitted_workloads(e) for e in arriving])
         self.s.journal.begin()
         try:
             with self.s.store.transaction():

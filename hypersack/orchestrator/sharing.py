@@ -179,21 +179,24 @@ class RatioLearner:
         new = sum(c for w, c in weights.items() if seen.get(w[:200], 0) < self.min_samples)
         return new > 0.5 * total
 
-    def arriving(self, workloads: Mapping[str, float], pending: int) -> dict[str, float]:
-        """A study is about to be placed (`workloads`: its trials by workload; `pending`:
-        the trials all studies have waiting). Where it brings more than those and is
-        mostly of workloads new to the learner on an architecture, what the learner knows
-        there is of other work: that architecture's ratio goes back to the configured one
-        (the operator's prior) at once, and the new workloads' own samples move it from
-        there. The architectures moved, to their new ratio; none with one fit of every
-        sample (no workloads told apart)."""
+    def arriving(self, workloads: Mapping[str, float], others: Mapping[str, float]
+                 ) -> dict[str, float]:
+        """A study is about to be placed (`workloads`: its trials by workload; `others`:
+        per architecture, the trials running there and those all studies have waiting).
+        Where it brings more than those and is mostly of workloads new to the learner on
+        an architecture, what the learner knows there is of other work: that
+        architecture's ratio goes back to the configured one (the operator's prior) at
+        once, and the new workloads' own samples move it from there. A small study
+        beside a busy cluster's work moves nothing. The architectures moved, to their
+        new ratio; none with one fit of every sample (no workloads told apart)."""
         moved: dict[str, float] = {}
-        if not self.by_workload or sum(workloads.values()) <= pending:
+        if not self.by_workload:
             return moved
+        size = sum(workloads.values())
         for arch in sorted(self.ratios):
             configured = self.configured.get(arch)
             if configured is None or abs(self.ratios[arch] - configured) < 1e-9 or \
-                    not self.novel(arch, workloads):
+                    size <= others.get(arch, 0.0) or not self.novel(arch, workloads):
                 continue
             self.ratios[arch] = moved[arch] = configured
             self.moves[arch] = self.moves.get(arch, 0) + 1

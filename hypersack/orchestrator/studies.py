@@ -145,6 +145,7 @@ def submitted_workloads(event: StudySubmitted) -> dict[str, float]:
     owner's namespace); empty where the submission will be refused."""
     try:
         space = owned_workload(event.space, event.owner)
+        check_search(space)
         size = float(space.size())
     except Exception:  # refused when it is handled
         return {}

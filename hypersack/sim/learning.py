@@ -36,12 +36,16 @@ class Learning:
             self.orchestrator.s.set_ratios(self.learner.ratios)
         return bool(moves)
 
-    def _arriving(self, ev: StudySubmitted, now: float) -> None:
-        """Before the study's first placement: work new to the learner goes at the
-        configured ratio (RatioLearner.arriving, as the server's learner does)."""
+    def _arriving(self, ev: StudySubmitted, running: Mapping[str, Mapping[str, float]],
+                  now: float) -> None:
+        """Before the study's first placement (`running`: the trials running per
+        architecture, by workload): work new to the learner goes at the configured
+        ratio (RatioLearner.arriving, as the server's learner does)."""
         if self.learner is not None:
             pending = sum(len(w) for w in self.orchestrator.s.waiting.values())
-            self._moved(now, self.learner.arriving(submitted_workloads(ev), pending))
+            others = {arch: pending + sum(running.get(arch, {}).values())
+                      for arch in self.learner.ratios}
+            self._moved(now, self.learner.arriving(submitted_workloads(ev), others))
 
     def _arrived(self, mixes: Mapping[str, Mapping[str, float]], now: float) -> bool:
         """This study arrived (`mixes`: the trials running per architecture, by

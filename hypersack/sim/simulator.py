@@ -259,8 +259,9 @@ class Simulation(Learning):
             if isinstance(ev, (ProfileMeasured, ProfileFailed)) and ev.node not in {
                     n for n, _ in live_gpus}:
                 return  # the node that profiled is gone; the orchestrator asks again
-            if isinstance(ev, StudySubmitted):
-                self._arriving(ev, now)  # before the study's first placement
+            if isinstance(ev, StudySubmitted) and self.learner is not None:
+                self._arriving(ev, running_mix([(self._arch[r.node, r.gpu_index], [r.model])
+                                                for r in running.values()]), now)
             before = len(self.orchestrator.studies())
             apply(self.orchestrator.handle(ev))
             idle_fit = self.orchestrator.idle_fits()

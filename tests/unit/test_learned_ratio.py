@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 
 from hypersack.core.cluster import parse_shorthand
+from hypersack.core.errors import InvalidInput
 from hypersack.core.types import TrialState
 from hypersack.grid.space import parse_space
 from hypersack.orchestrator import NodeJoined, StudySubmitted, TrialFinished, TrialProgress
@@ -411,10 +412,24 @@ def test_a_study_of_workloads_new_to_the_learner_starts_at_the_configured_ratio(
                                 round(1e-5 * (i + 1), 6) for i in range(n)]},
                             "settings": {"policy": "ff", "fusion": "off"}})
 
+    # A submission that is refused resets nothing (a command program of a workload in
+    # another user's namespace, all new to the learner).
+    with pytest.raises(InvalidInput, match="this study's owner is 'mallory'"):
+        orch.handle(StudySubmitted(parse_space({
+            "name": "x", "hyperparameters": {"lr": [0.1, 0.2]}, "workload": "bob:net",
+            "program": {"command": "{python} t.py --lr {lr}"}}), owner="mallory"))
+    assert orch.s.config.ratio("A100", {}) == learned
     # Known workload: the learned ratio packs it (2 trials of 50 % per GPU at <= 2).
     orch.handle(StudySubmitted(space_of("known", "resnet18", 8)))
     assert orch.s.config.ratio("A100", {}) == learned
     assert max(per_gpu(orch)) == int(learned * 100 // 50)
+    for node, idx in list(orch.gpu_load()):
+        for tid in sorted(orch.gpu_trials(node, idx)):
+            orch.handle(TrialFinished(tid, node, {"loss": 0.5}))
+    # A small study of a new workload beside a busier cluster's work changes nothing.
+    orch.handle(StudySubmitted(space_of("busy", "resnet18", 8)))
+    orch.handle(StudySubmitted(space_of("small", "mobilenet_v2", 4)))
+    assert orch.s.config.ratio("A100", {}) == learned
     for node, idx in list(orch.gpu_load()):
         for tid in sorted(orch.gpu_trials(node, idx)):
             orch.handle(TrialFinished(tid, node, {"loss": 0.5}))
