@@ -170,12 +170,14 @@ class LearnedSharing:
             # loses at most this interval's.
             self._save(now)
 
-    def arriving(self, studies: Sequence[Mapping[str, float]]) -> None:
-        """Studies about to be submitted (each its trials by workload), before the batch
-        that places their first trials: one of work new to the learner, larger than what
-        runs on an architecture and waits, goes there at the configured ratio
-        (RatioLearner.arriving). Stored, then in force; what cannot be stored is not
-        made."""
+    def arriving(self, studies: Sequence[tuple[Mapping[str, float], Mapping[str, float]]]
+                 ) -> None:
+        """Studies about to be submitted (each its trials by workload, and the ratios it
+        sets itself), before the batch that places their first trials: one of work new
+        to the learner, larger than what runs on an architecture and waits, goes there
+        at the configured ratio (RatioLearner.arriving), unless it packs that
+        architecture at its own ratio. Stored, then in force; what cannot be stored is
+        not made."""
         learner = self.learner
         if learner is None or not studies:
             return
@@ -184,9 +186,9 @@ class LearnedSharing:
         for node in self.s.cluster:
             for gpu in node.gpus.values():
                 others[gpu.arch] = others.get(gpu.arch, float(pending)) + len(gpu.trials)
-        for workloads in studies:
+        for workloads, own in studies:
             before = dict(learner.ratios), dict(learner.moves)
-            moved = learner.arriving(workloads, others)
+            moved = learner.arriving(workloads, {**others, **{a: math.inf for a in own}})
             if not moved:
                 continue
             if not self._save(self.s.clock.now()):

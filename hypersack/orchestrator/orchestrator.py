@@ -206,7 +206,8 @@ class Orchestrator(Queries):
         # starts at the configured ratio (orchestrator/learned.py).
         arriving = [e for e in events if isinstance(e, StudySubmitted)]
         if arriving and self.sharing.learner is not None:
-            self.sharing.arriving([submitted_workloads(e) for e in arriving])
+            self.sharing.arriving([(submitted_workloads(e), e.space.settings.oversubscription)
+                                   for e in arriving])
         self.s.journal.begin()
         try:
             with self.s.store.transaction():

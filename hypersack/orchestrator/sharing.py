@@ -182,7 +182,8 @@ class RatioLearner:
     def arriving(self, workloads: Mapping[str, float], others: Mapping[str, float]
                  ) -> dict[str, float]:
         """A study is about to be placed (`workloads`: its trials by workload; `others`:
-        per architecture, the trials running there and those all studies have waiting).
+        per architecture, the trials running there and those all studies have waiting;
+        infinite where the study packs the architecture at its own ratio).
         Where it brings more than those and is mostly of workloads new to the learner on
         an architecture, what the learner knows there is of other work: that
         architecture's ratio goes back to the configured one (the operator's prior) at

@@ -45,6 +45,7 @@ class Learning:
             pending = sum(len(w) for w in self.orchestrator.s.waiting.values())
             others = {arch: pending + sum(running.get(arch, {}).values())
                       for arch in self.learner.ratios}
+            others.update({a: math.inf for a in ev.space.settings.oversubscription})
             self._moved(now, self.learner.arriving(submitted_workloads(ev), others))
 
     def _arrived(self, mixes: Mapping[str, Mapping[str, float]], now: float) -> bool:

@@ -433,6 +433,15 @@ def test_a_study_of_workloads_new_to_the_learner_starts_at_the_configured_ratio(
     for node, idx in list(orch.gpu_load()):
         for tid in sorted(orch.gpu_trials(node, idx)):
             orch.handle(TrialFinished(tid, node, {"loss": 0.5}))
+    # A study of a new workload that sets its own A100 ratio leaves the others' alone.
+    own = space_of("own", "mobilenet_v2", 8).model_dump(mode="json")
+    own["settings"]["oversubscription"] = {"A100": 1.0}
+    orch.handle(StudySubmitted(parse_space(own)))
+    assert orch.s.config.ratio("A100", {}) == learned
+    assert per_gpu(orch) == [2, 2, 2, 2]  # 50 % each at its own ratio 1
+    for node, idx in list(orch.gpu_load()):
+        for tid in sorted(orch.gpu_trials(node, idx)):
+            orch.handle(TrialFinished(tid, node, {"loss": 0.5}))
     # A new workload: the configured 3 from the first placement (6 per GPU), stored.
     orch.handle(StudySubmitted(space_of("new", "mobilenet_v2", 14)))
     assert orch.s.config.ratio("A100", {}) == 3.0
