@@ -10,6 +10,8 @@ the same studies and cluster. Fusion is off, so that the ratio alone decides pac
     python scripts/sim_learned_ratio.py --studies sp1 --models sat-half --sweep 1,2,3,4
     python scripts/sim_learned_ratio.py --mix-shift-only
     python scripts/sim_learned_ratio.py --seeds 4 --no-mix-shift   # perturbed profiles too
+    python scripts/sim_learned_ratio.py --models held-out --studies sp1,sp2,sp3 --seeds 2 \
+        --no-mix-shift   # six interference models the learner was never tuned on
 
 Then the mix shift: per-workload fits against one fit of every sample. A hidden model
 where the transformers' kernels queue fully past half the default saturation and the
