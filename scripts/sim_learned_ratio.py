@@ -80,6 +80,7 @@ def perturbed(seed: int) -> list[Profile]:
     return out
 
 
+STUDIES = ("sp1", "sp2", "sp3", "sp4")
 CNNS = ["shufflenet", "mobilenet_v2", "resnet18", "resnet34"]
 TRANSFORMERS = ["vit_tiny", "deit_tiny"]
 RATES = 16  # the second study's learning rates: 4 x SP1's trials, several waves
@@ -165,6 +166,15 @@ def main() -> int:
     FORESIGHT[0] = not args.no_foresight
     if args.seeds < 1 or (args.seed is not None and args.seed < 0):
         ap.error("--seeds must be at least 1 and --seed at least 0")
+    names = args.models.replace("held-out", ",".join(HELD_OUT)).split(",")
+    unknown = [m for m in names if m not in MODELS and m not in HELD_OUT]
+    if unknown:
+        ap.error(f"unknown model(s) {', '.join(unknown)}; known: "
+                 f"{', '.join([*MODELS, *HELD_OUT, 'held-out'])}")
+    studies = args.studies.split(",")
+    missing = [st for st in studies if st not in STUDIES]
+    if missing:
+        ap.error(f"unknown stud(ies) {', '.join(missing)}; known: {', '.join(STUDIES)}")
     h100 = DEFAULT_RATIOS["H100"] / DEFAULT_RATIOS["A100"]
     swept = [float(x) for x in args.sweep.split(",")]
     if args.mix_shift_only:
@@ -178,14 +188,9 @@ def main() -> int:
           f"{'best fixed':>17}{'cold/best':>11}{'warm/best':>11}{'warm/conf':>11}"
           "  ratios after")
     cells = []
-    names = args.models.replace("held-out", ",".join(HELD_OUT)).split(",")
-    unknown = [m for m in names if m not in MODELS and m not in HELD_OUT]
-    if unknown:
-        ap.error(f"unknown model(s) {', '.join(unknown)}; known: "
-                 f"{', '.join([*MODELS, *HELD_OUT, 'held-out'])}")
     for model_name in names:
         model = MODELS.get(model_name) or HELD_OUT[model_name]
-        for study in args.studies.split(","):
+        for study in studies:
             for seed in seeds:
                 truth = perturbed(seed)
                 configured, _ = makespan(study, model, dict(DEFAULT_RATIOS), truth=truth)
