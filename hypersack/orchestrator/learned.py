@@ -182,13 +182,13 @@ class LearnedSharing:
         if learner is None or not studies:
             return
         pending = sum(len(w) for w in self.s.waiting.values())
-        others = {arch: float(pending) for arch in learner.ratios}
+        running: dict[str, float] = {}
         for node in self.s.cluster:
             for gpu in node.gpus.values():
-                others[gpu.arch] = others.get(gpu.arch, float(pending)) + len(gpu.trials)
+                running[gpu.arch] = running.get(gpu.arch, 0.0) + len(gpu.trials)
         for workloads, own in studies:
             before = dict(learner.ratios), dict(learner.moves)
-            moved = learner.arriving(workloads, {**others, **{a: math.inf for a in own}})
+            moved = learner.arriving(workloads, pending, running, own)
             if not moved:
                 continue
             if not self._save(self.s.clock.now()):

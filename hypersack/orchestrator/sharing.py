@@ -39,7 +39,7 @@ from __future__ import annotations
 
 import math
 from collections import deque
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import astuple, dataclass, fields, replace
 from typing import Any
 
@@ -99,7 +99,7 @@ class RatioLearner:
         self.ratios: dict[str, float] = {a: min(high, max(low, r))
                                          for a, r in configured.items()}
         # Where each architecture started: the operator's prior, which work new to the
-        # learner goes back to (`fall_back`); a host adds an architecture it learns later.
+        # learner goes back to (`arriving`); a host adds an architecture it learns later.
         self.configured = dict(self.ratios)
         self.samples: dict[str, deque[tuple[float, int, float]]] = {}
         # Each sample's workload (its trial's model; "" unknown), in step with `samples`.
@@ -165,11 +165,16 @@ class RatioLearner:
         self._weighed.clear()
         self._weighed_under.clear()
 
+    @staticmethod
+    def _counted(workloads: Mapping[str, float]) -> dict[str, float]:
+        """The workloads named, each with a positive finite count of trials."""
+        return {w: float(c) for w, c in workloads.items()
+                if isinstance(w, str) and w and is_number(c) and 0 < float(c) < math.inf}
+
     def novel(self, arch: str, workloads: Mapping[str, float]) -> bool:
         """Whether most of `workloads` (each counted by its trials) have fewer than
         `min_samples` samples of their own on the architecture in the window."""
-        weights = {w: float(c) for w, c in workloads.items()
-                   if isinstance(w, str) and w and is_number(c) and 0 < float(c) < math.inf}
+        weights = self._counted(workloads)
         total = sum(weights.values())
         if total <= 0:
             return False
@@ -179,25 +184,28 @@ class RatioLearner:
         new = sum(c for w, c in weights.items() if seen.get(w[:200], 0) < self.min_samples)
         return new > 0.5 * total
 
-    def arriving(self, workloads: Mapping[str, float], others: Mapping[str, float]
+    def arriving(self, workloads: Mapping[str, float], pending: float,
+                 running: Mapping[str, float], own: Collection[str] = ()
                  ) -> dict[str, float]:
-        """A study is about to be placed (`workloads`: its trials by workload; `others`:
-        per architecture, the trials running there and those all studies have waiting;
-        infinite where the study packs the architecture at its own ratio).
-        Where it brings more than those and is mostly of workloads new to the learner on
-        an architecture, what the learner knows there is of other work: that
-        architecture's ratio goes back to the configured one (the operator's prior) at
-        once, and the new workloads' own samples move it from there. A small study
-        beside a busy cluster's work moves nothing. The architectures moved, to their
-        new ratio; none with one fit of every sample (no workloads told apart)."""
+        """A study is about to be placed (`workloads`: its trials by workload; `pending`:
+        the trials all studies have waiting; `running`: per architecture, the trials
+        running there; `own`: the architectures it packs at its own ratio). Where it
+        brings more trials than run on an architecture and wait, does not set its own
+        ratio there, and is mostly of workloads new to the learner there, what the
+        learner knows there is of other work: that architecture's ratio goes back to the
+        configured one (the operator's prior) at once, and the new workloads' own samples
+        move it from there. A small study beside a busy cluster's work moves nothing.
+        The architectures moved, to their new ratio; none with one fit of every sample
+        (no workloads told apart)."""
         moved: dict[str, float] = {}
         if not self.by_workload:
             return moved
-        size = sum(workloads.values())
+        size = sum(self._counted(workloads).values())
         for arch in sorted(self.ratios):
             configured = self.configured.get(arch)
             if configured is None or abs(self.ratios[arch] - configured) < 1e-9 or \
-                    size <= others.get(arch, 0.0) or not self.novel(arch, workloads):
+                    arch in own or size <= pending + running.get(arch, 0.0) or \
+                    not self.novel(arch, workloads):
                 continue
             self.ratios[arch] = moved[arch] = configured
             self.moves[arch] = self.moves.get(arch, 0) + 1

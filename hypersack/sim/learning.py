@@ -43,10 +43,10 @@ class Learning:
         ratio (RatioLearner.arriving, as the server's learner does)."""
         if self.learner is not None:
             pending = sum(len(w) for w in self.orchestrator.s.waiting.values())
-            others = {arch: pending + sum(running.get(arch, {}).values())
-                      for arch in self.learner.ratios}
-            others.update({a: math.inf for a in ev.space.settings.oversubscription})
-            self._moved(now, self.learner.arriving(submitted_workloads(ev), others))
+            self._moved(now, self.learner.arriving(
+                submitted_workloads(ev), pending,
+                {arch: sum(mix.values()) for arch, mix in running.items()},
+                ev.space.settings.oversubscription))
 
     def _arrived(self, mixes: Mapping[str, Mapping[str, float]], now: float) -> bool:
         """This study arrived (`mixes`: the trials running per architecture, by

@@ -260,8 +260,7 @@ class Simulation(Learning):
                     n for n, _ in live_gpus}:
                 return  # the node that profiled is gone; the orchestrator asks again
             if isinstance(ev, StudySubmitted) and self.learner is not None:
-                self._arriving(ev, running_mix([(self._arch[r.node, r.gpu_index], [r.model])
-                                                for r in running.values()]), now)
+                self._arriving(ev, self._running_mix(running), now)
             before = len(self.orchestrator.studies())
             apply(self.orchestrator.handle(ev))
             idle_fit = self.orchestrator.idle_fits()
@@ -280,9 +279,7 @@ class Simulation(Learning):
                 studies.append(sid)
                 submitted[sid] = now
                 shares[sid] = [(now, 0.0)]
-                if sid == study_id and self._arrived(running_mix(
-                        [(self._arch[r.node, r.gpu_index], [r.model])
-                         for r in running.values()]), now):
+                if sid == study_id and self._arrived(self._running_mix(running), now):
                     # As the server's learner reconsiders a study that arrives, after
                     # the batch that placed its first trials; the next tick packs on.
                     self.orchestrator.s.decide_again = True
@@ -405,6 +402,11 @@ class Simulation(Learning):
             if single is not None:
                 true = self.truth[key, arch] = fused_estimate(single, key.fusion_width)
         return true
+
+    def _running_mix(self, running: dict[str, _Running]) -> dict[str, dict[str, float]]:
+        """Per architecture, the trials running there, by workload."""
+        return running_mix([(self._arch[r.node, r.gpu_index], [r.model])
+                            for r in running.values()])
 
     def _active(self, study_id: str) -> bool:
         return self.orchestrator.study(study_id).state == StudyState.ACTIVE

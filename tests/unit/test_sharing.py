@@ -228,16 +228,17 @@ def test_work_new_to_the_learner_goes_back_to_the_configured_ratio() -> None:
         for load, n, slow in _samples(0.1, 5000.0, k=19):
             learner.add("A100", load, n, slow, "vit")  # one short of its own fit
         learner.ratios["A100"] = 4.5  # as learned from the CNN samples
-        assert learner.arriving({"vit": 10.0}, {"A100": 20.0}) == {}  # beside more work
-        assert learner.arriving({"vit": 10.0, "cnn": 30.0}, {}) == {}
+        assert learner.arriving({"vit": 10.0}, 12, {"A100": 8.0}) == {}  # beside more work
+        assert learner.arriving({"vit": 10.0, "cnn": 30.0}, 0, {}) == {}
         moves = learner.moves.get("A100", 0)
-        got = learner.arriving({"vit": 30.0, "bert": 1.0, "cnn": 10.0}, {"A100": 40.0})
+        assert learner.arriving({"vit": 30.0}, 0, {}, own={"A100"}) == {}  # its own ratio
+        got = learner.arriving({"vit": 30.0, "bert": 1.0, "cnn": 10.0}, 10, {"A100": 30.0})
         if not by_workload:
             assert got == {} and learner.ratios["A100"] == 4.5
             continue
         assert got == {"A100": 3.0} and learner.ratios["A100"] == 3.0
         assert learner.moves["A100"] == moves + 1
-        assert learner.arriving({"vit": 30.0}, {}) == {}  # at the configured already
+        assert learner.arriving({"vit": 30.0}, 0, {}) == {}  # at the configured already
         assert not learner.novel("A100", {"cnn": 5.0}) and learner.novel("A100", {"x": 1.0})
         assert not learner.novel("A100", {"vit": math.nan, "": 3.0})
 
