@@ -30,8 +30,9 @@ def main() -> int:
     ap.add_argument("--limit", type=float, default=30.0, help="CP-SAT seconds per instance")
     ap.add_argument("--workers", type=int, default=1, help="CP-SAT workers")
     args = ap.parse_args()
-    if not (args.limit > 0 and args.workers >= 1):
-        ap.error("--limit must be positive and --workers at least 1")
+    if not (0 < args.limit <= 86400 and 1 <= args.workers <= 1024):
+        ap.error("--limit must lie in (0, 86400] seconds (the optimal policy's bound) and "
+                 "--workers in [1, 1024]")
     kernels.compile_now()  # before any clock starts
     shares: dict[str, list[float]] = {"pack": [], "auto": []}
     times: list[float] = []

@@ -22,8 +22,9 @@ SCRIPTS = Path(__file__).resolve().parents[2] / "scripts"
     ("sim_learned_ratio.py", ["--seeds", "0"], "--seeds must be at least 1"),
     ("sim_learned_ratio.py", ["--models", "sat-double,nope"], "unknown model(s) nope"),
     ("sim_learned_ratio.py", ["--studies", "sp1,../x"], "unknown stud(ies) ../x"),
-    ("bench_pack_heldout.py", ["--limit", "nan"], "--limit must be positive"),
-    ("bench_pack_heldout.py", ["--workers", "0"], "--workers at least 1"),
+    ("bench_pack_heldout.py", ["--limit", "nan"], "--limit must lie in (0, 86400]"),
+    ("bench_pack_heldout.py", ["--limit", "inf"], "--limit must lie in (0, 86400]"),
+    ("bench_pack_heldout.py", ["--workers", "0"], "--workers in [1, 1024]"),
 ])
 def test_a_bad_argument_is_one_usage_line(script: str, args: list[str], said: str) -> None:
     done = subprocess.run([sys.executable, str(SCRIPTS / script), *args],
