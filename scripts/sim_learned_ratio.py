@@ -28,6 +28,7 @@ import sys
 
 from _instances import EXAMPLES
 
+from hypersack.core.bounds import MAX_RATIO
 from hypersack.core.cluster import parse_shorthand
 from hypersack.core.types import Profile
 from hypersack.grid.space import SearchSpace, load_space, parse_space
@@ -176,7 +177,13 @@ def main() -> int:
     if missing:
         ap.error(f"unknown stud(ies) {', '.join(missing)}; known: {', '.join(STUDIES)}")
     h100 = DEFAULT_RATIOS["H100"] / DEFAULT_RATIOS["A100"]
-    swept = [float(x) for x in args.sweep.split(",")]
+    try:
+        swept = [float(x) for x in args.sweep.split(",")]
+    except ValueError:
+        swept = []
+    if not swept or len(swept) > 100 or not all(0 < x <= MAX_RATIO for x in swept):
+        ap.error(f"--sweep: up to 100 A100 ratios in (0, {MAX_RATIO:g}], comma-separated "
+                 f"(got {args.sweep[:80]!r})")
     if args.mix_shift_only:
         mix_shift(swept, h100)
         return 0

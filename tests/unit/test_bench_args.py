@@ -22,6 +22,8 @@ SCRIPTS = Path(__file__).resolve().parents[2] / "scripts"
     ("sim_learned_ratio.py", ["--seeds", "0"], "--seeds must be at least 1"),
     ("sim_learned_ratio.py", ["--models", "sat-double,nope"], "unknown model(s) nope"),
     ("sim_learned_ratio.py", ["--studies", "sp1,../x"], "unknown stud(ies) ../x"),
+    ("sim_learned_ratio.py", ["--sweep", "2,a"], "--sweep: up to 100 A100 ratios in (0, 1000]"),
+    ("sim_learned_ratio.py", ["--sweep", "nan"], "--sweep: up to 100 A100 ratios in (0, 1000]"),
     ("bench_pack_heldout.py", ["--limit", "nan"], "--limit must lie in (0, 86400]"),
     ("bench_pack_heldout.py", ["--limit", "inf"], "--limit must lie in (0, 86400]"),
     ("bench_pack_heldout.py", ["--workers", "0"], "--workers in [1, 1024]"),
