@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -119,6 +120,7 @@ def main() -> int:
                                   if t.state == "FAILED"})[:5],
     }
     print(json.dumps(result, indent=2))
+    shutil.rmtree(tmp, ignore_errors=True)  # the store, the logs and the trials' workdirs
     return 0
 
 

@@ -642,6 +642,11 @@ def run_once(args: argparse.Namespace, secured: bool) -> dict[str, object]:
             "server_core_busy_pct": round(100 * _mean(cores[c] for c in server_cpu), 1),
             "agent_cores_busy_pct": round(100 * _mean(cores[c] for c in others), 1),
         }
+    except BaseException:
+        print(f"kept {tmp} (the server's log and store)", file=sys.stderr)
+        raise
+    else:
+        shutil.rmtree(tmp, ignore_errors=True)  # 40 MB of store a run at 50,000 trials
     finally:
         stop.set()
         for w in workers:

@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import json
 import random
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -141,6 +142,10 @@ def main() -> int:
     total = {k: sum(s[k] for s in stats.values())
              for k in ("tried", "tracebacks", "hangs", "accepted_invalid")}
     print(json.dumps({"total": total, "by_class": stats, "problems": bad[:20]}, indent=2))
+    if bad:
+        print(f"kept {tmp}: the inputs the problems name", file=sys.stderr)
+    else:
+        shutil.rmtree(tmp, ignore_errors=True)
     return 1 if total["tracebacks"] or total["hangs"] or total["accepted_invalid"] else 0
 
 
