@@ -6,11 +6,16 @@ A sample is one plain (unfused) trial's reported seconds per iteration over its 
 profile's, with its GPU's placed load (the sum of its trials' solo compute shares) and
 trial count, taken only when that GPU's set of trials did not change during the window
 the report covers (else the load it saw is not the load now), and at most one per GPU
-every `learn_sample_every_s` seconds. Samples gathered while a batch runs reach the
-learner only once the batch is committed: an undone event leaves none. The learner
-decides at most once per `learn_decide_every_s` per architecture (its fit is the
-costly part), and a moved ratio is kept in the store before it is put in force; if the
-store refuses, the move is taken back, so memory and store agree.
+every `learn_sample_every_s` seconds. Each trial gets at most its share of its GPU's
+samples: one per `learn_sample_every_s` times the trials on that GPU. A trial's
+program reports its own iteration times, so a trial that reports often (or lies)
+would otherwise take the GPU's samples that its neighbours' reports should have given,
+and its owner's numbers would outweigh theirs in the shared fit. Samples gathered
+while a batch runs reach the learner only once the batch is committed: an undone event
+leaves none. The learner decides at most once per `learn_decide_every_s` per
+architecture (its fit is the costly part), and a moved ratio is kept in the store
+before it is put in force; if the store refuses, the move is taken back, so memory and
+store agree.
 
 The learned ratio is the server's: a study's own `settings.oversubscription` still wins
 for that study, and trials placed under an older ratio keep running.
@@ -81,9 +86,10 @@ class LearnedSharing:
         self._pending = _Samples()
         j = s.journal
         # Per GPU: when a trial last came or went (first heard of, after a restart), and
-        # when it was last sampled.
+        # when it was last sampled; per running trial, when it last gave a sample.
         self._changed: dict[tuple[str, int], float] = journaled(j)
         self._sampled: dict[tuple[str, int], float] = journaled(j)
+        self._trial_sampled: dict[str, float] = journaled(j)
         self._decided: dict[str, float] = {}
         # Foresight's study (the first of `_subjects`) as of the last batch, and the
         # architectures to reconsider for it at their next chance.
@@ -116,12 +122,15 @@ class LearnedSharing:
             # Its GPU changed within the window the report covers, or too lately for
             # the trials that came to be past their start (imports, a CUDA context).
             return
-        if now - self._sampled.get(where, -math.inf) < self.s.config.learn_sample_every_s:
-            return
+        every = self.s.config.learn_sample_every_s
+        if now - self._sampled.get(where, -math.inf) < every or \
+                now - self._trial_sampled.get(trial_id, -math.inf) < every * len(gpu.trials):
+            return  # the GPU's slot is taken, or this trial had its share of them
         slowdown = event.iter_time_s / profile.iter_time_s
         if not MIN_SLOWDOWN <= slowdown <= MAX_SLOWDOWN:
             return
         self._sampled[where] = now
+        self._trial_sampled[trial_id] = now
         if self.s.journal.open:
             self.s.journal.record(self._pending, None, len(self._pending))
         self._pending.append((gpu.arch, gpu.used_compute / COMPUTE_SCALE, len(gpu.trials),
@@ -133,6 +142,8 @@ class LearnedSharing:
         if self.learner is None or (old.state == new.state and
                                     (old.node, old.gpu_index) == (new.node, new.gpu_index)):
             return  # learning off (nothing reads it), or nothing came or went
+        if new.state != TrialState.RUNNING:
+            self._trial_sampled.pop(new.id, None)  # its attempt ended: no share to keep
         now = self.s.clock.now()
         for t in (old, new):
             if t.state == TrialState.RUNNING and t.node is not None and \

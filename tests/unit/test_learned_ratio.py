@@ -117,6 +117,34 @@ def test_each_workload_gets_its_own_fit_and_the_off_switch(by_workload: bool) ->
         assert level.workloads == () and "by workload" not in level.describe()
 
 
+def test_a_trial_that_reports_often_gets_no_more_than_its_share_of_the_samples() -> None:
+    """A trial's program reports its own iteration times. One that reports ten times a
+    second (and lies: five times its slowdown) beside three that report every two
+    seconds takes at most its share of the GPU's samples, one per learn_sample_every_s
+    x the trials there, not every slot it reaches first."""
+    orch, _, clock = learning()
+    orch.handle(NodeJoined(parse_shorthand("1x1xA100-80GB").nodes[0]))
+    orch.handle(StudySubmitted(study(4)))
+    liar, *honest = sorted(orch.gpu_trials("node0", 0))
+    assert len(honest) == 3
+    learner = orch.sharing.learner
+    honest_s = 0.1 * slowdown(200.0, 4)
+    for tick in range(1, 601):  # 60 s, a report from the liar every 0.1 s
+        clock.advance(0.1)
+        orch.handle(TrialProgress(liar, "node0", 1, iter_time_s=5 * honest_s,
+                                  iter_window_s=0.1))
+        if tick % 20 == 0:
+            for tid in honest:
+                orch.handle(TrialProgress(tid, "node0", 1, iter_time_s=honest_s,
+                                          iter_window_s=1.0))
+    slowdowns = [round(sd, 6) for _, _, sd in learner.samples["A100"]]
+    lies = slowdowns.count(round(5 * slowdown(200.0, 4), 6))
+    # One sample per 4 s at most for the liar (15 in 60 s, the first one included); the
+    # honest trials' reports, every 2 s, take the slots it cannot.
+    assert 0 < lies <= 16
+    assert len(slowdowns) - lies >= lies
+
+
 def test_a_gpu_that_changed_during_the_window_gives_no_sample() -> None:
     orch, _, clock = learning()
     orch.handle(NodeJoined(parse_shorthand("1x1xA100-80GB").nodes[0]))
@@ -211,7 +239,7 @@ def test_an_undone_batch_teaches_nothing_and_a_refused_save_moves_nothing(
     report_round(orch, clock)
     learner = orch.sharing.learner
     before = {a: len(q) for a, q in learner.samples.items()}
-    clock.advance(2.0)
+    clock.advance(6.0)  # past each trial's share of its GPU's samples (6 trials x 1 s)
     tid = next(iter(orch.gpu_trials("node0", 0)))
     failing.fail_commits = 1
     with pytest.raises(StoreFailure):
