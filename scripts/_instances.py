@@ -13,8 +13,11 @@ from hypersack.sim.instances import (
     HETERO_RATIOS,
     MIXES,
     ROOT,
+    SHAPES,
     first_decision,
     heterogeneous,
+    shaped,
 )
 
-__all__ = ["EXAMPLES", "HETERO_RATIOS", "MIXES", "ROOT", "first_decision", "heterogeneous"]
+__all__ = ["EXAMPLES", "HETERO_RATIOS", "MIXES", "ROOT", "SHAPES", "first_decision",
+           "heterogeneous", "shaped"]

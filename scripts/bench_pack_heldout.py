@@ -8,6 +8,11 @@ workers, and its proven gap to the bound is printed beside each.
 
     python scripts/bench_pack_heldout.py                # 30 s, one worker (about 13 min)
     python scripts/bench_pack_heldout.py --limit 5      # a quick look
+    python scripts/bench_pack_heldout.py --shapes       # other shapes (sim/instances.SHAPES)
+
+`--shapes`: clusters and classes of other shapes than those mixes' (every trial a class
+of its own; 4 GPUs; one architecture with 8 GPUs a node; classes of 20-60 trials; work
+little more than fits), mixed, memory and compute, seeds 0 and 1: 30 instances.
 """
 
 from __future__ import annotations
@@ -17,18 +22,22 @@ import statistics
 import sys
 import time
 
-from _instances import heterogeneous
+from _instances import SHAPES, heterogeneous, shaped
 
 from hypersack.policies import kernels, make_policy
 
 CASES = [("mixed", s) for s in range(36, 46)] + [("memory", s) for s in range(18, 23)] + \
     [("compute", s) for s in range(18, 23)] + [("cpu", s) for s in range(11, 16)]
+SHAPED = [(shape, mix, s) for shape in SHAPES for mix in ("mixed", "memory", "compute")
+          for s in (0, 1)]
 
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--limit", type=float, default=30.0, help="CP-SAT seconds per instance")
     ap.add_argument("--workers", type=int, default=1, help="CP-SAT workers")
+    ap.add_argument("--shapes", action="store_true",
+                    help="instances of other shapes (see above) instead of the mixes")
     args = ap.parse_args()
     if not (0 < args.limit <= 86400 and 1 <= args.workers <= 1024):
         ap.error("--limit must lie in (0, 86400] seconds (the optimal policy's bound) and "
@@ -36,11 +45,12 @@ def main() -> int:
     kernels.compile_now()  # before any clock starts
     shares: dict[str, list[float]] = {"pack": [], "auto": []}
     times: list[float] = []
-    for mix, seed in CASES:
-        items, view = heterogeneous(mix, seed)
+    cases = [(f"{shape} {mix}", seed, shaped(shape, mix, seed)) for shape, mix, seed in SHAPED] \
+        if args.shapes else [(mix, seed, heterogeneous(mix, seed)) for mix, seed in CASES]
+    for label, seed, (items, view) in cases:
         ref = make_policy("optimal", time_limit_s=args.limit, workers=args.workers,
                           seed=0).place(items, view)
-        line = f"{mix}:{seed:<3} {len(items):>4} items  cp-sat gap {ref.gap() or 0.0:.4f}"
+        line = f"{label}:{seed:<3} {len(items):>4} items  cp-sat gap {ref.gap() or 0.0:.4f}"
         for name in ("pack", "auto"):
             took = []
             for _ in range(3):

@@ -73,17 +73,52 @@ def heterogeneous(mix: str, seed: int, scale: int = 1) -> tuple[list[Item], Clus
     """A heterogeneous instance: `scale` x (2 nodes of 4 A100-40GB with 32 cores, 2 nodes
     of 4 H100-80GB with 48 cores), and about twice as much work as fits."""
     rng = random.Random(f"{mix}-{seed}")
-    nodes = []
-    for n in range(4 * scale):
-        arch, mem, cores = ("A100", 40960, 32) if n % 4 < 2 else ("H100", 81920, 48)
-        cap = compute_capacity(HETERO_RATIOS[arch])
-        gpus = tuple(GpuBin(f"n{n}", g, arch, cap, mem, cap, mem) for g in range(4))
-        nodes.append(NodeBin(f"n{n}", core_units(cores), gpus, core_units(cores)))
-    capacity = sum(g.compute for node in nodes for g in node.gpus)
-    items: list[Item] = []
+    view = _nodes(["A100" if n % 4 < 2 else "H100" for n in range(4 * scale)], 4)
     kinds = (mix,) * 16 if mix != "mixed" else ("compute", "memory", "cpu") * 6
+    return _items(rng, kinds, view, 2.0, (4, 24)), view
+
+
+# Other shapes than `heterogeneous`'s, for checks that tuning saw none of: each a cluster
+# (node architectures, GPUs per node), trials per class (min, max), and work offered as a
+# multiple of what fits.
+SHAPES: dict[str, tuple[tuple[str, ...], int, tuple[int, int], float]] = {
+    "unique-16": (("A100", "H100") * 2, 4, (1, 1), 2.0),  # every trial a class of its own
+    "few-4": (("A100", "H100"), 2, (2, 8), 2.0),  # 4 GPUs
+    "a100-only-32": (("A100",) * 4, 8, (4, 24), 2.0),  # one architecture, 8 GPUs a node
+    "big-classes-16": (("A100", "H100") * 2, 4, (20, 60), 2.0),
+    "tight-16": (("A100", "H100") * 2, 4, (4, 24), 1.2),  # little more than fits
+}
+
+
+def shaped(shape: str, mix: str, seed: int) -> tuple[list[Item], ClusterView]:
+    """An instance of one of SHAPES, its trials drawn as `heterogeneous` draws them."""
+    archs, gpus, copies, work = SHAPES[shape]
+    rng = random.Random(f"shape-{shape}-{mix}-{seed}")
+    view = _nodes(list(archs), gpus)
+    kinds = (mix,) if mix != "mixed" else ("compute", "memory", "cpu")
+    return _items(rng, kinds, view, work, copies), view
+
+
+def _nodes(archs: list[str], gpus: int) -> ClusterView:
+    """One node per entry: A100-40GB with 32 cores or H100-80GB with 48, `gpus` each."""
+    nodes = []
+    for n, arch in enumerate(archs):
+        mem, cores = (40960, 32) if arch == "A100" else (81920, 48)
+        cap = compute_capacity(HETERO_RATIOS[arch])
+        bins = tuple(GpuBin(f"n{n}", g, arch, cap, mem, cap, mem) for g in range(gpus))
+        nodes.append(NodeBin(f"n{n}", core_units(cores), bins, core_units(cores)))
+    return ClusterView(tuple(nodes))
+
+
+def _items(rng: random.Random, kinds: tuple[str, ...], view: ClusterView, work: float,
+           copies: tuple[int, int]) -> list[Item]:
+    """Classes of trials (each `copies` trials alike) of the kinds drawn, until their
+    A100 compute is `work` times the cluster's. Every workload has a need on both
+    architectures: on the H100 70-90 % of the A100's percent."""
+    capacity = sum(g.compute for node in view.nodes for g in node.gpus)
+    items: list[Item] = []
     total = 0
-    while total < 2 * capacity:
+    while total < work * capacity:
         kind = rng.choice(kinds)
         if kind == "compute":
             pct, mib, cores = rng.uniform(20, 90), rng.uniform(1024, 10240), rng.choice((1, 2, 3))
@@ -95,10 +130,10 @@ def heterogeneous(mix: str, seed: int, scale: int = 1) -> tuple[list[Item], Clus
         needs = {"A100": Need(round(pct * 100), round(mib), cores * 1000),
                  "H100": Need(round(pct * fast * 100), round(mib), cores * 1000)}
         run = rng.uniform(100, 3000)
-        for _ in range(rng.randint(4, 24)):
+        for _ in range(rng.randint(*copies)):
             items.append(Item(f"t{len(items)}", needs, run_time_s=run))
             total += needs["A100"].compute
-    return items, ClusterView(tuple(nodes))
+    return items
 
 
 TRANSFORMERS = ("vit_tiny", "deit_tiny")

@@ -512,3 +512,28 @@ def test_plans_are_checked_under_python_O_too() -> None:
     out = subprocess.run([sys.executable, "-O", "-c", code], capture_output=True, text=True,
                          timeout=60, check=True)
     assert "refused: GPU a:0 over its scaled compute" in out.stdout
+
+
+def test_every_other_shape_gives_the_cluster_and_classes_it_declares() -> None:
+    """sim/instances.SHAPES (bench_pack_heldout.py --shapes): each instance has the
+    declared nodes, GPUs and trials per class, offers the declared work, and pack's
+    plan on it is valid. A draw differs by shape, mix and seed."""
+    from hypersack.policies.base import classes
+    from hypersack.sim.instances import SHAPES, shaped
+
+    drawn = set()
+    for shape, (archs, gpus, (low, high), work) in SHAPES.items():
+        for mix in ("mixed", "memory"):
+            items, view = shaped(shape, mix, 0)
+            assert [n.gpus[0].arch for n in view.nodes] == list(archs)
+            assert all(len(n.gpus) == gpus for n in view.nodes)
+            _, members = classes(items)
+            assert all(low <= len(m) for m in members)
+            # A class's trials are drawn together; classes of one need may merge.
+            assert max(len(m) for m in members) <= high * 3
+            capacity = sum(g.compute for g in view.gpus())
+            assert work * capacity <= sum(i.needs["A100"].compute for i in items) \
+                < work * capacity + high * 9000
+            check_plan(items, view, make_policy("pack").place(items, view))
+            drawn.add(tuple(sorted(i.needs["A100"] for i in items)))
+    assert len(drawn) == 2 * len(SHAPES)
