@@ -114,6 +114,13 @@ class Profiling:
     def on_profile(self, event: ProfileMeasured) -> list[Command]:
         profile = event.profile
         slot = (profile.key, profile.arch)
+        if self.s.profiles.get(slot) == profile and \
+                not self.s.cluster.profile_jobs.running_on(event.node, slot):
+            # The result already taken, sent again: an agent sends a report again until
+            # the server acknowledges it, and the batch that took it (its first decision
+            # may simulate a large study for seconds) can outlast the agent's wait. It
+            # changes nothing, and is no forged result to warn of.
+            return []
         self._given(slot, event.node, "result")
         self.s.cluster.profile_jobs.end(slot)
         self.s.profiles[slot] = profile

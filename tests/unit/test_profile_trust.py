@@ -100,3 +100,7 @@ def test_a_node_reports_only_the_profile_job_it_was_given() -> None:
     with pytest.raises(StaleEvent):
         orch.handle(ProfileMeasured(forged, job.node))
     assert store.list_profiles() == [prof("resnet18", 64)]
+    # The same result sent again (the agent had no acknowledgement yet) changes nothing
+    # and is no forgery to refuse: taken quietly, so that the agent stops sending it.
+    assert orch.handle(ProfileMeasured(prof("resnet18", 64), job.node)) == []
+    assert store.list_profiles() == [prof("resnet18", 64)]
