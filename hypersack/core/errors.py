@@ -55,4 +55,11 @@ class StoreUnavailable(HyperSackError):
 
 
 class StaleEvent(HyperSackError):
-    """An event names a trial or node that does not hold what the event claims."""
+    """An event names a trial or node that does not hold what the event claims.
+    `expected`: the stale event is one the server's own doing brings (the exit of an
+    attempt it stopped), not a sign of anything wrong: logged for operators only at
+    info."""
+
+    def __init__(self, message: str = "", *, expected: bool = False) -> None:
+        super().__init__(message)
+        self.expected = expected

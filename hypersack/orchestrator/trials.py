@@ -82,8 +82,13 @@ class TrialEvents:
                      trial_id, attempt)
             return t
         if t.state != TrialState.RUNNING or t.node != node:
+            # A trial the server stopped (cancelled, pruned, diverged, failed) ends on the
+            # node it ran on after the kill: its exit is expected, and changes nothing.
+            stopped = t.state.terminal and t.launched_on == node and \
+                attempt in (0, t.launches)
             raise StaleEvent(f"trial {trial_id} is {t.state.value}"
-                             + (f" on {t.node}" if t.node else "") + f", not running on {node}")
+                             + (f" on {t.node}" if t.node else "") + f", not running on {node}",
+                             expected=stopped)
         return t
 
     def exit_of(self, event: TrialFinished | TrialFailed | TrialOutOfMemory, *,

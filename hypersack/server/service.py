@@ -247,7 +247,8 @@ class SchedulerService:
         self.stats["batches"] += 1
         self.histograms.observe_decisions(self)
         for stale in result.stale:
-            log.warning("ignored an event: %s", stale)
+            log.log(logging.INFO if stale.expected else logging.WARNING,
+                    "ignored an event: %s", stale)
         if committed is not None:
             committed()
         self._route(result.commands)

@@ -225,6 +225,17 @@ def test_cancel_kills_running_and_cancels_the_rest() -> None:
         c.trial_id for c in first)
     assert {t.state for t in store.list_trials(sid)} == {TrialState.CANCELLED}
     assert store.get_study(sid).state == StudyState.CANCELLED
+    # The killed attempts' exits then arrive from their node: expected, and they change
+    # nothing (the server logs them at info); the same exit from another node is not.
+    kill = next(c for c in cmds if isinstance(c, KillTrial))
+    before = store.list_trials(sid)
+    for node, attempt, expected in (("node0", kill.attempt, True), ("node0", 0, True),
+                                    ("node9", kill.attempt, False),
+                                    ("node0", kill.attempt + 1, False)):
+        with pytest.raises(StaleEvent) as stale:
+            orch.handle(TrialFinished(kill.trial_id, node, {"loss": 1.0}, attempt=attempt))
+        assert stale.value.expected is expected
+    assert store.list_trials(sid) == before
 
 
 def test_exclusive_mode_runs_one_trial_per_gpu() -> None:
