@@ -242,7 +242,8 @@ class LaunchCommands(AgentFields):
             job.start()
         except (HyperSackError, ValueError, OSError) as exc:
             self._send(outbox, pb.AgentMessage(profile=pb.ProfileResult(
-                key=m.key, arch=m.arch, ok=False, error=f"cannot launch: {exc}")), m.gpu_index)
+                key=m.key, arch=m.arch, ok=False, error=f"cannot launch: {exc}",
+                sample=m.sample)), m.gpu_index)
             return
         if job.proc is not None:
             self.backend.start_measuring(device, job.proc.pid)

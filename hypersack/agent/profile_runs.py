@@ -56,7 +56,7 @@ def profile_message(m: pb.ProfileWorkload, job: Job, code: int, device: GpuSpec,
         else:
             why = f"exit code {code}"
         return pb.AgentMessage(profile=pb.ProfileResult(
-            key=m.key, arch=m.arch, ok=False,
+            key=m.key, arch=m.arch, ok=False, sample=m.sample,
             error=f"{why}; log tail: {job.log_tail(1000)}"))
     try:
         now = time.time()
@@ -80,7 +80,8 @@ def profile_message(m: pb.ProfileWorkload, job: Job, code: int, device: GpuSpec,
                       if result.get("iterations", 1) else
                       "the whole run: the program marks no iterations)"))
         return pb.AgentMessage(profile=pb.ProfileResult(key=m.key, arch=m.arch, ok=True,
-                                                        profile=record))
+                                                        profile=record, sample=m.sample))
     except (KeyError, ValueError, TypeError) as exc:
         return pb.AgentMessage(profile=pb.ProfileResult(
-            key=m.key, arch=m.arch, ok=False, error=f"unreadable profile result: {exc}"))
+            key=m.key, arch=m.arch, ok=False, sample=m.sample,
+            error=f"unreadable profile result: {exc}"))

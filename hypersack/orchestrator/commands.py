@@ -65,6 +65,7 @@ class ProfileWorkload:
     epochs: float = 0.0
     program: Program | None = None
     owner: str = ""
+    sample: str = ""  # that trial's id, which the agent's result names again
 
 
 @dataclass(frozen=True)

@@ -145,6 +145,9 @@ class TrialOutOfMemory:
 class ProfileMeasured:
     profile: Profile
     node: str = ""
+    # The trial whose parameters the job ran, as the job named it ("": not said, as
+    # agents before it): a copy of an earlier job's result is told from the current's.
+    sample: str = ""
 
 
 @dataclass(frozen=True)
@@ -153,6 +156,7 @@ class ProfileFailed:
     arch: str
     node: str
     reason: str
+    sample: str = ""  # as ProfileMeasured's
 
 
 @dataclass(frozen=True)

@@ -101,15 +101,25 @@ class Profiling:
             self.s.needs_cache.clear()
             self.s.profiling_dirty = True  # a fused width's memory guess may change
 
-    def _given(self, slot: Slot, node: str, what: str) -> None:
+    def _given(self, slot: Slot, node: str, what: str, sample: str = "") -> None:
         """A node's profile result counts only for the profile job given to that node:
         any other is refused (and logged with the node's name), so that no node can
-        write the cluster's history of a workload."""
+        write the cluster's history of a workload. A result that names the trial its job
+        ran (`sample`) counts only for the job of that trial: after a failure the
+        profile is given again with another trial's parameters, often to the same node,
+        and a copy of the first failure sent again (not yet acknowledged) would
+        otherwise fail the second trial with the first one's reason."""
         if not self.s.cluster.profile_jobs.running_on(node, slot):
             log.warning("node %s sent a profile %s for %s on %s, a job it was not given: "
                         "refused", short(node, 80), what, slot[0].label(), slot[1])
             raise StaleEvent(f"node {short(node, 80)} was given no profile job for "
                              f"{slot[0].label()} on {slot[1]}")
+        current = self.s.profile_sample.get(slot)
+        if sample and current is not None and sample != current:
+            raise StaleEvent(f"the profile {what} for {slot[0].label()} on {slot[1]} is of "
+                             f"the job with {short(sample, 80)}'s parameters, which ended; "
+                             f"{short(node, 80)} now runs it with {current}'s",
+                             expected=True)
 
     def on_profile(self, event: ProfileMeasured) -> list[Command]:
         profile = event.profile
@@ -121,7 +131,7 @@ class Profiling:
             # may simulate a large study for seconds) can outlast the agent's wait. It
             # changes nothing, and is no forged result to warn of.
             return []
-        self._given(slot, event.node, "result")
+        self._given(slot, event.node, "result", event.sample)
         self.s.cluster.profile_jobs.end(slot)
         self.s.profiles[slot] = profile
         self.s.forget_profile_failure(slot)
@@ -164,7 +174,7 @@ class Profiling:
         counts as failed on this architecture (and its trials fail, saying so). A fused
         width's failure only stops fusing at that width."""
         slot = (event.key, event.arch)
-        self._given(slot, event.node, "failure")
+        self._given(slot, event.node, "failure", event.sample)
         self.s.cluster.profile_jobs.end(slot)
         log.warning("profiling %s on %s failed: %s", event.key.label(), event.arch,
                     short(event.reason, 500))
@@ -330,7 +340,8 @@ class Profiling:
                                             warmup=self.s.config.profile_warmup,
                                             params=dict(sample.params), epochs=sample.epochs,
                                             program=self.s.spaces[sample.study_id].program,
-                                            owner=self.s.studies[sample.study_id].owner))
+                                            owner=self.s.studies[sample.study_id].owner,
+                                            sample=sample.id))
         # Run again at the next exit while a wanted profile found no GPU or a reserved
         # GPU has yet to drain.
         assigned = {slot for slot, _ in (*plan.start, *plan.reserve)}

@@ -249,7 +249,7 @@ def to_message(c: Command) -> pb.ServerMessage:
         key=key_to_pb(c.key), arch=c.arch, gpu_index=c.gpu_index, iterations=c.iterations,
         warmup=c.warmup, program=program_to_pb(c.program),
         params_json=json.dumps(c.params, sort_keys=True), epochs=c.epochs,
-        owner=c.owner))
+        owner=c.owner, sample=c.sample))
 
 
 class Intake:

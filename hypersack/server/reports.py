@@ -30,6 +30,7 @@ from hypersack.wire.convert import (
 )
 
 MAX_STEPS_PER_MESSAGE = 256  # steps of a learning curve one metrics message may carry
+MAX_SAMPLE_ID = 256  # a profile result's trial id: longer is no trial's
 
 
 def progress_event(node: str, m: pb.TrialMetrics) -> TrialProgress:
@@ -68,14 +69,15 @@ def profile_event(node: str, p: pb.ProfileResult) -> Event:
         raise InvalidInput(format_validation_error(exc, "profile.key")) from None
     except ValueError as exc:
         raise InvalidInput(f"profile.key: {exc}") from None
+    sample = p.sample[:MAX_SAMPLE_ID]  # opaque: compared with the job's, never stored
     if not p.ok:
-        return ProfileFailed(key, p.arch, node, p.error[-LOG_TAIL_CHARS:] or "failed")
+        return ProfileFailed(key, p.arch, node, p.error[-LOG_TAIL_CHARS:] or "failed", sample)
     try:
         profile = profile_from_pb(p.profile, where="profile",
                                   default_source=f"measured on {node}")
     except InvalidInput as exc:
-        return ProfileFailed(key, p.arch, node, f"invalid measurement: {exc}")
+        return ProfileFailed(key, p.arch, node, f"invalid measurement: {exc}", sample)
     if profile.key != key or profile.arch != p.arch:
         return ProfileFailed(key, p.arch, node, "invalid measurement: it names another "
-                             f"workload ({profile.key.label()} on {profile.arch})")
-    return ProfileMeasured(profile, node)
+                             f"workload ({profile.key.label()} on {profile.arch})", sample)
+    return ProfileMeasured(profile, node, sample)

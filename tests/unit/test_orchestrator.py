@@ -191,6 +191,33 @@ def test_profiling_first_then_placement_and_failures_are_explained() -> None:
     assert {t.state for t in orch.trials(sid2)} == {TrialState.PROFILING}
 
 
+def test_a_profile_failure_sent_again_does_not_fail_the_next_jobs_trial() -> None:
+    """An agent sends a report again until the server acknowledges it. After a failure
+    the profile is given again with another trial's parameters, here to the same node:
+    a copy of the first failure, naming the first job's trial, is stale (at info) and
+    the second trial runs on; its own failure, naming it, counts. A result that names
+    no trial (an agent before the field) counts for the job running, as before."""
+    orch, _, _ = make(profiles=[])
+    orch.handle(NodeJoined(parse_shorthand("1x1xA100-80GB").nodes[0]))
+    cmds = orch.handle(StudySubmitted(space(n_lr=3, models=("resnet34",))))
+    (job,) = [c for c in cmds if isinstance(c, ProfileWorkload)]
+    assert job.sample and orch.trial(job.sample).params == job.params
+    fail = ProfileFailed(job.key, "A100", job.node, "exit code 1", sample=job.sample)
+    (again,) = [c for c in orch.handle(fail) if isinstance(c, ProfileWorkload)]
+    assert again.node == job.node and again.sample != job.sample
+    with pytest.raises(StaleEvent, match="which ended") as stale:
+        orch.handle(fail)  # the copy
+    assert stale.value.expected
+    assert orch.trial(again.sample).state == TrialState.PROFILING
+    # Its own result counts; so does one that names no trial.
+    third = [c for c in orch.handle(ProfileFailed(job.key, "A100", job.node, "exit code 2",
+                                                  sample=again.sample))
+             if isinstance(c, ProfileWorkload)]
+    assert orch.trial(again.sample).state == TrialState.FAILED
+    assert "exit code 2" in orch.trial(again.sample).reason
+    assert launches(orch.handle(ProfileMeasured(prof("resnet34", 64), third[0].node)))
+
+
 def test_profiling_waits_for_an_idle_gpu_by_draining_one() -> None:
     orch, _, _ = make(profiles=[prof("resnet18", 64)])
     orch.handle(NodeJoined(parse_shorthand("1x1xA100-80GB").nodes[0]))

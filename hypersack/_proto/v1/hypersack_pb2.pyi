@@ -701,18 +701,20 @@ class ProfileRecord(_message.Message):
     def __init__(self, key: _Optional[_Union[WorkloadKey, _Mapping]] = ..., arch: _Optional[str] = ..., compute_pct: _Optional[float] = ..., memory_mib: _Optional[int] = ..., cores: _Optional[float] = ..., iter_time_s: _Optional[float] = ..., iters_per_epoch: _Optional[int] = ..., data_fraction: _Optional[float] = ..., source: _Optional[str] = ..., setup_s: _Optional[float] = ..., eval_s_per_epoch: _Optional[float] = ..., versions: _Optional[str] = ..., measured_at: _Optional[float] = ..., observed_memory_mib: _Optional[int] = ..., observed_compute_pct: _Optional[float] = ..., observed_trials: _Optional[int] = ..., corrected: _Optional[str] = ...) -> None: ...
 
 class ProfileResult(_message.Message):
-    __slots__ = ("key", "arch", "ok", "error", "profile")
+    __slots__ = ("key", "arch", "ok", "error", "profile", "sample")
     KEY_FIELD_NUMBER: _ClassVar[int]
     ARCH_FIELD_NUMBER: _ClassVar[int]
     OK_FIELD_NUMBER: _ClassVar[int]
     ERROR_FIELD_NUMBER: _ClassVar[int]
     PROFILE_FIELD_NUMBER: _ClassVar[int]
+    SAMPLE_FIELD_NUMBER: _ClassVar[int]
     key: WorkloadKey
     arch: str
     ok: bool
     error: str
     profile: ProfileRecord
-    def __init__(self, key: _Optional[_Union[WorkloadKey, _Mapping]] = ..., arch: _Optional[str] = ..., ok: bool = ..., error: _Optional[str] = ..., profile: _Optional[_Union[ProfileRecord, _Mapping]] = ...) -> None: ...
+    sample: str
+    def __init__(self, key: _Optional[_Union[WorkloadKey, _Mapping]] = ..., arch: _Optional[str] = ..., ok: bool = ..., error: _Optional[str] = ..., profile: _Optional[_Union[ProfileRecord, _Mapping]] = ..., sample: _Optional[str] = ...) -> None: ...
 
 class AgentMessage(_message.Message):
     __slots__ = ("register", "heartbeat", "started", "metrics", "exited", "profile")
@@ -811,7 +813,7 @@ class KillTrial(_message.Message):
     def __init__(self, trial_id: _Optional[str] = ..., reason: _Optional[str] = ..., attempt: _Optional[int] = ...) -> None: ...
 
 class ProfileWorkload(_message.Message):
-    __slots__ = ("key", "arch", "gpu_index", "iterations", "warmup", "program", "params_json", "epochs", "owner")
+    __slots__ = ("key", "arch", "gpu_index", "iterations", "warmup", "program", "params_json", "epochs", "owner", "sample")
     KEY_FIELD_NUMBER: _ClassVar[int]
     ARCH_FIELD_NUMBER: _ClassVar[int]
     GPU_INDEX_FIELD_NUMBER: _ClassVar[int]
@@ -821,6 +823,7 @@ class ProfileWorkload(_message.Message):
     PARAMS_JSON_FIELD_NUMBER: _ClassVar[int]
     EPOCHS_FIELD_NUMBER: _ClassVar[int]
     OWNER_FIELD_NUMBER: _ClassVar[int]
+    SAMPLE_FIELD_NUMBER: _ClassVar[int]
     key: WorkloadKey
     arch: str
     gpu_index: int
@@ -830,7 +833,8 @@ class ProfileWorkload(_message.Message):
     params_json: str
     epochs: float
     owner: str
-    def __init__(self, key: _Optional[_Union[WorkloadKey, _Mapping]] = ..., arch: _Optional[str] = ..., gpu_index: _Optional[int] = ..., iterations: _Optional[int] = ..., warmup: _Optional[int] = ..., program: _Optional[_Union[Program, _Mapping]] = ..., params_json: _Optional[str] = ..., epochs: _Optional[float] = ..., owner: _Optional[str] = ...) -> None: ...
+    sample: str
+    def __init__(self, key: _Optional[_Union[WorkloadKey, _Mapping]] = ..., arch: _Optional[str] = ..., gpu_index: _Optional[int] = ..., iterations: _Optional[int] = ..., warmup: _Optional[int] = ..., program: _Optional[_Union[Program, _Mapping]] = ..., params_json: _Optional[str] = ..., epochs: _Optional[float] = ..., owner: _Optional[str] = ..., sample: _Optional[str] = ...) -> None: ...
 
 class ServerMessage(_message.Message):
     __slots__ = ("registered", "launch", "kill", "profile", "launch_group", "drop_checkpoint", "acked", "acks")
