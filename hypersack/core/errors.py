@@ -57,8 +57,8 @@ class StoreUnavailable(HyperSackError):
 class StaleEvent(HyperSackError):
     """An event names a trial or node that does not hold what the event claims.
     `expected`: the stale event is one the server's own doing brings (the exit of an
-    attempt it stopped), not a sign of anything wrong: logged for operators only at
-    info."""
+    attempt it stopped, a copy of a report sent again before its acknowledgement
+    arrived), not a sign of anything wrong: logged for operators only at info."""
 
     def __init__(self, message: str = "", *, expected: bool = False) -> None:
         super().__init__(message)

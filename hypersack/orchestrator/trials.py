@@ -75,8 +75,9 @@ class TrialEvents:
             raise StaleEvent(f"trial {trial_id}: attempt {attempt} was superseded by attempt "
                              f"{t.launches}")
         if exit and attempt and attempt <= t.exited:
+            # Sent again before its acknowledgement reached the agent: a copy, expected.
             raise StaleEvent(f"trial {trial_id}: the exit of attempt {attempt} was handled "
-                             "already")
+                             "already", expected=True)
         if exit and attempt and t.state == TrialState.PENDING and t.launched_on == node:
             log.info("%s: the exit of attempt %d arrived after its node was lost; it counts",
                      trial_id, attempt)

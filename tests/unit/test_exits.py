@@ -65,6 +65,7 @@ def test_a_repeated_exit_of_a_handled_attempt_is_stale() -> None:
         raise AssertionError("a repeated exit should be stale")
     except StaleEvent as exc:
         assert "handled already" in str(exc)
+        assert exc.expected  # a copy the agent sent again: logged at info, not warned of
     assert orch.trial(t.trial_id).failures == 1  # counted once
 
 
