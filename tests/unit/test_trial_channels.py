@@ -76,13 +76,16 @@ def wait(job: Job, timeout_s: float = 30) -> int:
 def test_a_trial_of_the_same_account_cannot_write_anothers_metrics(agent_dir: Path) -> None:
     nobody = lookup("nobody")
     py = "/usr/bin/python3" if os.path.exists("/usr/bin/python3") else sys.executable
-    victim = Job("victim-t0", 0, agent_dir / "s" / "victim-t0", [py, "-c", VICTIM],
-                 {"HYPERSACK_TRIAL_ID": "victim-t0"}, base_env={"PATH": "/usr/bin:/bin"},
+    # The attacker looks through every process for this id: one of this run's own, so
+    # that another run of the suite on the machine (its victim) is not found too.
+    name = f"victim-{agent_dir.name[-8:]}"
+    victim = Job(name, 0, agent_dir / "s" / name, [py, "-c", VICTIM],
+                 {"HYPERSACK_TRIAL_ID": name}, base_env={"PATH": "/usr/bin:/bin"},
                  account=nobody, agent_dir=str(agent_dir))
     victim.start()
     time.sleep(1.0)
     attacker = Job("evil-t0", 0, agent_dir / "s" / "evil-t0",
-                   [py, "-c", ATTACKER, "victim-t0", str(victim.metrics_path)],
+                   [py, "-c", ATTACKER, name, str(victim.metrics_path)],
                    {"HYPERSACK_TRIAL_ID": "evil-t0"}, base_env={"PATH": "/usr/bin:/bin"},
                    account=nobody, agent_dir=str(agent_dir))
     attacker.start()
