@@ -24,8 +24,11 @@ parent-death signal (it dies with its zygote, which dies with the agent), standa
 output and error to its log, standard input from /dev/null, only its channels open, its
 environment and working directory, fresh random seeds (Python's, NumPy's and torch's
 global generators), and the program run as `python script.py ARGS` or `python -m MODULE
-ARGS` would run it. A crash ends that process only. The zygote itself runs no trial code
-and no thread of its own; it reaps its children and reports their exit codes.
+ARGS` would run it, and ended as the interpreter ends it (its non-daemon threads
+waited for, then its atexit functions; an uncaught exception through sys.excepthook, an
+uncaught KeyboardInterrupt by SIGINT). A crash ends that process only. The zygote
+itself runs no trial code and no thread of its own; it reaps its children and reports
+their exit codes.
 
 A leaf of the runner: of HyperSack it imports only the names of the trial's environment
 and what it is asked to preload.
@@ -44,6 +47,7 @@ import select
 import signal
 import socket
 import sys
+import threading
 import traceback
 from typing import Any
 
@@ -133,6 +137,29 @@ def _run(argv: list[str]) -> None:
     runpy.run_path(script, run_name="__main__")
 
 
+def _excepthook() -> None:
+    """Report the exception being handled as an uncaught one is: through sys.excepthook,
+    which the program may have set."""
+    try:
+        sys.excepthook(*sys.exc_info())
+    except BaseException:
+        traceback.print_exc()
+
+
+def _finalize() -> None:
+    """What the interpreter does at its end, in its order: wait for the program's
+    non-daemon threads (a background writer a cold run would let finish), then run the
+    atexit functions. The caller flushes and leaves with os._exit."""
+    try:
+        threading._shutdown()  # type: ignore[attr-defined]
+    except BaseException:
+        traceback.print_exc()
+    try:
+        atexit._run_exitfuncs()
+    except BaseException:
+        traceback.print_exc()
+
+
 def _child(request: dict[str, Any], fds: list[int]) -> None:
     """In the forked trial: become its own process and run the program; never returns."""
     code = 1
@@ -172,18 +199,25 @@ def _child(request: dict[str, Any], fds: list[int]) -> None:
         sdk = sys.modules.get("hypersack.runner.sdk")
         if sdk is not None:
             sdk._after_fork()
+        argv = [str(a) for a in request["argv"]]
+        sys.orig_argv = argv  # the command as given, not the warm process's
+        interrupted = False
         try:
-            _run([str(a) for a in request["argv"]])
+            _run(argv)
             code = 0
         except SystemExit as exc:
             code = _exit_code(exc.code)
-        except BaseException:
-            traceback.print_exc()
+        except BaseException as exc:
+            interrupted = isinstance(exc, KeyboardInterrupt)
+            _excepthook()
             code = 1
-        try:
-            atexit._run_exitfuncs()
-        except BaseException:
-            traceback.print_exc()
+        _finalize()
+        if interrupted:
+            # As the interpreter ends on an uncaught KeyboardInterrupt: killed by SIGINT.
+            sys.stdout.flush()
+            sys.stderr.flush()
+            signal.signal(signal.SIGINT, signal.SIG_DFL)
+            os.kill(os.getpid(), signal.SIGINT)
     except BaseException:
         traceback.print_exc()
     finally:

@@ -184,6 +184,48 @@ def test_a_warm_trial_sees_what_a_cold_one_sees(pool: WarmPool, tmp_path: Path) 
     assert warm == cold
 
 
+ENDING = """
+import os, sys, threading, time
+def late():
+    time.sleep(0.3)  # still running when the program's main code has ended
+    print("late", sys.orig_argv[1:], flush=True)
+threading.Thread(target=late).start()
+sys.excepthook = lambda kind, exc, tb: print("hooked", kind.__name__, exc)
+print("unflushed")
+how = sys.argv[1]
+if how == "interrupt":
+    raise KeyboardInterrupt
+if how == "raise":
+    raise ValueError("v")
+sys.exit("a message")
+"""
+
+
+@pytest.mark.parametrize("how", ["exit", "raise", "interrupt"])
+def test_a_warm_trial_ends_as_a_cold_one(pool: WarmPool, tmp_path: Path, how: str) -> None:
+    """How the interpreter ends a program: its non-daemon threads finish before the
+    process ends, an uncaught exception goes through sys.excepthook (which the program
+    may set), an uncaught KeyboardInterrupt ends it by SIGINT; sys.orig_argv is its
+    command. The same program warm and cold: the same output and exit status."""
+    script = tmp_path / "ending.py"
+    script.write_text(ENDING)
+    argv = [sys.executable, str(script), how]
+    cold = subprocess.run(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                          cwd=tmp_path)
+    ready(pool, argv, os.open(tmp_path / "first.txt", os.O_WRONLY | os.O_CREAT, 0o600))
+    log_path = tmp_path / "log.txt"
+    log = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    try:
+        proc = pool.spawn(argv, {}, tmp_path, log, {}, None, ("numpy",))
+    finally:
+        os.close(log)
+    assert proc is not None
+    assert proc.wait(30) == cold.returncode == {"exit": 1, "raise": 1,
+                                                "interrupt": -signal.SIGINT}[how]
+    assert "late" in cold.stdout
+    assert sorted(log_path.read_text().splitlines()) == sorted(cold.stdout.splitlines())
+
+
 def test_a_module_runs_as_python_dash_m(pool: WarmPool, tmp_path: Path) -> None:
     pkg = tmp_path / "mypkg"
     pkg.mkdir()
