@@ -16,6 +16,8 @@ from hypersack.core.validation import format_validation_error
 
 ENV_DATA_DIR = "HYPERSACK_DATA_DIR"
 DATASETS = ("cifar10", "imdb", "digits", "synthetic")
+# The built-in trainer's precisions (runner/amp.py's autocast types), plain and fused.
+PRECISIONS = ("fp32", "bf16", "fp16")
 
 
 class TrainOptions(BaseModel):

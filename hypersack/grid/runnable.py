@@ -5,7 +5,8 @@ from __future__ import annotations
 
 from hypersack.core.catalog import MODELS
 from hypersack.core.errors import InvalidInput
-from hypersack.core.train_options import dataset_for, parse_train_options
+from hypersack.core.train_options import PRECISIONS, dataset_for, parse_train_options
+from hypersack.grid.params import Choice
 from hypersack.grid.space import SearchSpace
 
 
@@ -25,3 +26,31 @@ def check_runnable(space: SearchSpace, source: str) -> None:
                 dataset_for(model, opts)
             except InvalidInput as exc:
                 raise InvalidInput(f"{source}: program.options.dataset: {exc}") from None
+        precisions = _values(space, "precision", "fp32")
+        bad = [p for p in precisions if p not in PRECISIONS]
+        if bad:
+            raise InvalidInput(f"{source}: hyperparameters.precision: the built-in trainer "
+                               f"has no {bad[0][:40]!r}; valid: {', '.join(PRECISIONS)}")
+        if opts.optimizer_fusion == "backward" and "fp16" in precisions:
+            raise InvalidInput(
+                f"{source}: program.options.optimizer_fusion: backward does not take "
+                "precision fp16 (its loss scale skips a step from every gradient's "
+                "overflow, after the backward pass); use bf16 or fp32, or "
+                "optimizer_fusion: none")
+        for name, only in (("precision", "fp32"), ("optimizer", "sgd")):
+            other = [v for v in _values(space, name, only) if v != only]
+            if other and numpy_models:
+                # Every model meets every value (a key hyperparameter takes no `when`):
+                # each such trial would fail as it starts.
+                raise InvalidInput(
+                    f"{source}: hyperparameters.{name}: {', '.join(numpy_models)} trains "
+                    f"with NumPy {only} only, not {other[0][:40]!r}; search the PyTorch "
+                    "models in a study of their own")
+
+
+def _values(space: SearchSpace, name: str, default: str) -> list[str]:
+    """The values a key hyperparameter takes (its default where the space has none)."""
+    hp = space.hyperparameters.get(name)
+    if isinstance(hp, Choice):
+        return [str(v) for v in hp.values]
+    return [default]

@@ -24,12 +24,13 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from hypersack.core.catalog import MODELS
+from hypersack.core.train_options import PRECISIONS
 from hypersack.core.types import Demand, Profile, TrialRecord, WorkloadKey
 from hypersack.grid.space import SearchSpace
 
 FUSABLE = frozenset({"lr", "weight_decay", "momentum", "beta1", "beta2", "eps", "seed"})
 FUSED_OPTIMIZERS = ("sgd", "adam", "adamw")  # the fused trainer's optimizers
-FUSED_PRECISIONS = ("fp32", "bf16", "fp16")  # autocast; fp16 with a scale per member
+FUSED_PRECISIONS = PRECISIONS  # autocast; fp16 with a scale per member
 
 FusionClass = tuple[WorkloadKey, float, tuple[tuple[str, str], ...]]
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -205,6 +206,41 @@ def test_the_server_refuses_these_options_for_a_numpy_model() -> None:
                                      "options": {"optimizer_fusion": "backward",
                                                  "clip_grad_value": 1.0}}})
     check_runnable(space, "s.yaml")  # a PyTorch model takes them
+
+
+@pytest.mark.parametrize("models,hyper,options,match", [
+    (["resnet18"], {"precision": ["fp32", "fp17"]}, {}, "no 'fp17'; valid: fp32, bf16, fp16"),
+    (["resnet18"], {"precision": ["bf16", "fp16"]}, {"optimizer_fusion": "backward"},
+     "backward does not take precision fp16"),
+    (["digits_mlp", "resnet18"], {"precision": ["fp32", "bf16"]}, {},
+     "digits_mlp trains with NumPy fp32 only, not 'bf16'"),
+    (["resnet18", "digits_mlp"], {"optimizer": ["sgd", "adam"]}, {},
+     "digits_mlp trains with NumPy sgd only, not 'adam'"),
+])
+def test_trials_that_would_fail_as_they_start_are_refused_at_submission(
+        models: list[str], hyper: dict[str, list[str]], options: dict[str, str],
+        match: str) -> None:
+    """What the trainer refuses as a trial starts (after its profile, with retries) is
+    refused where the study is submitted and by `hypersack validate`."""
+    from hypersack.grid.runnable import check_runnable
+    from hypersack.grid.space import parse_space
+
+    def space(hp: dict[str, list[str]], opts: dict[str, str]) -> Any:
+        return parse_space({"name": "s", "models": models,
+                            "hyperparameters": {"lr": [0.1], "batch_size": [32], **hp},
+                            "program": {"builtin": "train", "options": opts}})
+
+    with pytest.raises(InvalidInput, match=re.escape(match)):
+        check_runnable(space(hyper, options), "s.yaml")
+    # The same space without the offending value is taken.
+    check_runnable(space({k: v[:1] for k, v in hyper.items()}, options), "s.yaml")
+
+
+def test_the_server_knows_the_trainer_s_precisions() -> None:
+    from hypersack.core.train_options import PRECISIONS
+    from hypersack.runner import amp
+
+    assert tuple(amp.DTYPES) == PRECISIONS
 
 
 def _run_train(tmp: Path, options: dict[str, Any]) -> list[float]:
