@@ -17,9 +17,11 @@ def check_runnable(space: SearchSpace, source: str) -> None:
     if space.program.builtin == "train":
         opts = parse_train_options(space.program.options, f"{source}: program.options")
         numpy_models = [m for m in space.models if m in MODELS and not MODELS[m].needs_torch]
-        if opts.torch_only() and numpy_models:
+        torch_only = opts.torch_only()
+        if torch_only and numpy_models:
+            verb = "applies" if len(torch_only) == 1 else "apply"
             raise InvalidInput(
-                f"{source}: program.options: {', '.join(opts.torch_only())} apply to the "
+                f"{source}: program.options: {', '.join(torch_only)} {verb} to the "
                 f"PyTorch models only; {', '.join(numpy_models)} trains with NumPy")
         for model in space.models:
             try:
