@@ -75,11 +75,27 @@ class Membership:
             node = self.s.cluster.add(NodeRecord(spec=spec, draining=False), now)
             self.s.store.put_node(node.record())
             log.info("node %s joined: %d GPUs, %g cores", spec.name, len(spec.gpus), spec.cores)
+            self._say_near_misses(node)
         else:
             node = old
             self.s.cluster.seen(node, now)
             self.replan_profiles(node)
         return self.reconcile(node, event.running, joined=True) + self.s.decide()
+
+    def _say_near_misses(self, node: Node) -> None:
+        """A configured ratio whose architecture is a near miss of this node's (`a100`,
+        `A100-80GB` for A100) never applies to it: said once per join, as the node's
+        GPUs take the default ratio instead."""
+        ratios = self.s.config.oversubscription
+        for arch in sorted(set(node.archs()) - set(ratios)):
+            folded = arch.casefold()
+            near = [k for k in ratios if k.casefold() == folded or
+                    k.casefold().startswith(folded + "-")]
+            if near:
+                log.warning("node %s has %s GPUs, and the configured ratios name %s, not "
+                            "%s (architectures are matched exactly): they take the default "
+                            "ratio %g", node.spec.name, arch, ", ".join(near), arch,
+                            self.s.config.default_ratio)
 
     def replan_profiles(self, node: Node) -> None:
         """A node that (re)joins may never have got the profile jobs placed on it (its

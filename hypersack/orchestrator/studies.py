@@ -40,6 +40,36 @@ class StudyEvents:
         self.book = book
         self.pruning = pruning
 
+    def known_archs(self) -> set[str]:
+        """The GPU architectures this server knows: its nodes' (open or not), its
+        profiles' and its configured ratios'."""
+        known = {a for n in self.s.cluster for a in n.archs()}
+        known |= {arch for _, arch in self.s.profiles}
+        return known | set(self.s.config.oversubscription)
+
+    def _unknown_archs(self, space: SearchSpace) -> list[str]:
+        """The architectures a study's settings name (`oversubscription`, `demand` per
+        architecture) that this server does not know. Architectures are matched exactly,
+        so a near miss of a known one (`a100` or `A100-80GB` for `A100`) would be
+        ignored without a word: it is refused, naming the one meant."""
+        settings = space.settings
+        named = set(settings.oversubscription)
+        if isinstance(settings.demand, dict):
+            named |= set(settings.demand)
+        known = self.known_archs()
+        unknown = sorted(named - known)
+        for arch in unknown:
+            folded = arch.casefold()
+            meant = sorted(k for k in known if folded == k.casefold() or
+                           folded.startswith(k.casefold() + "-"))
+            if meant:
+                where = "oversubscription" if arch in settings.oversubscription else "demand"
+                raise InvalidInput(
+                    f"settings.{where}: {arch[:40]!r} is not an architecture of this "
+                    f"cluster; did you mean {meant[0]!r}? (architectures are matched "
+                    f"exactly; known here: {', '.join(sorted(known))})")
+        return [a[:40] for a in unknown] if known else []
+
     def on_submitted(self, event: StudySubmitted) -> list[Command]:
         space = owned_workload(event.space, event.owner)
         seq = max((s.seq for s in self.s.studies.values()), default=0) + 1
@@ -53,6 +83,7 @@ class StudyEvents:
         study = StudyRecord(id=study_id, name=space.name, space=space.model_dump(mode="json"),
                             submitted_at=self.s.clock.now(), seq=seq, owner=event.owner)
         check_search(space)  # a sampler this server cannot run is refused now
+        unknown = self._unknown_archs(space)  # a near miss is refused here
         trials = expand(space, study_id)
         self.s.store.add_study(study, trials)
         self.s.studies[study_id] = study
@@ -73,6 +104,11 @@ class StudyEvents:
             log.info("study %s: profiling %s on %s again (it failed before: %s)", study_id,
                      slot[0].label(), slot[1], short(self.s.profile_failed[slot], 200))
             self.s.forget_profile_failure(slot)
+        if unknown:
+            self.book.warn(study_id, (
+                f"settings name architecture(s) {', '.join(unknown)} that no node or "
+                f"profile here has (known here: {', '.join(sorted(self.known_archs()))}); "
+                "they apply once such a node joins"))
         log.info("study %s submitted: %d trials%s", study_id, space.size(),
                  f" (asked of Optuna's {space.search.sampler} sampler as capacity frees)"
                  if space.search.adaptive else "")

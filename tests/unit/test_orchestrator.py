@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Any
 
@@ -406,3 +407,47 @@ def test_launch_and_profile_commands_carry_what_the_drivers_need() -> None:
     cmds = orch.handle(ProfileMeasured(prof("resnet18", 64), job.node))
     assert launches(cmds) and all(c.program == sp.program and c.owner == "ada"
                                   for c in launches(cmds))
+
+
+@pytest.mark.parametrize("settings,match", [
+    ({"oversubscription": {"a100": 2.0}}, "'a100' is not an architecture of this cluster; "
+                                          "did you mean 'A100'?"),
+    ({"oversubscription": {"A100-80GB": 2.0}}, "did you mean 'A100'?"),
+    ({"demand": {"h100": {"compute_pct": 30, "memory_mib": 1000}}},
+     "settings.demand: 'h100' is not an architecture of this cluster; did you mean 'H100'?"),
+])
+def test_a_near_miss_of_an_architecture_is_refused_naming_the_one_meant(
+        settings: dict[str, Any], match: str) -> None:
+    """Architectures are matched exactly: a study's ratio for `a100` would never apply to
+    the A100 nodes, without a word. Refused at submission; nothing is created."""
+    from hypersack.core.errors import InvalidInput
+
+    orch, _, _ = make()
+    orch.handle(NodeJoined(parse_shorthand("1x1xA100-80GB@8,1x1xH100-80GB@8").nodes[0]))
+    orch.handle(NodeJoined(parse_shorthand("1x1xA100-80GB@8,1x1xH100-80GB@8").nodes[1]))
+    sp = parse_space({"name": "s", "models": ["resnet18"],
+                      "hyperparameters": {"batch_size": [64]}, "settings": settings})
+    with pytest.raises(InvalidInput, match=re.escape(match)):
+        orch.handle(StudySubmitted(sp))
+    assert orch.studies() == []
+
+
+def test_an_architecture_no_node_has_is_said_on_the_study() -> None:
+    orch, _, _ = make()
+    orch.handle(NodeJoined(parse_shorthand("1x1xA100-80GB@8").nodes[0]))
+    sp = parse_space({"name": "s", "models": ["resnet18"],
+                      "hyperparameters": {"batch_size": [64]},
+                      "settings": {"oversubscription": {"A100": 2.0, "V100": 1.5}}})
+    orch.handle(StudySubmitted(sp))
+    (study,) = orch.studies()
+    assert study.warnings == ("settings name architecture(s) V100 that no node or profile "
+                              "here has (known here: A100, H100); they apply once such a "
+                              "node joins",)
+
+
+def test_a_configured_ratio_of_a_near_miss_architecture_is_warned_of(
+        caplog: pytest.LogCaptureFixture) -> None:
+    orch, _, _ = make(oversubscription={"a100": 2.0})
+    with caplog.at_level("WARNING"):
+        orch.handle(NodeJoined(parse_shorthand("1x1xA100-80GB@8").nodes[0]))
+    assert "the configured ratios name a100, not A100" in caplog.text
