@@ -14,7 +14,7 @@ from typing import Any
 from hypersack import __version__
 from hypersack.core.bounds import MAX_RATIO
 from hypersack.core.errors import HyperSackError, InvalidInput
-from hypersack.wire.settings import parse_ratios
+from hypersack.wire.settings import check_ratio_names, parse_ratios
 
 EXIT_INPUT = 2
 
@@ -194,6 +194,7 @@ def load_inputs(args: argparse.Namespace) -> tuple[Any, Any, Any, Any]:
     profiles = load_profiles(args.profiles)
     given = parse_ratios(args.ratio)
     ratios = {**DEFAULT_RATIOS, **given}
+    check_ratio_names(ratios)
     options = parse_policy_options(args.policy_option)
     policy = args.policy or space.settings.policy
     make_policy(policy, **options)  # fail on a bad name or option before any work

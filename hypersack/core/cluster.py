@@ -130,3 +130,10 @@ def usable_cores() -> int:
         return max(1, len(os.sched_getaffinity(0)))
     except AttributeError:  # not on Linux
         return os.cpu_count() or 1
+
+
+def near_miss(name: str, arch: str) -> bool:
+    """Whether `name` is another spelling of architecture `arch` (`a100`, `A100-80GB`
+    for A100): architectures are matched exactly, so such a name applies to no GPU."""
+    folded, target = name.casefold(), arch.casefold()
+    return name != arch and (folded == target or folded.startswith(target + "-"))

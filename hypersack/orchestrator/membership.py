@@ -6,6 +6,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Iterable
 
+from hypersack.core.cluster import near_miss
 from hypersack.core.types import (
     NodeRecord,
     TrialRecord,
@@ -88,9 +89,7 @@ class Membership:
         GPUs take the default ratio instead."""
         ratios = self.s.config.oversubscription
         for arch in sorted(set(node.archs()) - set(ratios)):
-            folded = arch.casefold()
-            near = [k for k in ratios if k.casefold() == folded or
-                    k.casefold().startswith(folded + "-")]
+            near = [k for k in ratios if near_miss(k, arch)]
             if near:
                 log.warning("node %s has %s GPUs, and the configured ratios name %s, not "
                             "%s (architectures are matched exactly): they take the default "

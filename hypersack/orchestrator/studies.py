@@ -6,6 +6,7 @@ import hashlib
 import logging
 
 from hypersack.core.bounds import MAX_EXTEND
+from hypersack.core.cluster import near_miss
 from hypersack.core.errors import (
     InvalidInput,
 )
@@ -59,9 +60,7 @@ class StudyEvents:
         known = self.known_archs()
         unknown = sorted(named - known)
         for arch in unknown:
-            folded = arch.casefold()
-            meant = sorted(k for k in known if folded == k.casefold() or
-                           folded.startswith(k.casefold() + "-"))
+            meant = sorted(k for k in known if near_miss(arch, k))
             if meant:
                 where = "oversubscription" if arch in settings.oversubscription else "demand"
                 raise InvalidInput(

@@ -3,7 +3,7 @@ file, then defaults (pydantic-settings)."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Annotated, Any, TypeVar
 
@@ -21,6 +21,7 @@ from hypersack.core.bounds import (
     Ratio,
     is_name,
 )
+from hypersack.core.cluster import near_miss
 from hypersack.core.errors import InvalidInput
 from hypersack.core.files import load_yaml_file
 from hypersack.core.types import UserShare
@@ -132,6 +133,10 @@ class ServerSettings(BaseSettings):
             if not 0 < r <= MAX_RATIO:
                 raise ValueError(f"ratio for {arch!r} must be a number in (0, {MAX_RATIO:g}] "
                                  f"(got {r})")
+        try:
+            check_ratio_names(ratios)
+        except InvalidInput as exc:
+            raise ValueError(str(exc)) from None
         return ratios
 
 
@@ -253,6 +258,18 @@ def is_loopback(listen: str) -> bool:
     """Whether a listen address (HOST:PORT) accepts connections from this host only."""
     host = listen.rpartition(":")[0].strip("[]").lower()
     return host in ("localhost", "::1") or host.startswith("127.")
+
+
+def check_ratio_names(ratios: Mapping[str, float]) -> None:
+    """Refuse ratios where one architecture is named twice (`a100` beside the default
+    A100): the near miss would apply to no GPU, without a word."""
+    for name in sorted(ratios):
+        meant = sorted(a for a in ratios if near_miss(name, a))
+        if meant:
+            raise InvalidInput(
+                f"ratios for both {name!r} and {meant[0]!r}: architectures are matched "
+                "exactly, so one of them would apply to no GPU; keep the name `hypersack "
+                "nodes` shows (the defaults are A100 and H100)")
 
 
 def parse_ratios(pairs: Sequence[str]) -> dict[str, float]:

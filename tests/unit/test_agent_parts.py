@@ -128,6 +128,12 @@ def test_settings_flags_beat_environment_beat_file(tmp_path: Path,
         load_settings(ServerSettings, {"heartbeat_timeout_s": -1})
     monkeypatch.setenv("HYPERSACK_SERVER", "head:7000")
     assert load_settings(AgentSettings, {}).server == "head:7000"
+    # One architecture under two names (from flags or the file): one would apply to no GPU.
+    cfg.write_text("oversubscription: {A100: 3, A100-80GB: 2}\n")
+    with pytest.raises(InvalidInput, match="ratios for both 'A100-80GB' and 'A100'"):
+        load_settings(ServerSettings, {}, cfg)
+    cfg.write_text("oversubscription: {A100: 3, L40S: 2}\n")
+    assert load_settings(ServerSettings, {}, cfg).oversubscription == {"A100": 3, "L40S": 2}
 
 
 CHATTY = """

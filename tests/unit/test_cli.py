@@ -97,6 +97,9 @@ def test_bad_input_is_one_clear_line_and_exit_2(capsys: Any, tmp_path: Path) -> 
           PROFILES, "--policy", "best"], "unknown policy 'best'"),
         (["simulate", str(EXAMPLES / "sp1.yaml"), "--cluster", "4xA100-80GB", "--profiles",
           PROFILES, "--ratio", "A100=-1"], "--ratio 'A100=-1'"),
+        # Architectures are matched exactly: a second spelling would apply to no GPU.
+        (["simulate", str(EXAMPLES / "sp1.yaml"), "--cluster", "4xA100-80GB", "--profiles",
+          PROFILES, "--ratio", "a100=2"], "ratios for both 'A100' and 'a100'"),
         (["simulate", str(EXAMPLES / "sp1.yaml"), "--cluster", "4xA100-80GB", "--profiles",
           PROFILES, "--gantt", str(tmp_path / "no" / "g.svg")], "does not exist"),
     ]
