@@ -28,7 +28,7 @@ from hypersack.agent.accounts import TrialUsers
 from hypersack.agent.checkpoints import Checkpoints
 from hypersack.agent.commands import LaunchCommands
 from hypersack.agent.devices import DeviceBackend, DeviceState
-from hypersack.agent.fence import FENCED_MARK, Lease, fence_of, kill_grace_of, watchdog_argv
+from hypersack.agent.fence import FENCED_MARK, Lease, fence_of, keeper_argv, kill_grace_of
 from hypersack.agent.guard import CommandPolicy, clean_env
 from hypersack.agent.launcher import (
     KILL_GRACE_S,
@@ -134,14 +134,20 @@ class Agent(LaunchCommands, ProcessPolling):
         # sent again at each (re)connection and every `resend_s` until it does.
         self._unacked = Unacked(self.jobs_lock)
         self.resend_s = 2.0
-        # The fence (see hypersack.agent.fence): the lease its trials' watchdogs read,
+        # The fence (see hypersack.agent.fence): the lease the keeper reads,
         # renewed by each heartbeat the server acknowledges; the heartbeats' send times.
         self.lease = Lease(self.node_dir / "lease")
         self.lease.path.write_text("0")  # nothing may run before the server is heard
         self.fence_s = fence_of(self.heartbeat_timeout_s)
+        # Where the keeper marks the jobs it stopped (agent-owned: a trial cannot forge
+        # its own mark), and the keeper itself (started by `run`).
+        self.fenced_dir = self.node_dir / FENCED_MARK
+        self.fenced_dir.mkdir(mode=0o700, exist_ok=True)
+        for old in self.fenced_dir.iterdir():  # an earlier agent's: of processes gone
+            old.unlink(missing_ok=True)
+        self.keeper: subprocess.Popen[bytes] | None = None
         self._beats = Beats()
         self._processed = 0
-        self.watchdogs: dict[str, subprocess.Popen[bytes]] = {}  # by the job's key
         self.connected = threading.Event()
         self.sessions = 0
         self.heartbeat_interval_s = 5.0
@@ -173,6 +179,7 @@ class Agent(LaunchCommands, ProcessPolling):
         failures = 0
         refused_since: float | None = None
         self.reap_leftovers()
+        self.keep_fence()
         if self.mps is not None:
             self.mps.start()
         try:
@@ -204,11 +211,38 @@ class Agent(LaunchCommands, ProcessPolling):
         finally:
             if self.kill_on_stop:
                 self._kill_all()
+                self._stop_keeper()  # nothing of ours is left to fence
             if self.mps is not None:
                 self.mps.stop()  # after its clients ended
 
     def stop(self) -> None:
         self._stop.set()
+
+    def keep_fence(self) -> None:
+        """Start the keeper (see agent.fence) if none runs: at the start, before any
+        trial, and again should it have died (it is checked at every poll)."""
+        if self.keeper is not None and self.keeper.poll() is None:
+            return
+        if self.keeper is not None:
+            log.warning("the fence's keeper ended (exit %s); starting another",
+                        self.keeper.returncode)
+        try:
+            self.keeper = subprocess.Popen(
+                keeper_argv(self.lease.path, self.agent_dir, self.fenced_dir),
+                stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL, start_new_session=True,
+                env={"PATH": os.environ.get("PATH", "/usr/bin:/bin")})
+        except OSError as exc:  # the agent's own fence still holds while it runs
+            log.warning("no fence keeper: %s", exc)
+            self.keeper = None
+
+    def _stop_keeper(self) -> None:
+        if self.keeper is not None and self.keeper.poll() is None:
+            self.keeper.terminate()
+            try:
+                self.keeper.wait(timeout=2)
+            except subprocess.TimeoutExpired:
+                self.keeper.kill()
 
     def _kill_all(self) -> None:
         every = [*self.groups.values(), *self.jobs.values()]
@@ -219,12 +253,6 @@ class Agent(LaunchCommands, ProcessPolling):
             time.sleep(0.05)
         for job in every:
             self.records.remove(job.key)
-        for watchdog in self.watchdogs.values():  # each ends with its trial
-            try:
-                watchdog.wait(timeout=2)
-            except subprocess.TimeoutExpired:
-                watchdog.kill()
-        self.watchdogs.clear()
         self.warm.close()  # its trials have ended
         kill_strays(self.agent_dir, set())
 
@@ -276,9 +304,6 @@ class Agent(LaunchCommands, ProcessPolling):
         outbox: queue.Queue[pb.AgentMessage | None] = queue.Queue()
         inbox: queue.Queue[pb.ServerMessage | _Ended | _Exited] = queue.Queue()
         self.warm.on_exit = lambda: inbox.put(_Exited())
-        self.warm.guard = lambda folder: watchdog_argv(
-            self.lease.path, "{pgid}", folder / FENCED_MARK,
-            kill_grace_of(self.heartbeat_timeout_s, KILL_GRACE_S))
         self._processed = 0  # the server's messages handled on this stream
         outbox.put(self._register())
         self._send_unacked(outbox, 0.0)  # all of them, after the registration
@@ -416,6 +441,7 @@ class Agent(LaunchCommands, ProcessPolling):
             self.heartbeat_timeout_s = clamp(r.heartbeat_timeout_s or 30.0, 0.5, 1e6, 30.0)
             self.sessions += 1
             self.fence_s = fence_of(self.heartbeat_timeout_s)
+            self.lease.grace_s = kill_grace_of(self.heartbeat_timeout_s, KILL_GRACE_S)
             if self.heartbeat_interval_s >= self.fence_s:
                 log.warning("heartbeats every %g s, fence %g s: trials would be fenced "
                             "between heartbeats; the server's heartbeat timeout should be "

@@ -12,19 +12,16 @@ import json
 import logging
 import os
 import queue
-import subprocess
 from collections.abc import Iterable
 from dataclasses import fields
 from pathlib import Path
 
 from hypersack._proto.v1 import hypersack_pb2 as pb
 from hypersack.agent.accounts import TrialUsers
-from hypersack.agent.fence import FENCED_MARK, kill_grace_of, watchdog_argv
 from hypersack.agent.fields import AgentFields
 from hypersack.agent.groups import MemberJob, fused_argv, fused_spec
 from hypersack.agent.guard import CommandPolicy
 from hypersack.agent.launcher import (
-    KILL_GRACE_S,
     Job,
     argv_for,
     job_dir,
@@ -57,21 +54,9 @@ class LaunchCommands(AgentFields):
     heartbeat_timeout_s: float
 
     def _guard(self, job: Job) -> None:
-        """Start the watchdog that fences the job's process group (see agent.fence; a
-        warm start's was started by its warm process as it forked the trial), then let
-        the gated start run its program, unless the lease lapsed meanwhile (a frozen
-        agent that woke): then it never runs, and ends fenced."""
-        if job.proc is not None and not getattr(job.proc, "guarded", False):
-            grace = kill_grace_of(self.heartbeat_timeout_s, KILL_GRACE_S)
-            try:
-                self.watchdogs[job.key] = subprocess.Popen(
-                    watchdog_argv(self.lease.path, job.proc.pid, job.workdir / FENCED_MARK,
-                                  grace),
-                    stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                    stderr=subprocess.DEVNULL, start_new_session=True,
-                    env={"PATH": os.environ.get("PATH", "/usr/bin:/bin")})
-            except OSError as exc:  # the agent's own fence still holds while it runs
-                log.warning("%s: no fence watchdog: %s", job.id, exc)
+        """Let the gated start run its program, unless the lease lapsed meanwhile (a
+        frozen agent that woke): then it never runs, and ends fenced. The keeper (see
+        agent.fence) fences it from its start, as every process marked as ours."""
         job.release(fenced=self.lease.lapsed())
 
     def _running_ids(self) -> set[str]:
@@ -138,10 +123,9 @@ class LaunchCommands(AgentFields):
                 trial_id=m.trial_id, exit_code=127, log_tail=f"cannot launch: {exc}",
                 attempt=m.attempt)), m.gpu_index)
             return
-        # Its fence first, then the program (`_guard`), then the pid record: an agent
-        # frozen before the watchdog runs (SIGSTOP, a stalled disk under the record's
-        # write) must not leave the trial running unfenced while the server runs it
-        # elsewhere.
+        # The gate (`_guard`: not with a lapsed lease), then the pid record; the keeper
+        # fences the trial whatever the agent does meanwhile (SIGSTOP, a stalled disk
+        # under the record's write).
         self._guard(job)
         if job.proc is not None:
             self.records.add(job.key, job.proc.pid, job.attempt)

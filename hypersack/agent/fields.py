@@ -4,8 +4,8 @@ read and change, declared once for the type checker; `agent.Agent.__init__` sets
 from __future__ import annotations
 
 import queue
-import subprocess
 import threading
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from hypersack._proto.v1 import hypersack_pb2 as pb
@@ -30,9 +30,11 @@ class AgentFields:
     jobs: dict[str, Job]  # by job key (trial#attempt, or a profile run's id)
     groups: dict[str, Job]  # fused groups' processes, by key
     jobs_lock: threading.Lock
-    watchdogs: dict[str, subprocess.Popen[bytes]]
+    fenced_dir: Path
     _profile_keys: dict[str, pb.ProfileWorkload]
 
     if TYPE_CHECKING:
         def _send(self, outbox: queue.Queue[pb.AgentMessage | None], msg: pb.AgentMessage,
                   gpu_index: int) -> None: ...
+
+        def keep_fence(self) -> None: ...

@@ -19,6 +19,7 @@ from typing import IO, Any
 import psutil
 
 from hypersack.agent.accounts import Account
+from hypersack.agent.fence import process_start
 from hypersack.agent.output import JobOutput, open_regular
 from hypersack.agent.procs import (
     ENV_AGENT_DIR,
@@ -116,6 +117,7 @@ class Job(JobOutput):
     util_pct: float = 0.0
     ended: str = ""  # a fused member's own end (completed, diverged, stopped), from its file
     fenced: bool = False  # stopped by the node's fence (see hypersack.agent.fence)
+    proc_start: str | None = None  # its process's start time (clock ticks, /proc)
     dropped: dict[str, int] = field(default_factory=dict)  # what of its output was dropped
     metrics_sent_at: float = -1e9  # when its metrics last went to the server
     metrics_due: bool = False  # newer metrics wait for METRICS_EVERY_S
@@ -238,6 +240,8 @@ class Job(JobOutput):
             for fd in channels.values():
                 os.close(fd)
         self.started_at = time.monotonic()
+        if self.proc is not None:  # what the keeper names it by, should it fence it
+            self.proc_start = process_start(self.proc.pid)
 
     def release(self, fenced: bool = False) -> None:
         """Let a gated start run its program; `fenced`: it never runs (the node's lease

@@ -58,7 +58,7 @@ class ProcessPolling(AgentFields):
         def _running_ids(self) -> set[str]: ...
 
     def _fence_if_lapsed(self) -> None:
-        """Stop every trial if the lease lapsed (the watchdogs do it too, and a frozen
+        """Stop every trial if the lease lapsed (the keeper does it too, and a frozen
         agent that wakes must not report a trial as running that the server may have
         started elsewhere): before anything is reported."""
         if not self.lease.lapsed():
@@ -70,21 +70,16 @@ class ProcessPolling(AgentFields):
         if not victims:
             return
         log.warning("fence: no word from the server for %.1f s (fence %g s): %d trial(s) "
-                    "stopped (by their watchdogs already, unless those failed), to run "
+                    "stopped (by the keeper already, unless it failed), to run "
                     "again once the server reschedules them",
                     self.fence_s - self.lease.left_s(), self.fence_s, len(victims))
         for job in victims:
             job.fenced = True
             job.kill()
 
-    def _reap_watchdogs(self) -> None:
-        for key in [k for k, w in self.watchdogs.items() if w.poll() is not None]:
-            del self.watchdogs[key]
-
     def _poll(self, outbox: queue.Queue[pb.AgentMessage | None]) -> None:
         self._fence_if_lapsed()
-        if self.watchdogs:
-            self._reap_watchdogs()
+        self.keep_fence()
         if self._unacked and self.connected.is_set():
             self._send_unacked(outbox, self.resend_s)
         if self.mps is not None and \
@@ -124,7 +119,7 @@ class ProcessPolling(AgentFields):
             if not isinstance(job, MemberJob):
                 self.records.remove(job.key)
             self._ended_since_sweep = True
-            fenced = job.fenced or fenced_by_watchdog(job)
+            fenced = job.fenced or fenced_by_watchdog(job, self.fenced_dir)
             if job.profile:
                 if job.killed_at is None or fenced:
                     self._send(outbox, self._profile_result(job, code), job.gpu_index)

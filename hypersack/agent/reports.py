@@ -1,18 +1,23 @@
 """What the agent tells the server about a running job: its latest metrics, and
-whether its fence watchdog stopped it."""
+whether the fence's keeper stopped it."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from hypersack._proto.v1 import hypersack_pb2 as pb
-from hypersack.agent.fence import FENCED_MARK
+from hypersack.agent.fence import fenced_mark
 from hypersack.agent.groups import MemberJob
 from hypersack.agent.launcher import Job
 
 
-def fenced_by_watchdog(job: Job) -> bool:
-    """Whether the job's watchdog (its group's, for a fused member) fenced it."""
+def fenced_by_watchdog(job: Job, fenced: Path) -> bool:
+    """Whether the keeper fenced the job (its group's process, for a fused member)."""
     process = job.group if isinstance(job, MemberJob) and job.group is not None else job
-    return (process.workdir / FENCED_MARK).exists()
+    if process.proc is None:
+        return False
+    mark = fenced_mark(fenced, process.proc.pid, process.proc_start)
+    return mark is not None and mark.exists()
 
 
 def metrics_message(job: Job) -> pb.AgentMessage:

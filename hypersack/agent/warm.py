@@ -62,7 +62,6 @@ class WarmProcess:
     pid: int
     pool: Warm = field(repr=False)
     returncode: int | None = None
-    guarded: bool = False  # its fence's watchdog was started by the warm process
 
     def poll(self) -> int | None:
         if self.returncode is None:
@@ -155,14 +154,11 @@ class Warm:
             return code
 
     def spawn(self, argv: list[str], env: dict[str, str], cwd: Path, log_fd: int,
-              channels: dict[str, int], guard: list[str] | None = None
-              ) -> WarmProcess | None:
+              channels: dict[str, int]) -> WarmProcess | None:
         # Absolute: the warm process runs elsewhere (/), and a cold start's directory is
         # relative to the agent's.
         message: dict[str, object] = {"argv": argv, "env": env, "cwd": os.path.abspath(cwd),
                                       "fds": list(channels)}
-        if guard is not None:
-            message["guard"] = guard
         request = json.dumps(message).encode()
         if len(request) > MAX_REQUEST:
             return None
@@ -187,7 +183,7 @@ class Warm:
                 with self._cond:
                     self.children.discard(int(str(reply["pid"])))
             return None
-        return WarmProcess(pid, self, guarded=guard is not None)
+        return WarmProcess(pid, self)
 
     def close(self) -> None:
         """End the warm process: it sees the socket's end, kills what it forked that
@@ -239,10 +235,6 @@ class WarmPool:
         # Called (from a reader thread) when a forked trial ends: the agent polls then,
         # not at its next interval.
         self.on_exit: Callable[[], None] = lambda: None
-        # The fence's watchdog command for a trial whose folder is the argument ("{pgid}"
-        # for its process group): the warm process starts it as it forks the trial, so a
-        # trial never runs unguarded while the agent is frozen (runner/zygote.py).
-        self.guard: Callable[[Path], list[str]] | None = None
 
     def spawn(self, argv: list[str], env: dict[str, str], cwd: Path, log_fd: int,
               channels: dict[str, int], account: Account | None,
@@ -264,8 +256,7 @@ class WarmPool:
                 if len(self._pools) < MAX_POOLS:
                     self._start(key, account)
                 return None
-        guard = self.guard(Path(os.path.abspath(cwd))) if self.guard is not None else None
-        return warm.spawn(argv, env, cwd, log_fd, channels, guard)
+        return warm.spawn(argv, env, cwd, log_fd, channels)
 
     def _start(self, key: tuple[int | None, tuple[str, ...]], account: Account | None) -> None:
         mine, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)

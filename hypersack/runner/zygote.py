@@ -6,18 +6,15 @@ The agent starts one per (Unix account, Python, preload list) with the clean env
 trials get, as the account trials run as (`hypersack.agent.warm`), and talks to it over a
 Unix socket of SOCK_SEQPACKET (one message per datagram, descriptors passed with it):
 
-    agent -> zygote  {"argv": [...], "env": {...}, "cwd": "...", "fds": [names],
-                      "guard": [argv with "{pgid}"]}   (the fence's watchdog: optional)
+    agent -> zygote  {"argv": [...], "env": {...}, "cwd": "...", "fds": [names]}
                      + descriptors: the log, then one per name (the trial's channels)
     zygote -> agent  {"ready": true, "failed": {module: error}}     once, at start
                      {"pid": N} | {"error": "..."}                    per request
                      {"exit": N, "code": C}                           per trial that ends
 
-The fence's watchdog (hypersack.agent.fence) of each trial is started here, the moment
-the trial is forked, before its pid goes back: the agent may be frozen (SIGSTOP) right
-after it asked, and a trial it had not yet guarded would run past its lease, while the
-server runs it elsewhere. The watchdog is detached (forked twice, its own session): not
-this process's child, so never reported as a trial's exit.
+A trial is fenced from the moment it exists by the agent's keeper (hypersack.agent.fence),
+which stops every process carrying the agent's mark in its environment once the lease
+lapses, whatever the agent does meanwhile (it may be frozen right after it asked).
 
 Each trial is a process of its own (fork): its own session and process group, a
 parent-death signal (it dies with its zygote, which dies with the agent), standard
@@ -129,6 +126,10 @@ def _run(argv: list[str]) -> None:
     if len(argv) >= 3 and argv[1] == "-m":
         sys.argv = [argv[2], *argv[3:]]
         sys.path[0] = os.getcwd()
+        # Run as `python -m` runs it: once, as __main__. A preloaded copy under its own
+        # name would make runpy warn in every trial's log ("found in sys.modules after
+        # import of package ..."); what it imported stays loaded.
+        sys.modules.pop(argv[2], None)
         runpy.run_module(argv[2], run_name="__main__", alter_sys=True)
         return
     script = argv[1]
@@ -268,9 +269,6 @@ def serve(sock: socket.socket) -> None:
             for fd in fds:
                 os.close(fd)
             children.add(pid)
-            guard = request.get("guard")
-            if isinstance(guard, list) and all(isinstance(a, str) for a in guard):
-                _detach([a.replace("{pgid}", str(pid)) for a in guard])
             _send(sock, {"pid": pid})
     finally:
         for pid in children:
@@ -278,30 +276,6 @@ def serve(sock: socket.socket) -> None:
                 os.killpg(pid, signal.SIGKILL)
             except OSError:
                 pass
-
-
-def _detach(argv: list[str]) -> None:
-    """Run `argv` in a session of its own, not as this process's child: a child that
-    forks it and exits at once (reaped here)."""
-    try:
-        middle = os.fork()
-    except OSError:
-        return
-    if middle == 0:
-        try:
-            os.setsid()
-            if os.fork() == 0:
-                devnull = os.open(os.devnull, os.O_RDWR)
-                for fd in (0, 1, 2):
-                    os.dup2(devnull, fd)
-                path = {"PATH": os.environ.get("PATH", "/usr/bin:/bin")}
-                os.execvpe(argv[0], argv, path)  # noqa: S606 - the agent's own watchdog
-        finally:
-            os._exit(0)
-    try:
-        os.waitpid(middle, 0)
-    except ChildProcessError:
-        pass
 
 
 def _reap(sock: socket.socket, children: set[int]) -> None:
@@ -313,7 +287,7 @@ def _reap(sock: socket.socket, children: set[int]) -> None:
         if pid == 0:
             return
         if pid not in children:
-            continue  # not a trial (a watchdog's short-lived parent)
+            continue  # not one of the trials
         children.discard(pid)
         _send(sock, {"exit": pid, "code": os.waitstatus_to_exitcode(status)})
 

@@ -1,5 +1,7 @@
-"""The fence's watchdog, with real processes: a trial whose lease lapses is stopped and
-marked fenced; one whose lease is renewed runs on; one that ends by itself is not marked."""
+"""The fence's keeper, with real processes: once the lease lapses, every process marked
+with its agent's directory is stopped and marked fenced (and nothing else); while the
+lease is renewed they run on; the keeper ends once its agent is gone and nothing marked
+is left."""
 
 from __future__ import annotations
 
@@ -9,17 +11,26 @@ import sys
 import time
 from pathlib import Path
 
-from hypersack.agent.fence import FENCED_MARK, Lease, fence_of, kill_grace_of, watchdog_argv
+from hypersack.agent.fence import (
+    Lease,
+    fence_of,
+    fenced_mark,
+    keeper_argv,
+    kill_grace_of,
+    process_start,
+)
 
 
-def _trial() -> subprocess.Popen[bytes]:
-    return subprocess.Popen([sys.executable, "-c", "import time; time.sleep(300)"],
-                            start_new_session=True)
-
-
-def _watch(lease: Lease, trial: subprocess.Popen[bytes], folder: Path
+def _trial(agent_dir: Path, code: str = "import time; time.sleep(300)"
            ) -> subprocess.Popen[bytes]:
-    return subprocess.Popen(watchdog_argv(lease.path, trial.pid, folder / FENCED_MARK, 1.0),
+    """A process carrying the agent's mark, as a trial does."""
+    return subprocess.Popen([sys.executable, "-c", code], start_new_session=True,
+                            env={**os.environ, "HYPERSACK_AGENT_DIR": str(agent_dir)})
+
+
+def _keeper(lease: Lease, agent_dir: Path, fenced: Path) -> subprocess.Popen[bytes]:
+    fenced.mkdir(exist_ok=True)
+    return subprocess.Popen(keeper_argv(lease.path, str(agent_dir), fenced),
                             start_new_session=True)
 
 
@@ -31,41 +42,83 @@ def _ended(proc: subprocess.Popen[bytes], timeout_s: float) -> bool:
         return False
 
 
-def test_a_lapsed_lease_stops_the_trial_and_marks_it(tmp_path: Path) -> None:
-    lease = Lease(tmp_path / "lease")
+def test_a_lapsed_lease_stops_what_is_marked_and_marks_it(tmp_path: Path) -> None:
+    lease = Lease(tmp_path / "lease", grace_s=1.0)
     lease.renew(time.monotonic() + 0.5)
-    trial = _trial()
-    watchdog = _watch(lease, trial, tmp_path)
+    trial = _trial(tmp_path)
+    # Another agent's trial, and a process of no agent: the keeper leaves them alone.
+    other = _trial(tmp_path / "other-agent")
+    plain = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(300)"],
+                             start_new_session=True)
+    # A trial that ignores SIGTERM: killed after the grace.
+    stubborn = _trial(tmp_path, "import signal, time\n"
+                                "signal.signal(signal.SIGTERM, signal.SIG_IGN)\n"
+                                "time.sleep(300)")
+    time.sleep(0.3)  # its handler set
+    starts = {p.pid: process_start(p.pid) for p in (trial, stubborn)}
+    keeper = _keeper(lease, tmp_path, tmp_path / "fenced")
     try:
-        assert not _ended(trial, 0.2)  # the lease holds
+        assert not _ended(trial, 0.1)  # the lease holds
         assert _ended(trial, 30)  # then it lapses: SIGTERM
         assert trial.returncode == -15
-        assert (tmp_path / FENCED_MARK).exists()
-        assert _ended(watchdog, 30)
+        assert _ended(stubborn, 30) and stubborn.returncode == -9
+        for p in (trial, stubborn):
+            mark = fenced_mark(tmp_path / "fenced", p.pid, starts[p.pid])
+            assert mark is not None and mark.exists()
+        assert other.poll() is None and plain.poll() is None
+        assert len(list((tmp_path / "fenced").iterdir())) == 2
     finally:
-        trial.kill()
-        watchdog.kill()
+        for p in (trial, other, plain, stubborn, keeper):
+            p.kill()
+            p.wait()
 
 
-def test_a_renewed_lease_keeps_the_trial_and_an_ended_trial_is_not_marked(
+def test_a_renewed_lease_keeps_the_trial_and_the_keeper_ends_with_its_agent(
         tmp_path: Path) -> None:
-    lease = Lease(tmp_path / "lease")
+    """Its agent here is a process that starts the keeper and exits at once; the keeper
+    guards what is marked until nothing is, then ends."""
+    lease = Lease(tmp_path / "lease", grace_s=1.0)
     lease.renew(time.monotonic() + 0.5)
-    trial = _trial()
-    watchdog = _watch(lease, trial, tmp_path)
+    trial = _trial(tmp_path)
+    (tmp_path / "fenced").mkdir()
+    agent = subprocess.run(
+        [sys.executable, "-c",
+         "import subprocess, sys; from pathlib import Path\n"
+         "from hypersack.agent.fence import keeper_argv\n"
+         "k = subprocess.Popen(keeper_argv(Path(sys.argv[1]), sys.argv[2], Path(sys.argv[3])),"
+         " start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)\n"
+         "print(k.pid)", str(lease.path), str(tmp_path), str(tmp_path / "fenced")],
+        capture_output=True, text=True, check=True)
+    keeper = int(agent.stdout.strip())
     try:
         deadline = time.monotonic() + 1.5
         while time.monotonic() < deadline:  # renewed as acknowledged heartbeats would
             lease.renew(time.monotonic() + 0.5)
             time.sleep(0.05)
         assert trial.poll() is None
-        trial.terminate()  # it ends by itself: the watchdog goes, and marks nothing
+        assert process_start(keeper) is not None  # its agent is gone, a trial is not
+        trial.terminate()  # it ends by itself: nothing is marked fenced, the keeper goes
         trial.wait()
-        assert _ended(watchdog, 30)
-        assert not (tmp_path / FENCED_MARK).exists()
+        for _ in range(200):
+            if process_start(keeper) is None or _zombie(keeper):
+                break
+            time.sleep(0.05)
+        assert process_start(keeper) is None or _zombie(keeper)
+        assert not list((tmp_path / "fenced").iterdir())
     finally:
         trial.kill()
-        watchdog.kill()
+        trial.wait()
+        try:
+            os.kill(keeper, 9)
+        except OSError:
+            pass
+
+
+def _zombie(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"
+    except OSError:
+        return True
 
 
 def test_the_fence_ends_every_trial_before_the_server_may_requeue() -> None:

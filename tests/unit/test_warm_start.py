@@ -238,6 +238,26 @@ def test_a_module_runs_as_python_dash_m(pool: WarmPool, tmp_path: Path) -> None:
     assert out["argv"][0].endswith("mypkg/main.py") and out["argv"][1:] == ["x"]
 
 
+
+def test_a_preloaded_module_run_with_dash_m_says_what_a_cold_run_says(
+        pool: WarmPool, tmp_path: Path) -> None:
+    """The module a trial runs may be preloaded under its own name (the built-in
+    programs are): it is still run once, as __main__, and its log is a cold run's
+    (runpy warned in every trial's log that it found the module already imported)."""
+    argv = [sys.executable, "-m", "json.tool"]  # reads an empty stdin: fails, exit 1
+    cold = subprocess.run(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                          stderr=subprocess.STDOUT, text=True, cwd=tmp_path)
+    ready(pool, argv, os.open(tmp_path / "first.txt", os.O_WRONLY | os.O_CREAT, 0o600),
+          preload=("json.tool",))
+    log = os.open(tmp_path / "log.txt", os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    try:
+        proc = pool.spawn(argv, {}, tmp_path, log, {}, None, ("json.tool",))
+    finally:
+        os.close(log)
+    assert proc is not None and proc.wait(30) == cold.returncode == 1
+    assert (tmp_path / "log.txt").read_text() == cold.stdout
+
+
 def job(tmp_path: Path, pool: WarmPool, argv: list[str], env: dict[str, str]) -> Job:
     return Job("t1", 0, tmp_path / "t1" / "attempt-1", argv, env, attempt=1,
                agent_dir=str(tmp_path), warm=pool, preload=("numpy",))
@@ -369,36 +389,44 @@ def test_what_a_warm_process_says_is_checked(tmp_path: Path) -> None:
     assert warm.dead
 
 
-def test_the_warm_process_guards_each_trial_as_it_forks_it(pool: WarmPool,
-                                                          tmp_path: Path) -> None:
-    """The fence's watchdog starts with the trial, from the warm process: an agent frozen
-    right after asking (SIGSTOP) cannot leave a trial running past its lease while the
-    server runs it elsewhere. Here the lease has lapsed and the agent does nothing more."""
-    from hypersack.agent.fence import FENCED_MARK, Lease, watchdog_argv
+def test_the_keeper_fences_a_warm_trial_the_agent_never_saw(pool: WarmPool,
+                                                            tmp_path: Path) -> None:
+    """A trial forked by the warm process is fenced from the moment it exists, by the
+    agent's keeper (agent.fence), which looks for the agent's mark, not for pids the
+    agent passed on: an agent frozen right after asking (SIGSTOP) cannot leave a trial
+    running past its lease while the server runs it elsewhere. Here the lease lapses
+    and the agent does nothing more."""
+    from hypersack.agent.fence import Lease, fenced_mark, keeper_argv, process_start
 
-    lease = Lease(tmp_path / "lease")
+    lease = Lease(tmp_path / "lease", grace_s=0.5)
     lease.renew(time.monotonic() + 2.0)  # lapses in two seconds
-    pool.guard = lambda folder: watchdog_argv(lease.path, "{pgid}", folder / FENCED_MARK,
-                                              0.5)
+    fenced = tmp_path / "fenced"
+    fenced.mkdir()
     script = tmp_path / "probe.py"
     script.write_text(PROBE)
     argv = [sys.executable, str(script)]
     ready(pool, argv, os.open(tmp_path / "first.txt", os.O_WRONLY | os.O_CREAT, 0o600))
+    keeper = subprocess.Popen(keeper_argv(lease.path, str(tmp_path), fenced),
+                              start_new_session=True)
     work = tmp_path / "trial"
     work.mkdir()
     log = os.open(tmp_path / "log.txt", os.O_WRONLY | os.O_CREAT, 0o600)
+    marked = {"EXIT": "sleep", "HYPERSACK_AGENT_DIR": str(tmp_path), "HYPERSACK_JOB": "t1#1"}
     try:
-        proc = pool.spawn(argv, {"EXIT": "sleep"}, work, log, {}, None, ("numpy",))
+        proc = pool.spawn(argv, marked, work, log, {}, None, ("numpy",))
+        assert proc is not None
+        start = process_start(proc.pid)
+        started = time.monotonic()
+        code = proc.wait(30)  # the sleep would take 60 s
+        assert code in (-signal.SIGTERM, -signal.SIGKILL)
+        assert time.monotonic() - started < 20
+        mark = fenced_mark(fenced, proc.pid, start)
+        assert mark is not None and mark.exists()
+        assert not pool_exits_unclaimed(pool)
     finally:
         os.close(log)
-    assert proc is not None and proc.guarded
-    started = time.monotonic()
-    code = proc.wait(30)  # the sleep would take 60 s
-    assert code in (-signal.SIGTERM, -signal.SIGKILL)
-    assert time.monotonic() - started < 20
-    assert (work / FENCED_MARK).exists()
-    # The watchdog is not the warm process's child: no exit of it was reported.
-    assert not pool_exits_unclaimed(pool)
+        keeper.kill()
+        keeper.wait()
 
 
 def pool_exits_unclaimed(pool: WarmPool) -> list[int]:
