@@ -28,7 +28,16 @@ from hypersack.agent.accounts import TrialUsers
 from hypersack.agent.checkpoints import Checkpoints
 from hypersack.agent.commands import LaunchCommands
 from hypersack.agent.devices import DeviceBackend, DeviceState
-from hypersack.agent.fence import FENCED_MARK, Lease, fence_of, keeper_argv, kill_grace_of
+from hypersack.agent.fence import (
+    FENCED_MARK,
+    KEEPER_FILE,
+    Lease,
+    fence_of,
+    keeper_argv,
+    kill_grace_of,
+    record_keeper,
+    stop_keeper,
+)
 from hypersack.agent.guard import CommandPolicy, clean_env
 from hypersack.agent.launcher import (
     KILL_GRACE_S,
@@ -163,6 +172,7 @@ class Agent(LaunchCommands, ProcessPolling):
         died without reporting, and the server runs those trials again elsewhere)."""
         found = self.records.kill_leftovers()
         found += kill_strays(self.agent_dir, set(), everywhere=True)
+        stop_keeper(self.node_dir / KEEPER_FILE)  # it guarded what was just killed
         if found:
             log.warning("killed %d process(es) left by a previous agent of %s", found,
                         self.node)
@@ -179,7 +189,6 @@ class Agent(LaunchCommands, ProcessPolling):
         failures = 0
         refused_since: float | None = None
         self.reap_leftovers()
-        self.keep_fence()
         if self.mps is not None:
             self.mps.start()
         try:
@@ -219,12 +228,13 @@ class Agent(LaunchCommands, ProcessPolling):
         self._stop.set()
 
     def keep_fence(self) -> None:
-        """Start the keeper (see agent.fence) if none runs: at the start, before any
-        trial, and again should it have died (it is checked at every poll)."""
-        if self.keeper is not None and self.keeper.poll() is None:
+        """Start the keeper (see agent.fence) if none runs while the lease holds: before
+        any process starts, and at every poll. (It ends by itself once the lease lapsed
+        and nothing of ours is left to stop, and nothing starts while it has lapsed.)"""
+        if (self.keeper is not None and self.keeper.poll() is None) or self.lease.lapsed():
             return
-        if self.keeper is not None:
-            log.warning("the fence's keeper ended (exit %s); starting another",
+        if self.keeper is not None and self.keeper.returncode:
+            log.warning("the fence's keeper failed (exit %s); starting another",
                         self.keeper.returncode)
         try:
             self.keeper = subprocess.Popen(
@@ -235,6 +245,9 @@ class Agent(LaunchCommands, ProcessPolling):
         except OSError as exc:  # the agent's own fence still holds while it runs
             log.warning("no fence keeper: %s", exc)
             self.keeper = None
+            return
+        # For a later agent of this directory, which stops it (see reap_leftovers).
+        record_keeper(self.node_dir / KEEPER_FILE, self.keeper.pid)
 
     def _stop_keeper(self) -> None:
         if self.keeper is not None and self.keeper.poll() is None:

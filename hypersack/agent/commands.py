@@ -76,6 +76,7 @@ class LaunchCommands(AgentFields):
              owner: str = "") -> tuple[Job, GpuSpec]:
         """A trial or profile process, not yet started: its argument list, work directory
         and environment. Raises HyperSackError or ValueError if it cannot run here."""
+        self.keep_fence()  # in place before anything of ours runs
         device = next((d for d in self.backend.devices() if d.index == gpu_index), None)
         if device is None:
             raise HyperSackError(f"this node has no device {gpu_index}")

@@ -17,7 +17,9 @@ has lapsed it stops every process marked with the agent's directory in its envir
 they fork), SIGTERM first and SIGKILL after a grace, and leaves a mark per process in
 the agent's `fenced` folder (named by its pid and start time), so the agent reports
 those exits as fenced. A trial forked by a warm process while the agent is frozen is covered
-the moment it exists. The keeper ends once its agent is gone and nothing marked is left.
+the moment it exists. The keeper ends once nothing marked is left and either its agent
+is gone or the lease has lapsed; the agent starts another before it starts anything
+while the lease holds (nothing starts while it has lapsed).
 (One per trial, a new interpreter each, cost about 27 ms of CPU a trial: half a core of
 this project's 2-core machines at 48 one-second trials a second.)
 """
@@ -25,6 +27,7 @@ this project's 2-core machines at 48 one-second trials a second.)
 from __future__ import annotations
 
 import os
+import signal
 import sys
 import time
 from pathlib import Path
@@ -47,9 +50,6 @@ def stat(pid):
             return f.read().rsplit(")", 1)[1].split()
     except (OSError, IndexError):
         return None
-def alive(pid):
-    fields = stat(pid)
-    return fields is not None and fields[0] not in ("Z", "X")
 def parent_alive():
     fields = stat(parent)
     return fields is not None and fields[19] == parent_start and fields[0] not in ("Z", "X")
@@ -70,33 +70,42 @@ def marked():
                 env = f.read().split(b"\0")
         except OSError:
             continue
-        if mark in env:
-            found[int(name)] = True
+        fields = stat(name)
+        if mark in env and fields is not None:
+            found[int(name)] = fields[19]  # its start time: pids are reused
     return found
-def signal_all(pids, sig):
-    for pid in pids:
-        for send in (os.killpg, os.kill):  # its group (a trial leads its own), then it
+def same(pid, start):
+    fields = stat(pid)
+    return fields is not None and fields[19] == start and fields[0] not in ("Z", "X")
+def signal_all(victims, sig):
+    for pid, start in victims.items():
+        try:
+            os.killpg(pid, sig)  # its group (a trial leads its own; a group's id is not
+        except OSError:          # reused while any of it lives)
+            pass
+        if same(pid, start):
             try:
-                send(pid, sig)
+                os.kill(pid, sig)
             except OSError:
                 pass
 while True:
     until, grace = deadline()
     if time.monotonic() > until:
         victims = marked()
-        for pid in victims:
-            fields = stat(pid)
-            if fields is not None:
-                try:
-                    open(os.path.join(fenced, f"{pid}-{fields[19]}"), "w").close()
-                except OSError:
-                    pass
+        if not victims:
+            break  # nothing to fence: the agent starts another once the lease is renewed
+        for pid, start in victims.items():
+            try:
+                open(os.path.join(fenced, f"{pid}-{start}"), "w").close()
+            except OSError:
+                pass
         signal_all(victims, signal.SIGTERM)
         end = time.monotonic() + grace
-        while time.monotonic() < end and any(alive(p) for p in victims):
+        while time.monotonic() < end and any(same(p, s) for p, s in victims.items()):
             time.sleep(0.05)
-        signal_all([p for p in victims if alive(p)], signal.SIGKILL)
-        signal_all(marked(), signal.SIGKILL)  # what kept the mark in their groups
+        # Their groups whatever is left of them; what else keeps the mark goes at the
+        # next poll, if the lease is still lapsed then (a new lease may hold by now).
+        signal_all(victims, signal.SIGKILL)
     elif not parent_alive() and not marked():
         break
     time.sleep(POLL_S)
@@ -109,6 +118,27 @@ def keeper_argv(lease: Path, agent_dir: str, fenced: Path) -> list[str]:
     fields = Path(f"/proc/{os.getpid()}/stat").read_text().rsplit(")", 1)[1].split()
     return [sys.executable, "-I", "-c", KEEPER, str(lease), agent_dir, str(fenced),
             str(os.getpid()), fields[19]]
+
+
+KEEPER_FILE = "keeper"  # in the agent's folder: its keeper's pid and start time
+
+
+def record_keeper(path: Path, pid: int) -> None:
+    start = process_start(pid)
+    if start is not None:
+        path.write_text(f"{pid} {start}")
+
+
+def stop_keeper(path: Path) -> None:
+    """Stop the keeper an earlier agent of this folder recorded, if it still runs (the
+    same pid and start time): a new agent starts its own."""
+    try:
+        pid, start = path.read_text().split()
+        if process_start(int(pid)) == start:
+            os.kill(int(pid), signal.SIGTERM)
+    except (OSError, ValueError):
+        pass
+    path.unlink(missing_ok=True)
 
 
 def process_start(pid: int) -> str | None:
