@@ -56,6 +56,11 @@ from hypersack.wire.convert import ack_id
 
 log = logging.getLogger(__name__)
 
+# How long a trial waits for its warm process to finish importing before starting cold:
+# bounded, so a preload that hangs (a module that blocks at import) costs a trial this
+# much once, not the node its launches.
+WARM_WAIT_S = 10.0
+
 MAX_ACKS = 2 * MAX_UNACKED  # acknowledgements read from one server message
 MAX_SEND_BYTES = 3 << 20  # below the server's 4 MiB limit on one message
 # Keepalive pings find a dead link (a silent peer, a dropped NAT entry) in seconds.
@@ -122,7 +127,7 @@ class Agent(LaunchCommands, ProcessPolling):
         # Trials forked from warm processes that imported their libraries once (see
         # hypersack.agent.warm); `warm_start` false: every trial starts cold.
         self.warm = WarmPool(self.node_dir / "warm", self.agent_dir, self.base_env,
-                             enabled=warm_start)
+                             enabled=warm_start, wait_s=WARM_WAIT_S)
         # Trials' checkpoint folders: under this node's directory, or under a folder
         # every node sees (a shared file system), where a trial resumes on any node.
         root = self.node_dir.resolve()

@@ -87,6 +87,7 @@ class Warm:
     sock: socket.socket
     on_exit: Callable[[], None] = lambda: None  # a forked trial ended
     ready: bool = False
+    waited: bool = False  # a trial waited for it in vain (see WarmPool.wait_s)
     dead: bool = False
     failed: dict[str, str] = field(default_factory=dict)
     exits: dict[int, int] = field(default_factory=dict)
@@ -145,6 +146,12 @@ class Warm:
                 else:
                     self._replies.append(msg)
                 self._cond.notify_all()
+
+    def wait_ready(self, timeout_s: float) -> bool:
+        """Wait until it has preloaded (or died); whether it is ready."""
+        with self._cond:
+            self._cond.wait_for(lambda: self.ready or self.dead, timeout_s)
+            return self.ready and not self.dead
 
     def exit_of(self, pid: int) -> int | None:
         with self._cond:
@@ -225,11 +232,16 @@ class WarmPool:
     """The agent's warm processes, by (account, preload list)."""
 
     def __init__(self, logs: Path, agent_dir: str, base_env: dict[str, str] | None,
-                 enabled: bool = True) -> None:
+                 enabled: bool = True, wait_s: float = 0.0) -> None:
         self.logs = logs
         self.agent_dir = agent_dir
         self.base_env = base_env
         self.enabled = enabled
+        # How long a trial waits for a warm process still importing before it starts
+        # cold instead (0: not at all). A cold start pays the same imports, so waiting
+        # rarely costs the first trial anything, and the trials launched with it fork
+        # instead of each importing torch on the node's few cores at once.
+        self.wait_s = wait_s
         self._pools: dict[tuple[int | None, tuple[str, ...]], Warm] = {}
         self._lock = threading.Lock()
         # Called (from a reader thread) when a forked trial ends: the agent polls then,
@@ -253,12 +265,19 @@ class WarmPool:
                 del self._pools[key]
                 warm = None
             if warm is None:
-                if len(self._pools) < MAX_POOLS:
-                    self._start(key, account)
-                return None
+                if len(self._pools) >= MAX_POOLS:
+                    return None
+                warm = self._start(key, account)
+                if warm is None:
+                    return None
+        if not warm.ready and self.wait_s > 0 and not warm.waited:
+            # Once per warm process: one that does not get ready in time (a preload
+            # that hangs) has trials start cold, not each wait again.
+            warm.waited = not warm.wait_ready(self.wait_s)
         return warm.spawn(argv, env, cwd, log_fd, channels)
 
-    def _start(self, key: tuple[int | None, tuple[str, ...]], account: Account | None) -> None:
+    def _start(self, key: tuple[int | None, tuple[str, ...]], account: Account | None
+               ) -> Warm | None:
         mine, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         env = dict(os.environ) if self.base_env is None else dict(self.base_env)
         if account is not None:
@@ -281,7 +300,7 @@ class WarmPool:
         except OSError as exc:
             log.warning("cannot start a warm process for %s: %s", key, exc)
             mine.close()
-            return
+            return None
         finally:
             theirs.close()
         warm = Warm(key, proc, mine, on_exit=lambda: self.on_exit())
@@ -290,6 +309,7 @@ class WarmPool:
         log.info("warm process %d started for %s (preloading %s)", proc.pid,
                  "the agent's user" if key[0] is None else f"uid {key[0]}",
                  ", ".join(key[1]) or "nothing")
+        return warm
 
     def processes(self) -> list[Warm]:
         """The warm processes now (for `hypersack nodes`-like tools and tests)."""

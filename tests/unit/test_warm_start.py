@@ -433,3 +433,29 @@ def pool_exits_unclaimed(pool: WarmPool) -> list[int]:
     """Exits the warm processes reported for pids they were not asked to fork."""
     return [pid for warm in pool._pools.values() for pid in warm.exits
             if pid not in warm.children]
+
+
+def test_the_first_trials_of_a_kind_wait_for_their_warm_process(tmp_path: Path) -> None:
+    """Started with the first launch of its kind, the warm process is waited for (a cold
+    start imports the same modules), so the trials launched with it fork; one that does
+    not get ready in time is waited for once, and trials start cold after that."""
+    script = tmp_path / "probe.py"
+    script.write_text(PROBE)
+    argv = [sys.executable, str(script)]
+    waiting = WarmPool(tmp_path / "w1", str(tmp_path), None, wait_s=60)
+    slow = tmp_path / "slowmod.py"
+    slow.write_text("import time\ntime.sleep(8)\n")
+    hung = WarmPool(tmp_path / "w2", str(tmp_path), {"PYTHONPATH": str(tmp_path)},
+                    wait_s=0.5)
+    try:
+        log = os.open(tmp_path / "log.txt", os.O_WRONLY | os.O_CREAT, 0o600)
+        first = waiting.spawn(argv, {}, tmp_path, log, {}, None, ("numpy",))
+        assert isinstance(first, WarmProcess) and first.wait(30) == 0
+        began = time.monotonic()
+        assert hung.spawn(argv, {}, tmp_path, log, {}, None, ("slowmod",)) is None
+        assert hung.spawn(argv, {}, tmp_path, log, {}, None, ("slowmod",)) is None
+        assert time.monotonic() - began < 5  # waited once, half a second
+        os.close(log)
+    finally:
+        waiting.close()
+        hung.close()
