@@ -20,7 +20,8 @@ import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from hypersack.core.types import NodeSpec, Profile
+from hypersack.core.types import STATED_KEY, NodeSpec, Profile
+from hypersack.grid.expand import as_key_text
 from hypersack.grid.space import SearchSpace
 from hypersack.orchestrator.state import CoreState
 
@@ -133,4 +134,20 @@ def study_inputs(s: CoreState, study_id: str) -> tuple[list[NodeSpec], list[Prof
     archs = {g.arch for n in usable for g in n.gpus}
     profiles = [p for (key, arch), p in s.profiles.items()
                 if arch in archs and key.model_copy(update={"fusion_width": 1}) in keys]
+    # A stated demand's workload key names its study (`stated_by`), and the simulator
+    # submits the study afresh, as the first of its name: its profiles are renamed so.
+    space = s.spaces.get(study_id)
+    if space is not None:
+        mine, simulated = as_key_text(study_id), as_key_text(f"{space.name}-1")
+        if mine != simulated:
+            profiles = [_renamed(p, mine, simulated) for p in profiles]
     return usable, profiles
+
+
+def _renamed(p: Profile, mine: str, simulated: str) -> Profile:
+    params = p.key.params
+    if (STATED_KEY, mine) not in params:
+        return p
+    key = p.key.model_copy(update={"params": tuple(
+        (k, simulated if (k, v) == (STATED_KEY, mine) else v) for k, v in params)})
+    return p.model_copy(update={"key": key})

@@ -92,3 +92,34 @@ def test_past_the_budget_or_without_compiled_knapsacks_a_rule_is_not_simulated(
     monkeypatch.setattr(foresight, "BUDGET_S", -1.0)  # spent before the first
     assert all(math.isinf(v) for v in foresee(sp1, nodes, truth, config,
                                               ("eft", "wfd")).values())
+
+
+def test_a_study_that_states_its_demand_is_simulated_when_it_is_not_the_first_of_its_name(
+        ) -> None:
+    """A stated demand's workload key names its study (`stated_by=s-2`), and the
+    simulator submits the study as the first of its name (`s-1`): every rerun of such a
+    space (`hypersack run` twice) had its simulation fail and fell back to eft."""
+    from hypersack.core.clock import ManualClock
+    from hypersack.grid.space import parse_space
+    from hypersack.orchestrator import NodeJoined, Orchestrator, StudySubmitted
+    from hypersack.store import MemoryStore
+
+    space = parse_space({
+        "name": "s", "models": ["resnet18"],
+        "hyperparameters": {"batch_size": [64], "lr": [0.001 * (i + 1) for i in range(12)]},
+        "program": {"builtin": "sleep"},
+        "settings": {"fusion": "off", "policy": "predict",
+                     "demand": {"compute_pct": 30, "memory_mib": 1000, "cores": 1,
+                                "epoch_s": 5}}})
+    orch = Orchestrator(MemoryStore(), ManualClock(0.0), OrchestratorConfig(
+        foresight=foresee, policy_options={"predict": {"candidates": list(CANDIDATES)}}))
+    for node in parse_shorthand(CLUSTER).nodes:
+        orch.handle(NodeJoined(node))
+    for _ in range(2):
+        orch.handle(StudySubmitted(space))
+    for study in ("s-1", "s-2"):
+        chosen = orch.rule_choice(study)
+        assert chosen is not None, study
+        assert "failed" not in chosen.why, (study, chosen.why)
+        assert chosen.predicted_s and all(math.isfinite(v) for v in
+                                          chosen.predicted_s.values()), study
