@@ -50,9 +50,6 @@ def stat(pid):
             return f.read().rsplit(")", 1)[1].split()
     except (OSError, IndexError):
         return None
-def parent_alive():
-    fields = stat(parent)
-    return fields is not None and fields[19] == parent_start and fields[0] not in ("Z", "X")
 def deadline():  # (until, grace): the lease's end and the SIGKILL grace written with it
     try:
         with open(lease) as f:
@@ -70,11 +67,12 @@ def marked():
                 env = f.read().split(b"\0")
         except OSError:
             continue
-        fields = stat(name)
-        if mark in env and fields is not None:
-            found[int(name)] = fields[19]  # its start time: pids are reused
+        if mark in env:
+            fields = stat(name)
+            if fields is not None:
+                found[int(name)] = fields[19]  # its start time: pids are reused
     return found
-def same(pid, start):
+def same(pid, start):  # still that process, and not ended
     fields = stat(pid)
     return fields is not None and fields[19] == start and fields[0] not in ("Z", "X")
 def signal_all(victims, sig):
@@ -106,7 +104,7 @@ while True:
         # Their groups whatever is left of them; what else keeps the mark goes at the
         # next poll, if the lease is still lapsed then (a new lease may hold by now).
         signal_all(victims, signal.SIGKILL)
-    elif not parent_alive() and not marked():
+    elif not same(parent, parent_start) and not marked():
         break
     time.sleep(POLL_S)
 """.replace("POLL_S", repr(POLL_S))
@@ -115,9 +113,8 @@ while True:
 def keeper_argv(lease: Path, agent_dir: str, fenced: Path) -> list[str]:
     """The keeper's command for the agent running this (its pid and start time: the
     keeper ends once that process is gone and nothing of its trials is left)."""
-    fields = Path(f"/proc/{os.getpid()}/stat").read_text().rsplit(")", 1)[1].split()
     return [sys.executable, "-I", "-c", KEEPER, str(lease), agent_dir, str(fenced),
-            str(os.getpid()), fields[19]]
+            str(os.getpid()), str(process_start(os.getpid()))]
 
 
 KEEPER_FILE = "keeper"  # in the agent's folder: its keeper's pid and start time

@@ -21,7 +21,7 @@ from hypersack.agent.launcher import Job
 from hypersack.agent.ledger import Unacked
 from hypersack.agent.procs import kill_strays
 from hypersack.agent.profile_runs import profile_message
-from hypersack.agent.reports import fenced_by_watchdog, metrics_message
+from hypersack.agent.reports import fenced_by_keeper, metrics_message
 from hypersack.agent.warm import WARM_MARK
 from hypersack.core import trial_env as sdk
 from hypersack.wire.convert import LOG_TAIL_CHARS
@@ -119,7 +119,7 @@ class ProcessPolling(AgentFields):
             if not isinstance(job, MemberJob):
                 self.records.remove(job.key)
             self._ended_since_sweep = True
-            fenced = job.fenced or fenced_by_watchdog(job, self.fenced_dir)
+            fenced = job.fenced or fenced_by_keeper(job, self.fenced_dir)
             if job.profile:
                 if job.killed_at is None or fenced:
                     self._send(outbox, self._profile_result(job, code), job.gpu_index)

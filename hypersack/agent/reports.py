@@ -11,7 +11,7 @@ from hypersack.agent.groups import MemberJob
 from hypersack.agent.launcher import Job
 
 
-def fenced_by_watchdog(job: Job, fenced: Path) -> bool:
+def fenced_by_keeper(job: Job, fenced: Path) -> bool:
     """Whether the keeper fenced the job (its group's process, for a fused member)."""
     process = job.group if isinstance(job, MemberJob) and job.group is not None else job
     if process.proc is None:

@@ -48,11 +48,11 @@ class StudyEvents:
         known |= {arch for _, arch in self.s.profiles}
         return known | set(self.s.config.oversubscription)
 
-    def _unknown_archs(self, space: SearchSpace) -> list[str]:
-        """The architectures a study's settings name (`oversubscription`, `demand` per
-        architecture) that this server does not know. Architectures are matched exactly,
-        so a near miss of a known one (`a100` or `A100-80GB` for `A100`) would be
-        ignored without a word: it is refused, naming the one meant."""
+    def _arch_warning(self, space: SearchSpace) -> str | None:
+        """What to warn of where a study's settings (`oversubscription`, `demand` per
+        architecture) name architectures this server does not know. Architectures are
+        matched exactly, so a near miss of a known one (`a100` or `A100-80GB` for
+        `A100`) would be ignored without a word: it is refused, naming the one meant."""
         settings = space.settings
         named = set(settings.oversubscription)
         if isinstance(settings.demand, dict):
@@ -67,7 +67,11 @@ class StudyEvents:
                     f"settings.{where}: {arch[:40]!r} is not an architecture of this "
                     f"cluster; did you mean {meant[0]!r}? (architectures are matched "
                     f"exactly; known here: {', '.join(sorted(known))})")
-        return [a[:40] for a in unknown] if known else []
+        if not unknown or not known:
+            return None
+        return (f"settings name architecture(s) {', '.join(a[:40] for a in unknown)} that "
+                f"no node or profile here has (known here: {', '.join(sorted(known))}); "
+                "they apply once such a node joins")
 
     def on_submitted(self, event: StudySubmitted) -> list[Command]:
         space = owned_workload(event.space, event.owner)
@@ -82,7 +86,7 @@ class StudyEvents:
         study = StudyRecord(id=study_id, name=space.name, space=space.model_dump(mode="json"),
                             submitted_at=self.s.clock.now(), seq=seq, owner=event.owner)
         check_search(space)  # a sampler this server cannot run is refused now
-        unknown = self._unknown_archs(space)  # a near miss is refused here
+        arch_warning = self._arch_warning(space)  # a near miss is refused here
         trials = expand(space, study_id)
         self.s.store.add_study(study, trials)
         self.s.studies[study_id] = study
@@ -103,11 +107,8 @@ class StudyEvents:
             log.info("study %s: profiling %s on %s again (it failed before: %s)", study_id,
                      slot[0].label(), slot[1], short(self.s.profile_failed[slot], 200))
             self.s.forget_profile_failure(slot)
-        if unknown:
-            self.book.warn(study_id, (
-                f"settings name architecture(s) {', '.join(unknown)} that no node or "
-                f"profile here has (known here: {', '.join(sorted(self.known_archs()))}); "
-                "they apply once such a node joins"))
+        if arch_warning:
+            self.book.warn(study_id, arch_warning)
         log.info("study %s submitted: %d trials%s", study_id, space.size(),
                  f" (asked of Optuna's {space.search.sampler} sampler as capacity frees)"
                  if space.search.adaptive else "")
