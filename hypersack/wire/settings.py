@@ -267,7 +267,7 @@ def check_ratio_names(ratios: Mapping[str, float]) -> None:
         meant = sorted(a for a in ratios if near_miss(name, a))
         if meant:
             raise InvalidInput(
-                f"ratios for both {name!r} and {meant[0]!r}: architectures are matched "
+                f"ratios for both {name[:40]!r} and {meant[0][:40]!r}: architectures are matched "
                 "exactly, so one of them would apply to no GPU; keep the name `hypersack "
                 "nodes` shows (the defaults are A100 and H100)")
 
