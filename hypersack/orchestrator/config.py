@@ -4,6 +4,7 @@ and the policy)."""
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import Executor
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -86,6 +87,12 @@ class OrchestratorConfig:
     # makespan each rule gives the study in simulation. None: `predict` places as its
     # fallback. Injected: the simulator sits above the core.
     foresight: Foresight | None = None
+    # Where `foresight` runs: None, here, the decision waiting for it (repeatable runs:
+    # the simulator, tests); else an executor of its own (the server's: a process,
+    # sim/process.py), which a study's first decision waits on at most foresight_wait_s
+    # before its fallback places it until the choice is in.
+    foresight_pool: Executor | None = None
+    foresight_wait_s: float = 0.25
     # With learn_ratio: the simulator again, for the learner's foresight
     # (orchestrator/sharing.py): the study with the most trials pending simulated under
     # each candidate ratio of an architecture, with the learner's fits as the

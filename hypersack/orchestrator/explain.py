@@ -83,9 +83,9 @@ class Explainer:
                        "waiting for its workload's profile there (each workload is "
                        "profiled once per architecture)"))
         out += self.explain_gpus(t, open_nodes, needs)
-        choice = self.decider.rules.chosen.get(t.study_id)
+        choice = self.decider.rules.describe(t.study_id)
         if choice is not None:
-            out.append(f"its study's policy is predict: {choice.describe()}")
+            out.append(f"its study's policy is predict: {choice}")
         out += self.ratio_lines(t, sorted(needs))
         out += self.explain_queue(t, others)
         return out

@@ -3,6 +3,14 @@ study, before its first decision, by simulating the study under each candidate r
 (`OrchestratorConfig.foresight`, the simulator, injected) and taking the one whose
 simulated study ends first.
 
+Where the server hands the simulations to a process of its own
+(`OrchestratorConfig.foresight_pool`), the first decision waits for them at most
+`foresight_wait_s`; past that the study's fallback places its decisions until the
+choice is in, and the server's event worker goes on with every study's events (the
+simulations of a thousand trials take about a second here, of the largest studies up
+to sim/foresight.BUDGET_S). Without a pool (the simulator, tests) the decision waits,
+and runs repeat exactly.
+
 The simulation sees what this scheduler knows: the study's trials, the profiles of its
 workloads, the nodes that take its trials where those profiles are known (at a study's
 first decision, an architecture still profiling is left out), and the ratios in force.
@@ -18,11 +26,13 @@ import logging
 import math
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from concurrent.futures import Future, wait
+from dataclasses import dataclass, field, replace
 
 from hypersack.core.types import STATED_KEY, NodeSpec, Profile
 from hypersack.grid.expand import as_key_text
 from hypersack.grid.space import SearchSpace
+from hypersack.orchestrator.config import Foresight, OrchestratorConfig
 from hypersack.orchestrator.state import CoreState
 
 log = logging.getLogger(__name__)
@@ -56,6 +66,10 @@ class Ask:
     max_gpus: int
 
 
+# A simulation's answer: each candidate's makespan, and the seconds it took.
+Timed = tuple[dict[str, float], float]
+
+
 def _by_end(item: tuple[str, float]) -> float:
     return item[1]
 
@@ -66,6 +80,9 @@ class RuleChooser:
     def __init__(self, s: CoreState) -> None:
         self.s = s
         self.chosen: dict[str, Choice] = {}  # by study: final once made
+        # Simulations under way elsewhere (`OrchestratorConfig.foresight_pool`), by study:
+        # the fallback places the study's decisions until one is in.
+        self.pending: dict[str, Future[Timed]] = {}
 
     def rule(self, study_id: str, space: SearchSpace, ask: Ask) -> str:
         choice = self.chosen.get(study_id)
@@ -74,10 +91,24 @@ class RuleChooser:
             if choice is None:
                 return ask.fallback  # not yet: asked again at the study's next decision
             self.chosen[study_id] = choice
+            self.pending.pop(study_id, None)
             log.info("study %s: %s", study_id, choice.describe())
         return choice.rule
 
+    def describe(self, study_id: str) -> str | None:
+        """The study's choice, or that it is being made (None: neither)."""
+        choice = self.chosen.get(study_id)
+        if choice is not None:
+            return choice.describe()
+        if study_id in self.pending:
+            return ("its candidate rules are being simulated; its fallback places it "
+                    "until the choice is in")
+        return None
+
     def _choose(self, study_id: str, space: SearchSpace, ask: Ask) -> Choice | None:
+        running = self.pending.get(study_id)
+        if running is not None:
+            return self._answer(study_id, running, ask) if running.done() else None
         fallback, candidates = ask.fallback, ask.candidates
         foresee = self.s.config.foresight
         if foresee is None:
@@ -97,21 +128,55 @@ class RuleChooser:
         if gpus > ask.max_gpus:
             return Choice(fallback, f"{gpus} GPUs, more than predict's max_gpus "
                                     f"({ask.max_gpus}) simulates")
-        began = time.perf_counter()
+        config = replace(self.s.config, foresight=None, ratio_foresight=None,
+                         foresight_pool=None)
+        args = (foresee, space, usable, profiles, config, tuple(candidates))
+        pool = self.s.config.foresight_pool
+        future: Future[Timed] = Future()
+        if pool is None:  # here and now: the decision waits (repeatable runs)
+            try:
+                future.set_result(timed(*args))
+            except Exception as exc:
+                future.set_exception(exc)
+            return self._answer(study_id, future, ask)
         try:
-            predicted = dict(foresee(space, usable, profiles, self.s.config, candidates))
+            future = pool.submit(timed, *args)
+        except Exception as exc:  # no process to run it in: the study must not wait
+            future.set_exception(exc)
+            return self._answer(study_id, future, ask)
+        wait([future], timeout=self.s.config.foresight_wait_s)
+        if future.done():
+            return self._answer(study_id, future, ask)
+        self.pending[study_id] = future
+        log.info("study %s: its %d candidate rules are simulated in the background; %s "
+                 "places it until the choice is in", study_id, len(candidates), fallback)
+        return None
+
+    def _answer(self, study_id: str, future: Future[Timed], ask: Ask) -> Choice:
+        fallback, candidates = ask.fallback, ask.candidates
+        try:
+            predicted, took = future.result()
         except Exception as exc:  # a failing simulation must not hold the study back
             log.warning("study %s: simulating its candidate rules failed; %s places it",
                         study_id, fallback, exc_info=True)
             return Choice(fallback, f"the simulation failed ({type(exc).__name__}: "
                                     f"{str(exc)[:200]})")
-        took = time.perf_counter() - began
         order = {name: i for i, name in enumerate(candidates)}
         best = min(candidates, key=lambda c: (predicted.get(c, math.inf), order[c]))
         if not math.isfinite(predicted.get(best, math.inf)):
             return Choice(fallback, "no candidate ended the simulated study", predicted)
         return Choice(best, f"its simulated study ends first, of {len(candidates)} rules "
                             f"simulated in {took:.2f} s", predicted)
+
+
+def timed(foresee: Foresight, space: SearchSpace, nodes: list[NodeSpec],
+          profiles: list[Profile], config: OrchestratorConfig,
+          candidates: tuple[str, ...]) -> Timed:
+    """`foresee`'s makespans and the time it took, where it runs (here, or the pool's
+    process: a module-level function, so that it pickles)."""
+    began = time.perf_counter()
+    predicted = dict(foresee(space, nodes, profiles, config, candidates))
+    return predicted, time.perf_counter() - began
 
 
 def adapts(space: SearchSpace) -> bool:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import logging
 import signal
@@ -32,6 +33,7 @@ from hypersack.server.metrics import ServerCollector
 from hypersack.server.service import SchedulerService
 from hypersack.server.servicers import AgentLinkServicer, SchedulerServicer
 from hypersack.sim.foresight import foresee, foresee_ratios
+from hypersack.sim.process import SimProcess, warm_simulations
 from hypersack.store.sqlite import DamagedDatabase, DatabaseLock, SqliteStore, StoreError
 from hypersack.wire.logs import add_log_flags, parse_daemon_args
 from hypersack.wire.metrics import MetricsEndpoint, serve_metrics
@@ -79,6 +81,7 @@ class HyperSackServer:
             server_credentials(self.tls, require_client_cert=False),
             server_credentials(self.tls, require_client_cert=True))
         profiles = [p for path in settings.profiles for p in load_profiles(path)]
+        self.sims = SimProcess()  # started by the first call (start(): warm_simulations)
         empty_db(settings.db, settings.init)
         # One writer: a second server on the same database stops here, saying who holds it.
         self._lock = DatabaseLock(settings.db)
@@ -108,7 +111,10 @@ class HyperSackServer:
                                         learn_foresight=settings.learn_foresight,
                                         # The default policy's simulations (`predict`),
                                         # and the learned ratio's.
-                                        foresight=foresee, ratio_foresight=foresee_ratios)
+                                        foresight=foresee, ratio_foresight=foresee_ratios,
+                                        # ... in a process of their own, off the event
+                                        # worker (orchestrator/foresight.py).
+                                        foresight_pool=self.sims)
             self.service = SchedulerService(
                 self.store, config, clock=clock,
                 heartbeat_interval_s=settings.heartbeat_interval_s,
@@ -203,6 +209,8 @@ class HyperSackServer:
                                          ServerCollector(self.service), tls=self.tls,
                                          insecure=self.settings.insecure)
         self.service.start()
+        with contextlib.suppress(Exception):  # ready before the first study needs it
+            self.sims.submit(warm_simulations)
         self._loop.run(self._grpc.start())
         self._lag = self._loop.post(watch_lag(self.service.histograms.observe_lag))
         self._set_health(health_pb2.HealthCheckResponse.SERVING)
@@ -241,6 +249,7 @@ class HyperSackServer:
             if self._lag is not None:
                 self._lag.cancel()
             self.service.stop()
+            self.sims.shutdown(wait=False)
             self._loop.run(self._grpc.stop(grace_s))
             self._pool.shutdown(wait=False, cancel_futures=True)
             self._loop.close()

@@ -123,3 +123,23 @@ def test_a_study_that_states_its_demand_is_simulated_when_it_is_not_the_first_of
         assert "failed" not in chosen.why, (study, chosen.why)
         assert chosen.predicted_s and all(math.isfinite(v) for v in
                                           chosen.predicted_s.values()), study
+
+
+def test_in_the_servers_process_of_its_own_the_choice_is_the_one_made_here(
+        estimates: list[Profile], sp1: SearchSpace) -> None:
+    """The server hands the simulations to a process of its own (sim/process.py): the
+    real inputs pickle there and back, and the makespans are those simulated here."""
+    from hypersack.orchestrator.foresight import timed
+    from hypersack.sim.process import SimProcess
+
+    nodes = list(parse_shorthand(CLUSTER).nodes)
+    truth = _memory_bound(estimates, 0)
+    config = OrchestratorConfig(fusion=False)
+    here, _ = timed(foresee, sp1, nodes, truth, config, CANDIDATES)
+    sims = SimProcess()
+    try:
+        there, took = sims.submit(timed, foresee, sp1, nodes, truth, config,
+                                  CANDIDATES).result(timeout=120)
+    finally:
+        sims.shutdown()
+    assert there == here and took > 0

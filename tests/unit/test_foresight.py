@@ -5,7 +5,8 @@ stand-in for the simulator here; tests/sim/test_foresight.py runs the real one."
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import Executor, Future, ThreadPoolExecutor
 from typing import Any
 
 import pytest
@@ -182,3 +183,82 @@ def test_placed_directly_predict_is_its_fallback() -> None:
     direct = make_policy("predict").place(items, view)
     eft = make_policy("eft").place(items, view)
     assert direct.placements == eft.placements
+
+
+class HeldPool(Executor):
+    """A pool whose calls end when the test says (`finish`)."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[Future[Any], Callable[..., Any], tuple[Any, ...]]] = []
+
+    def submit(self, fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Future[Any]:
+        future: Future[Any] = Future()
+        self.calls.append((future, fn, args))
+        return future
+
+    def finish(self) -> None:
+        for future, fn, args in self.calls:
+            if not future.done():
+                try:
+                    future.set_result(fn(*args))
+                except Exception as exc:
+                    future.set_exception(exc)
+
+
+def _finish_running(orch: Orchestrator, study_id: str) -> None:
+    for t in [t for t in orch.trials(study_id) if t.state == TrialState.RUNNING]:
+        orch.handle(TrialFinished(t.id, t.node or "", attempt=t.launches))
+
+
+def test_with_a_pool_the_fallback_places_until_the_background_choice_is_in() -> None:
+    seer = Seer({"wfd": 430.0})
+    pool = HeldPool()
+    orch = _orch(seer, foresight_pool=pool, foresight_wait_s=0.0, nodes="1x1xA100-80GB",
+                 exclusive=True)  # one trial at a time: a decision per exit
+    orch.handle(StudySubmitted(_space(n=12, epochs=1)))
+    # Handed to the pool, not run here: the first decision did not wait for it.
+    assert len(pool.calls) == 1 and seer.calls == []
+    assert orch.rule_choice("s-1") is None and _rules(orch, "s-1") == {"eft"}
+    waiting = next(t for t in orch.trials("s-1") if t.state == TrialState.PENDING)
+    assert any("being simulated; its fallback places it" in x
+               for x in orch.explain(waiting.id))
+    _finish_running(orch, "s-1")  # a decision while it runs: the fallback again, once
+    assert len(pool.calls) == 1 and _rules(orch, "s-1") == {"eft"}
+    pool.finish()
+    _finish_running(orch, "s-1")
+    choice = orch.rule_choice("s-1")
+    assert choice is not None and choice.rule == "wfd" and len(seer.calls) == 1
+    assert orch.decisions[-1].policy == "wfd"
+    waiting = next(t for t in orch.trials("s-1") if t.state == TrialState.PENDING)
+    assert any("rule wfd: its simulated study ends first" in x
+               for x in orch.explain(waiting.id))
+
+
+def test_a_pool_that_answers_within_the_wait_places_the_first_decision() -> None:
+    seer = Seer({"ff": 1.0})
+    with ThreadPoolExecutor(1) as pool:
+        orch = _orch(seer, foresight_pool=pool, foresight_wait_s=30.0)
+        orch.handle(StudySubmitted(_space()))
+    assert len(seer.calls) == 1 and _rules(orch, "s-1") == {"ff"}
+
+
+def test_a_pool_that_fails_or_refuses_leaves_the_study_to_the_fallback() -> None:
+    class Refusing(HeldPool):
+        def submit(self, fn: Callable[..., Any], /, *args: Any,
+                   **kwargs: Any) -> Future[Any]:
+            raise RuntimeError("the simulation process is shut down")
+
+    orch = _orch(Seer({"wfd": 1.0}), foresight_pool=Refusing(), foresight_wait_s=0.0)
+    orch.handle(StudySubmitted(_space()))
+    choice = orch.rule_choice("s-1")
+    assert choice is not None and choice.rule == "eft"
+    assert "the simulation failed (RuntimeError: the simulation process is shut down)" \
+        == choice.why
+    pool = HeldPool()
+    orch = _orch(Seer({"wfd": 1.0}), foresight_pool=pool, foresight_wait_s=0.0,
+                 nodes="1x1xA100-80GB", exclusive=True)
+    orch.handle(StudySubmitted(_space(n=12, epochs=1)))
+    pool.calls[0][0].set_exception(RuntimeError("the simulation process ended"))
+    _finish_running(orch, "s-1")
+    choice = orch.rule_choice("s-1")
+    assert choice is not None and choice.rule == "eft" and "process ended" in choice.why

@@ -1,0 +1,72 @@
+"""The server's process for simulations (sim/process.py): calls run there in order,
+a failing call fails alone, a dead worker fails its calls and is replaced, and a
+shut-down one is gone."""
+
+from __future__ import annotations
+
+import os
+import time
+
+import psutil
+import pytest
+
+from hypersack.sim.process import SimProcess, WorkerDied
+
+
+@pytest.fixture
+def sims() -> SimProcess:
+    pool = SimProcess()
+    yield pool  # type: ignore[misc]
+    pool.shutdown()
+
+
+def test_calls_run_in_the_worker_in_order_and_a_failure_fails_only_its_call(
+        sims: SimProcess) -> None:
+    pid = sims.submit(os.getpid).result(timeout=60)
+    assert pid != os.getpid() and pid == sims.pid
+    calls = [sims.submit(divmod, n, 3) for n in range(5)]
+    bad = sims.submit(int, "not a number")
+    after = sims.submit(len, "abc")
+    assert [c.result(timeout=60) for c in calls] == [divmod(n, 3) for n in range(5)]
+    with pytest.raises(RuntimeError, match="ValueError: invalid literal"):
+        bad.result(timeout=60)
+    assert after.result(timeout=60) == 3 and sims.started == 1
+
+
+def test_a_large_request_does_not_hold_the_caller_while_the_worker_is_busy(
+        sims: SimProcess) -> None:
+    busy = sims.submit(time.sleep, 60)
+    began = time.monotonic()
+    big = sims.submit(len, b"x" * 4_000_000)  # far past a pipe's buffer
+    assert time.monotonic() - began < 30 and not busy.done() and not big.done()
+
+
+def test_a_dead_worker_fails_its_calls_and_the_next_call_starts_another(
+        sims: SimProcess) -> None:
+    assert sims.submit(os.getpid).result(timeout=60) == sims.pid
+    first = sims.pid
+    stuck = sims.submit(time.sleep, 60)
+    assert first is not None
+    os.kill(first, 9)
+    with pytest.raises(WorkerDied, match="ended"):
+        stuck.result(timeout=60)
+    second = sims.submit(os.getpid).result(timeout=60)
+    assert second != first and sims.started == 2
+
+
+def test_shutdown_kills_the_worker_at_once_and_refuses_later_calls() -> None:
+    sims = SimProcess()
+    busy = sims.submit(time.sleep, 60)
+    pid = sims.pid  # started by the first call
+    assert pid is not None
+    sims.shutdown()
+    assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+    with pytest.raises(WorkerDied):
+        busy.result(timeout=60)
+    with pytest.raises(RuntimeError, match="shut down"):
+        sims.submit(os.getpid)
+
+
+def test_a_stray_print_in_a_call_does_not_tear_its_reply(sims: SimProcess) -> None:
+    assert sims.submit(print, "noise on stdout").result(timeout=60) is None
+    assert sims.submit(len, "ok").result(timeout=60) == 2
