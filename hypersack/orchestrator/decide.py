@@ -423,6 +423,12 @@ class Decider:
         ask = Ask(policy.candidates, policy.fallback, policy.max_trials, policy.max_gpus)
         return self._made(self.rules.rule(study_id, space, ask))
 
+    def expect(self, space: SearchSpace) -> None:
+        """A study arrives: where its decisions will ask `predict`'s simulations of a
+        pool, the pool's process starts now, to be ready by its first decision."""
+        if (self.s.config.policy or space.settings.policy) == PredictPolicy.name:
+            self.rules.expect(space)
+
     def _made(self, name: str) -> Policy:
         if name not in self.s.policies:
             self.s.policies[name] = make_policy(name, **self.s.config.policy_options.get(name, {}))

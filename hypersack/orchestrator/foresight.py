@@ -82,7 +82,7 @@ class RuleChooser:
         self.chosen: dict[str, Choice] = {}  # by study: final once made
         # Simulations under way elsewhere (`OrchestratorConfig.foresight_pool`), by study:
         # the fallback places the study's decisions until one is in.
-        self.pending: dict[str, Future[Timed]] = {}
+        self.pending: dict[str, tuple[Future[Timed], Ask]] = {}
 
     def rule(self, study_id: str, space: SearchSpace, ask: Ask) -> str:
         choice = self.chosen.get(study_id)
@@ -94,6 +94,34 @@ class RuleChooser:
             self.pending.pop(study_id, None)
             log.info("study %s: %s", study_id, choice.describe())
         return choice.rule
+
+    def expect(self, space: SearchSpace) -> None:
+        """A study under `predict` arrives: the pool (where there is one, and the study
+        is one to simulate) is asked a trivial call, which starts its process if none
+        runs, so that it is ready (its imports and compiled knapsacks loaded) by the
+        study's first decision."""
+        pool = self.s.config.foresight_pool
+        if pool is None or self.s.config.foresight is None or adapts(space):
+            return
+        try:
+            pool.submit(bool)
+        except Exception:  # a pool that cannot start: the first decision says why
+            log.debug("the simulation pool did not start", exc_info=True)
+
+    def settle(self) -> bool:
+        """Take in the choices whose simulations ended (each tick asks): whether one
+        came in for a study with trials waiting, which a decision then places by it."""
+        wanted = False
+        for study_id, (future, ask) in list(self.pending.items()):
+            if not future.done():
+                continue
+            del self.pending[study_id]
+            if study_id not in self.s.spaces:
+                continue  # gone meanwhile
+            self.chosen[study_id] = choice = self._answer(study_id, future, ask)
+            log.info("study %s: %s", study_id, choice.describe())
+            wanted = wanted or bool(self.s.waiting.get(study_id))
+        return wanted
 
     def describe(self, study_id: str) -> str | None:
         """The study's choice, or that it is being made (None: neither)."""
@@ -108,7 +136,7 @@ class RuleChooser:
     def _choose(self, study_id: str, space: SearchSpace, ask: Ask) -> Choice | None:
         running = self.pending.get(study_id)
         if running is not None:
-            return self._answer(study_id, running, ask) if running.done() else None
+            return self._answer(study_id, running[0], ask) if running[0].done() else None
         fallback, candidates = ask.fallback, ask.candidates
         foresee = self.s.config.foresight
         if foresee is None:
@@ -147,7 +175,7 @@ class RuleChooser:
         wait([future], timeout=self.s.config.foresight_wait_s)
         if future.done():
             return self._answer(study_id, future, ask)
-        self.pending[study_id] = future
+        self.pending[study_id] = (future, ask)
         log.info("study %s: its %d candidate rules are simulated in the background; %s "
                  "places it until the choice is in", study_id, len(candidates), fallback)
         return None

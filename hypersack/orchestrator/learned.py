@@ -27,6 +27,9 @@ that adapt to their results, nor past FORESIGHT_MAX_TRIALS trials or
 FORESIGHT_MAX_GPUS GPUs; there the progress model sets it). When that study changes (one
 arrives with more pending, or the one simulated has none left), each architecture is
 reconsidered for the new one at its next chance, without waiting for new samples.
+With `foresight_pool` (the server's simulation process) the event worker waits for the
+simulations at most `foresight_wait_s`: past that the decision holds (no step) until
+they are in, and is taken at the next batch after.
 """
 
 from __future__ import annotations
@@ -35,14 +38,18 @@ import json
 import logging
 import math
 from collections.abc import Callable, Iterator, Mapping, Sequence
+from concurrent.futures import Future, wait
+from dataclasses import replace
+from typing import Any
 
 from hypersack.core.types import TrialRecord, TrialState
+from hypersack.orchestrator.config import RatioForesight
 from hypersack.orchestrator.events import TrialProgress
 from hypersack.orchestrator.fits import believed
 from hypersack.orchestrator.foresight import adapts, study_inputs
 from hypersack.orchestrator.journal import journaled
 from hypersack.orchestrator.levels import SharingLevel, WorkloadFit
-from hypersack.orchestrator.sharing import RatioLearner
+from hypersack.orchestrator.sharing import RatioLearner, Weighing
 from hypersack.orchestrator.state import CoreState
 from hypersack.policies.base import COMPUTE_SCALE
 
@@ -53,7 +60,8 @@ SETTING = "sharing.learned"
 MIN_SLOWDOWN = 0.5
 MAX_SLOWDOWN = 50.0
 # The largest study and cluster the learner's foresight simulates (about 10 candidates
-# a time, on the event worker; sim/foresight.RATIO_BUDGET_S caps their wall time).
+# a time, in the server's simulation process or here; sim/foresight.RATIO_BUDGET_S caps
+# their wall time).
 FORESIGHT_MAX_TRIALS = 1000
 FORESIGHT_MAX_GPUS = 256
 # Foresight's study changes to another with trials pending only once that one has this
@@ -96,6 +104,12 @@ class LearnedSharing:
         self._subject: str | None = None
         self._reconsider: set[str] = set()
         self._watched: tuple[int, float] = (-1, -math.inf)  # (studies known, when)
+        # With a pool (OrchestratorConfig.foresight_pool): each architecture's simulation
+        # under way there (its candidates, and the answer to come), and the decisions
+        # held for one (whether each was a reconsideration), taken again once it is in.
+        self._weighing: dict[str, tuple[tuple[float, ...], Future[Mapping[float, float]]]] = {}
+        self._held: dict[str, bool] = {}
+        self._waiting_for: str | None = None  # the decision just made is held for it
         self._saved_at = -math.inf
 
     # ---------------------------------------------------------------- samples
@@ -162,7 +176,7 @@ class LearnedSharing:
         if learner.weigh is not None:
             self._watch_subject(learner)
         if not self._pending:
-            if self._reconsider:
+            if self._reconsider or self._held:
                 self._decide_all([], self.s.clock.now())
             return
         pending = list(self._pending)
@@ -220,10 +234,14 @@ class LearnedSharing:
         assert learner is not None
         every = self.s.config.learn_decide_every_s
         saved = False
-        for arch in dict.fromkeys([*archs, *sorted(self._reconsider)]):
-            again = arch in self._reconsider
-            if not (again or learner.due(arch)) or \
-                    now - self._decided.get(arch, -math.inf) < every:
+        for arch in dict.fromkeys([*archs, *sorted(self._reconsider), *sorted(self._held)]):
+            running = self._weighing.get(arch)
+            if running is not None and not running[1].done():
+                continue  # its simulation is not in: decided once it is
+            held = arch in self._held
+            again = arch in self._reconsider or self._held.pop(arch, False)
+            if not held and (not (again or learner.due(arch)) or
+                             now - self._decided.get(arch, -math.inf) < every):
                 continue
             self._decided[arch] = now
             self._reconsider.discard(arch)
@@ -231,6 +249,9 @@ class LearnedSharing:
             mix = self._mix(arch) if learner.by_workload else None
             moved = learner.reconsider(arch, mix) if again and not learner.due(arch) \
                 else learner.decide(arch, mix)
+            if self._waiting_for == arch:  # handed to the pool, not in yet: held
+                self._held[arch] = again
+                self._waiting_for = None
             saved = self._save(now)
             if not saved:
                 learner.ratios, learner.moves = before
@@ -261,6 +282,7 @@ class LearnedSharing:
             return
         self._subject = best
         learner.forget_foresight()
+        self._weighing.clear()  # simulations of the old study: of no use now
         if best is not None:
             self._reconsider.update(a for a in learner.ratios if learner.can_foresee(a))
 
@@ -296,15 +318,46 @@ class LearnedSharing:
                 continue
             policy = self.rule_of(sid) if self.rule_of is not None else \
                 (self.s.config.policy or space.settings.policy)
+            config = replace(self.s.config, foresight=None, ratio_foresight=None,
+                             foresight_pool=None)
+            args = (space, nodes, profiles, config, policy, arch, tuple(candidates),
+                    dict(learner.ratios), dict(learner.fits),
+                    {a: dict(w) for a, w in learner.workload_fits.items()})
             try:
-                return foresee(space, nodes, profiles, self.s.config, policy, arch,
-                               candidates, dict(learner.ratios), dict(learner.fits),
-                               {a: dict(w) for a, w in learner.workload_fits.items()})
+                return self._weighed(arch, sid, foresee, args)
+            except Weighing:
+                raise
             except Exception:  # a failing simulation leaves the progress model's target
                 log.warning("%s: simulating study %s under candidate ratios failed", arch,
                             sid, exc_info=True)
                 return None
         return None
+
+    def _weighed(self, arch: str, sid: str, foresee: RatioForesight,
+                 args: tuple[Any, ...]) -> Mapping[float, float]:
+        """The simulation's answer: here and now without a pool; with one, its answer
+        once in (Weighing until then: the event worker waits for it at most
+        foresight_wait_s, and the learner's decision holds meanwhile)."""
+        pool = self.s.config.foresight_pool
+        if pool is None:
+            return foresee(*args)
+        candidates = args[6]
+        running = self._weighing.get(arch)
+        if running is not None and running[0] == candidates and running[1].done():
+            del self._weighing[arch]
+            return running[1].result()
+        if running is None or running[0] != candidates:
+            future = pool.submit(foresee, *args)
+            wait([future], timeout=self.s.config.foresight_wait_s)
+            if future.done():
+                self._weighing.pop(arch, None)
+                return future.result()
+            self._weighing[arch] = (candidates, future)
+            log.info("%s: study %s is simulated under %d candidate ratios in the "
+                     "background; the learner decides once that is in", arch, sid,
+                     len(candidates))
+        self._waiting_for = arch
+        raise Weighing
 
     def _mix(self, arch: str) -> dict[str, float]:
         """The plain trials running on the architecture's GPUs now, by workload."""

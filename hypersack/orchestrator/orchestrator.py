@@ -205,6 +205,8 @@ class Orchestrator(Queries):
         # Before anything is placed: a study of work new to the learned sharing level
         # starts at the configured ratio (orchestrator/learned.py).
         arriving = [e for e in events if isinstance(e, StudySubmitted)]
+        for e in arriving:
+            self.decider.expect(e.space)
         if arriving and self.sharing.learner is not None:
             self.sharing.arriving([(submitted_workloads(e), e.space.settings.oversubscription)
                                    for e in arriving])
@@ -272,7 +274,8 @@ class Orchestrator(Queries):
         for name in silent:
             self.membership.lose(name, f"no heartbeat for {timeout:g} s")
         due = self.pruning.release_due(now)
-        return self.s.decide() if silent or due or self.s.decide_again else []
+        chosen = self.decider.rules.settle()  # predict's choices made in the background
+        return self.s.decide() if silent or due or chosen or self.s.decide_again else []
 
     def _on_wake(self, event: Wake) -> list[Command]:
         return self.s.decide() if self.pruning.release_due(self.s.clock.now()) else []

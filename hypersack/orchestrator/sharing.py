@@ -85,6 +85,11 @@ FORESIGHT_SAMPLES = 2
 Weigh = Callable[[str, Sequence[float]], Mapping[float, float] | None]
 
 
+class Weighing(Exception):
+    """Raised by a host's `weigh` whose simulation runs elsewhere and is not in yet: the
+    decision holds (no step), and the host decides again once it is in."""
+
+
 class RatioLearner:
     """Per architecture: the samples (the latest `window`), and the ratio in force."""
 
@@ -236,7 +241,10 @@ class RatioLearner:
             f.max_load_pct + f.mean_share_pct > 100.0 * current
         saturated = any(believed(p) for _, p in parts)
         progress = self._progress_target(f, parts, current, packed, saturated)
-        target = self._foreseen_target(arch, current) if self.can_foresee(arch) else None
+        try:
+            target = self._foreseen_target(arch, current) if self.can_foresee(arch) else None
+        except Weighing:
+            return None  # held: the host decides again once its simulation is in
         if target is not None:
             # The simulated study's choice; but up past loads never seen only where the
             # progress model would go up too (GPUs packed as far as the ratio lets and
@@ -309,7 +317,11 @@ class RatioLearner:
         if spans is None:
             self._unweighed[arch] = 0
             self._weighed_under[arch] = fitted
-            got = weigh(arch, grid)
+            try:
+                got = weigh(arch, grid)
+            except Weighing:
+                self._weighed_under.pop(arch, None)  # weighed when the answer is in
+                raise
             if not got:
                 return None
             spans = {round(float(r), 6): float(m) for r, m in got.items()

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import logging
 import signal
@@ -33,7 +32,7 @@ from hypersack.server.metrics import ServerCollector
 from hypersack.server.service import SchedulerService
 from hypersack.server.servicers import AgentLinkServicer, SchedulerServicer
 from hypersack.sim.foresight import foresee, foresee_ratios
-from hypersack.sim.process import SimProcess, warm_simulations
+from hypersack.sim.process import SimProcess
 from hypersack.store.sqlite import DamagedDatabase, DatabaseLock, SqliteStore, StoreError
 from hypersack.wire.logs import add_log_flags, parse_daemon_args
 from hypersack.wire.metrics import MetricsEndpoint, serve_metrics
@@ -81,7 +80,7 @@ class HyperSackServer:
             server_credentials(self.tls, require_client_cert=False),
             server_credentials(self.tls, require_client_cert=True))
         profiles = [p for path in settings.profiles for p in load_profiles(path)]
-        self.sims = SimProcess()  # started by the first call (start(): warm_simulations)
+        self.sims = SimProcess()  # started by the first study under predict
         empty_db(settings.db, settings.init)
         # One writer: a second server on the same database stops here, saying who holds it.
         self._lock = DatabaseLock(settings.db)
@@ -209,8 +208,6 @@ class HyperSackServer:
                                          ServerCollector(self.service), tls=self.tls,
                                          insecure=self.settings.insecure)
         self.service.start()
-        with contextlib.suppress(Exception):  # ready before the first study needs it
-            self.sims.submit(warm_simulations)
         self._loop.run(self._grpc.start())
         self._lag = self._loop.post(watch_lag(self.service.histograms.observe_lag))
         self._set_health(health_pb2.HealthCheckResponse.SERVING)

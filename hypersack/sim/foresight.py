@@ -32,14 +32,15 @@ _QUIET = ("hypersack.orchestrator", "hypersack.sim")
 # it starts) each of their simulated decisions may take up to its 500 ms cap, and a
 # simulated study makes hundreds.
 PACKING = ("auto", "pack")
-# The wall time all candidates may take together (the server's event worker waits for
-# them): a candidate not started within it counts as not ending. Far above what the
-# bounds on trials and GPUs let a simulation take (predict.MAX_TRIALS).
+# The wall time all candidates may take together (in the server's simulation process;
+# predict's fallback places the study until they are in): a candidate not started
+# within it counts as not ending. Far above what the bounds on trials and GPUs let a
+# simulation take (predict.MAX_TRIALS).
 BUDGET_S = 10.0
-# The wall time the learner's candidate ratios may take together on the server's event
-# worker (a decision of the learner's, at most every third per architecture): candidates
-# past it count as not ending. The learner puts the ratio in force and a step either
-# side first.
+# The wall time the learner's candidate ratios may take together (in the server's
+# simulation process; the learner's decision holds until they are in, at most every
+# third per architecture): candidates past it count as not ending. The learner puts the
+# ratio in force and a step either side first.
 RATIO_BUDGET_S = 2.0
 K = TypeVar("K", str, float)  # a candidate: a rule's name, or a ratio
 

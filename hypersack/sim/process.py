@@ -136,8 +136,8 @@ class SimProcess(Executor):
 
 
 def warm_simulations() -> bool:
-    """A first call that readies the worker: the simulator imported, and pack's
-    compiled knapsacks loaded (only where they run compiled are the rules that use them
+    """What the worker does first, before it reads a call: the simulator imported, and
+    pack's compiled knapsacks loaded (only where they run compiled are the rules that use them
     simulated; sim/foresight.PACKING)."""
     from hypersack.policies import kernels
     from hypersack.sim import foresight  # noqa: F401 - imported for the calls to come
@@ -168,6 +168,11 @@ def main() -> None:
     os.dup2(2, 1)
     logging.basicConfig(level=logging.WARNING,
                         format="%(asctime)s %(levelname)s simulation: %(message)s")
+    try:
+        warm_simulations()
+    except Exception:  # the simulations then import and compile when first run
+        logging.getLogger(__name__).warning("readying the simulations failed",
+                                            exc_info=True)
     try:
         _serve(sys.stdin.buffer, replies)
     except KeyboardInterrupt:

@@ -143,3 +143,24 @@ def test_in_the_servers_process_of_its_own_the_choice_is_the_one_made_here(
     finally:
         sims.shutdown()
     assert there == here and took > 0
+
+
+def test_the_learners_ratio_simulations_in_the_servers_process_are_those_made_here(
+        estimates: list[Profile], sp1: SearchSpace) -> None:
+    from hypersack.orchestrator.fits import Fit
+    from hypersack.sim.foresight import foresee_ratios
+    from hypersack.sim.process import SimProcess
+
+    nodes = list(parse_shorthand(CLUSTER).nodes)
+    truth = _memory_bound(estimates, 0)
+    fits = {"A100": Fit(contention=0.1, saturation_pct=150.0, samples=80,
+                        past_saturation=10, max_load_pct=250.0, mean_share_pct=40.0)}
+    args = (sp1, nodes, truth, OrchestratorConfig(fusion=False), "wfd", "A100",
+            (2.0, 2.5, 3.0), {"A100": 3.0, "H100": 2.5}, fits, {"A100": {}})
+    here = foresee_ratios(*args, budget_s=60.0)
+    sims = SimProcess()
+    try:
+        there = sims.submit(foresee_ratios, *args, budget_s=60.0).result(timeout=120)
+    finally:
+        sims.shutdown()
+    assert there == here and len(here) == 3 and all(math.isfinite(v) for v in here.values())

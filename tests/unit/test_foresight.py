@@ -17,7 +17,7 @@ from hypersack.core.errors import InvalidInput
 from hypersack.core.types import NodeSpec, Profile, TrialState
 from hypersack.grid.space import SearchSpace, parse_space
 from hypersack.orchestrator import NodeJoined, Orchestrator, OrchestratorConfig, StudySubmitted
-from hypersack.orchestrator.events import ProfileMeasured, TrialFinished
+from hypersack.orchestrator.events import ProfileMeasured, Tick, TrialFinished
 from hypersack.policies import make_policy
 from hypersack.store import MemoryStore
 from hypersack.testing.core import prof
@@ -196,6 +196,11 @@ class HeldPool(Executor):
         self.calls.append((future, fn, args))
         return future
 
+    @property
+    def simulations(self) -> list[tuple[Future[Any], Callable[..., Any], tuple[Any, ...]]]:
+        """The calls but the trivial one that readies the pool (`bool()`)."""
+        return [c for c in self.calls if c[1] is not bool]
+
     def finish(self) -> None:
         for future, fn, args in self.calls:
             if not future.done():
@@ -216,22 +221,37 @@ def test_with_a_pool_the_fallback_places_until_the_background_choice_is_in() -> 
     orch = _orch(seer, foresight_pool=pool, foresight_wait_s=0.0, nodes="1x1xA100-80GB",
                  exclusive=True)  # one trial at a time: a decision per exit
     orch.handle(StudySubmitted(_space(n=12, epochs=1)))
-    # Handed to the pool, not run here: the first decision did not wait for it.
-    assert len(pool.calls) == 1 and seer.calls == []
+    # The pool readied as the study arrived; the simulation handed to it, not run here:
+    # the first decision did not wait for it.
+    assert pool.calls[0][1] is bool and len(pool.simulations) == 1 and seer.calls == []
     assert orch.rule_choice("s-1") is None and _rules(orch, "s-1") == {"eft"}
     waiting = next(t for t in orch.trials("s-1") if t.state == TrialState.PENDING)
     assert any("being simulated; its fallback places it" in x
                for x in orch.explain(waiting.id))
     _finish_running(orch, "s-1")  # a decision while it runs: the fallback again, once
-    assert len(pool.calls) == 1 and _rules(orch, "s-1") == {"eft"}
+    assert len(pool.simulations) == 1 and _rules(orch, "s-1") == {"eft"}
     pool.finish()
-    _finish_running(orch, "s-1")
+    orch.handle(Tick())  # a tick takes the choice in
     choice = orch.rule_choice("s-1")
     assert choice is not None and choice.rule == "wfd" and len(seer.calls) == 1
+    _finish_running(orch, "s-1")
     assert orch.decisions[-1].policy == "wfd"
     waiting = next(t for t in orch.trials("s-1") if t.state == TrialState.PENDING)
     assert any("rule wfd: its simulated study ends first" in x
                for x in orch.explain(waiting.id))
+
+
+def test_a_pool_is_readied_only_for_studies_it_will_simulate() -> None:
+    pool = HeldPool()
+    orch = _orch(Seer({}), foresight_pool=pool, foresight_wait_s=0.0)
+    orch.handle(StudySubmitted(_space(policy="wfd")))
+    data = _space(name="a").model_dump(mode="json", exclude_defaults=True)
+    data["pruner"] = {"type": "asha", "min_epochs": 1, "reduction_factor": 2}
+    data["settings"]["epochs"] = 4
+    orch.handle(StudySubmitted(parse_space(data)))
+    assert pool.calls == []
+    orch.handle(StudySubmitted(_space(name="p")))
+    assert [c[1] for c in pool.calls][:1] == [bool]
 
 
 def test_a_pool_that_answers_within_the_wait_places_the_first_decision() -> None:
@@ -258,7 +278,7 @@ def test_a_pool_that_fails_or_refuses_leaves_the_study_to_the_fallback() -> None
     orch = _orch(Seer({"wfd": 1.0}), foresight_pool=pool, foresight_wait_s=0.0,
                  nodes="1x1xA100-80GB", exclusive=True)
     orch.handle(StudySubmitted(_space(n=12, epochs=1)))
-    pool.calls[0][0].set_exception(RuntimeError("the simulation process ended"))
+    pool.simulations[0][0].set_exception(RuntimeError("the simulation process ended"))
     _finish_running(orch, "s-1")
     choice = orch.rule_choice("s-1")
     assert choice is not None and choice.rule == "eft" and "process ended" in choice.why

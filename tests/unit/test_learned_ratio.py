@@ -478,3 +478,43 @@ def test_a_study_of_workloads_new_to_the_learner_starts_at_the_configured_ratio(
     assert level.ratio == 3.0 and level.configured == 3.0
     saved = store.get_setting(SETTING)
     assert saved is not None and '"A100": 3.0' in saved
+
+
+def test_with_a_pool_a_decision_holds_until_its_simulation_is_in() -> None:
+    """The server simulates elsewhere (OrchestratorConfig.foresight_pool): the event
+    worker does not wait for the candidate ratios' simulations; the learner's decision
+    holds (no step by the progress model meanwhile) and is taken once they are in."""
+    from tests.unit.test_foresight import HeldPool
+
+    fake, pool = _Foresight(best=2.0), HeldPool()
+    orch, _, clock = learning(ratio_foresight=fake, foresight_pool=pool,
+                              foresight_wait_s=0.0)
+    orch.handle(NodeJoined(parse_shorthand("1x4xA100-80GB").nodes[0]))
+    orch.handle(StudySubmitted(study(40)))
+    for _ in range(60):
+        report_round(orch, clock)
+        if pool.simulations:
+            break
+    assert len(pool.simulations) == 1 and fake.asked == []  # handed off, not run here
+    held = orch.s.config.ratio("A100", {})
+    for _ in range(10):  # samples keep coming; nothing moves, nothing more is handed off
+        report_round(orch, clock)
+    assert orch.s.config.ratio("A100", {}) == held and len(pool.simulations) == 1
+    pool.finish()
+    assert len(fake.asked) == 1
+    report_round(orch, clock)  # the next batch takes the held decision
+    assert orch.s.config.ratio("A100", {}) == held - 0.25
+    assert orch.s.decide_again
+    level = orch.sharing.levels(["A100"])[0].describe()
+    assert "foresight: of" in level and "2 ends the work at hand soonest" in level
+    # A simulation that fails in the pool leaves the progress model's target.
+    fake2, pool2 = _Foresight(best=2.0), HeldPool()
+    orch, _, clock = learning(ratio_foresight=fake2, foresight_pool=pool2,
+                              foresight_wait_s=0.0)
+    orch.handle(NodeJoined(parse_shorthand("1x4xA100-80GB").nodes[0]))
+    orch.handle(StudySubmitted(study(40)))
+    while not pool2.simulations:
+        report_round(orch, clock)
+    pool2.simulations[0][0].set_exception(RuntimeError("the simulation process ended"))
+    report_round(orch, clock)
+    assert "foresight" not in orch.sharing.levels(["A100"])[0].describe()

@@ -6,11 +6,14 @@ from __future__ import annotations
 
 import os
 import time
+from pathlib import Path
 
 import psutil
 import pytest
 
+import hypersack
 from hypersack.sim.process import SimProcess, WorkerDied
+from hypersack.testing.server import RawAgent, make_server, wait
 
 
 @pytest.fixture
@@ -70,3 +73,34 @@ def test_shutdown_kills_the_worker_at_once_and_refuses_later_calls() -> None:
 def test_a_stray_print_in_a_call_does_not_tear_its_reply(sims: SimProcess) -> None:
     assert sims.submit(print, "noise on stdout").result(timeout=60) is None
     assert sims.submit(len, "ok").result(timeout=60) == 2
+
+
+def test_the_server_starts_it_for_the_first_study_under_predict_and_takes_its_choice(
+        tmp_path: Path) -> None:
+    """A real server: no simulation process until a study under `predict` arrives; its
+    choice comes from that process (whether within the first decision's wait or at a
+    later tick); the process is gone once the server stops."""
+    server = make_server(tmp_path)
+    try:
+        assert server.sims.pid is None  # a server without such a study starts none
+        agent = RawAgent(server.address)
+        agent.register("n0", gpus=1)
+        with hypersack.Client(server.address) as hs:
+            study = hs.submit({
+                "name": "bg", "models": ["resnet18"],
+                "hyperparameters": {"batch_size": [64], "lr": [0.001, 0.01, 0.1]},
+                "settings": {"epochs": 1, "retries": 0, "policy": "predict"},
+                "program": {"builtin": "sleep"}})
+        pid = server.sims.pid
+        assert pid is not None and psutil.pid_exists(pid)
+        agent.launches(1)
+        orch = server.service.orch
+        wait(lambda: orch.rule_choice(study.id) is not None, timeout_s=120)
+        choice = orch.rule_choice(study.id)
+        assert choice is not None and "simulated in" in choice.why, choice.why
+        assert server.sims.started == 1
+        agent.close()
+    finally:
+        server.stop(0)
+    assert not psutil.pid_exists(pid) or \
+        psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
