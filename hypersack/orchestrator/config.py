@@ -92,7 +92,7 @@ class OrchestratorConfig:
     # sim/process.py), which a study's first decision waits on at most foresight_wait_s
     # before its fallback places it until the choice is in.
     foresight_pool: Executor | None = None
-    foresight_wait_s: float = 0.25
+    foresight_wait_s: float = 0.1
     # With learn_ratio: the simulator again, for the learner's foresight
     # (orchestrator/sharing.py): the study with the most trials pending simulated under
     # each candidate ratio of an architecture, with the learner's fits as the

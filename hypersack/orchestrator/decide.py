@@ -220,6 +220,9 @@ class Decider:
             claim.pending = False  # before the view: at a thousand nodes it costs ms
             return [], False
         space = self.s.spaces[claim.study_id]
+        self.policy(space, claim.study_id)  # under predict: its simulations start here
+        if self.rules.holding(claim.study_id):
+            return [], False  # its trials wait for its choice (orchestrator/foresight.py)
         open_nodes = self.s.nodes_for(claim.study_id, open_nodes)
         view = _closed(self.s.cluster.view(open_nodes, space.settings.oversubscription), closed)
         fused: dict[str, _Fused] = {}

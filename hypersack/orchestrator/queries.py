@@ -151,8 +151,11 @@ class Queries:
         return self.profiling.known_slots(model, arch)
 
     def wake_at(self) -> float | None:
-        """The next time a tick has something to do besides checking heartbeats."""
-        return self.pruning.wake_at()
+        """The next time a tick has something to do besides checking heartbeats (a held
+        promotion resuming, a study's wait for its rule ending)."""
+        times = [t for t in (self.pruning.wake_at(), self.explainer.decider.rules.wake_at())
+                 if t is not None]
+        return min(times, default=None)
 
     def idle_fits(self) -> list[tuple[str, int, str]]:
         """GPUs that hold nothing while a waiting trial would fit them now: (node, GPU

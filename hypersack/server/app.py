@@ -131,6 +131,7 @@ class HyperSackServer:
             self._lock.release()
             raise
         self.service.on_fatal = self._fatal
+        self.sims.on_answer = self.service.poke  # a simulation's answer is taken in at once
         self.service.on_store = self._store_state
         # With TLS every client call needs a token (or a client certificate), and agents
         # a node certificate; without it everyone is the local admin (loopback only).

@@ -109,6 +109,7 @@ class SchedulerService:
         self.default_retries = default_retries
         self.max_study_trials = max_study_trials
         self._stop = threading.Event()
+        self._tick_now = threading.Event()  # poke(): tick before the interval is over
         self._ticker: threading.Thread | None = None
         self.stats = {"events": 0, "heartbeats": 0, "stale": 0, "refused": 0, "batches": 0,
                       "failed_batches": 0, "profile_jobs": 0, "profiles_failed": 0}
@@ -172,6 +173,7 @@ class SchedulerService:
 
     def stop(self) -> None:
         self._stop.set()
+        self._tick_now.set()
         with self._lock:
             for s in self._sessions.values():
                 s.close()
@@ -181,14 +183,27 @@ class SchedulerService:
                 thread.join(timeout=5)
         self.full_gc.stop()
 
+    def poke(self) -> None:
+        """Tick now (from any thread): something a tick takes in has happened (a
+        simulation's answer came: orchestrator/foresight.py)."""
+        self._tick_now.set()
+
     def _tick_loop(self) -> None:
-        while not self._stop.wait(self.tick_interval_s):
+        wait_s = self.tick_interval_s
+        while True:
+            self._tick_now.wait(wait_s)
+            self._tick_now.clear()
+            if self._stop.is_set():
+                return
             with self._lock:
                 self._apply_retrying(Tick())
                 # Sessions of nodes that are gone are forgotten, not kept for ever.
                 for name in [n for n, s in self._sessions.items()
                              if not s.connected and not self.orch.has_node(n)]:
                     del self._sessions[name]
+                wake = self.orch.wake_at()  # a held promotion or study's time, if sooner
+            wait_s = self.tick_interval_s if wake is None else \
+                min(self.tick_interval_s, max(0.01, wake - self._clock.now()))
             self.full_gc.due_now()  # the collector's full collections: see gcpolicy
 
     # ----------------------------------------------------------------- core

@@ -42,6 +42,9 @@ class SimProcess(Executor):
 
     def __init__(self, python: str = sys.executable) -> None:
         self.python = python
+        # Called (from the reader thread) after each call's answer or failure: the
+        # server ticks then, to take the answer in at once.
+        self.on_answer: Callable[[], None] | None = None
         self._lock = threading.Lock()
         self._proc: subprocess.Popen[bytes] | None = None
         self._waiting: collections.deque[Future[Any]] = collections.deque()
@@ -122,6 +125,7 @@ class SimProcess(Executor):
                 future.set_result(value)
             else:
                 future.set_exception(value)
+            self._answered()
         proc.wait()
         with self._lock:
             if self._proc is proc:
@@ -133,6 +137,15 @@ class SimProcess(Executor):
         for future in failed:
             future.set_exception(WorkerDied(f"the simulation process ended (exit "
                                             f"{proc.returncode}) before it answered"))
+        if failed:
+            self._answered()
+
+    def _answered(self) -> None:
+        if self.on_answer is not None:
+            try:
+                self.on_answer()
+            except Exception:  # the caller's; the answer is in the future either way
+                log.warning("the answer callback failed", exc_info=True)
 
 
 def warm_simulations() -> bool:

@@ -242,7 +242,10 @@ def test_why_says_what_blocks_a_waiting_trial(cluster: Cluster) -> None:
     out = why(waiting.id)
     assert f"{waiting.id} is PENDING" in out
     assert "n1:0 (A100" in out and "compute: needs" in out, out
-    # The default policy chose the study's rule by simulating it (the server's foresight).
+    # The default policy chose the study's rule by simulating it (the server's foresight,
+    # in its simulation process: the choice may come in after the first decision).
+    wait_for("the rule chosen", lambda: "policy is predict: rule " in why(waiting.id))
+    out = why(waiting.id)
     assert "its study's policy is predict: rule " in out and "simulated ends: " in out, out
     assert f"{running.id} is RUNNING on n1:0" in why(running.id)
     with cluster.client() as client:

@@ -215,20 +215,58 @@ def _finish_running(orch: Orchestrator, study_id: str) -> None:
         orch.handle(TrialFinished(t.id, t.node or "", attempt=t.launches))
 
 
-def test_with_a_pool_the_fallback_places_until_the_background_choice_is_in() -> None:
+def _running(orch: Orchestrator, study_id: str) -> int:
+    return sum(t.state == TrialState.RUNNING for t in orch.trials(study_id))
+
+
+def test_with_a_pool_the_study_waits_for_its_choice_and_only_it_waits() -> None:
+    seer = Seer({"wfd": 430.0})
+    pool = HeldPool()
+    orch = _orch(seer, foresight_pool=pool, foresight_wait_s=0.0, nodes="1x2xA100-80GB",
+                 exclusive=True)  # one trial a GPU: a decision per exit
+    orch.handle(StudySubmitted(_space(n=12, epochs=1)))
+    # The pool readied as the study arrived; the simulation handed to it, not run here:
+    # the decision did not wait for it, and the study's trials wait for the choice.
+    assert pool.calls[0][1] is bool and len(pool.simulations) == 1 and seer.calls == []
+    assert orch.rule_choice("s-1") is None and _running(orch, "s-1") == 0
+    held = orch.s.clock.now() + 0.02 * 12 * prof("resnet18", 64).run_time_s(1) / (2 * 3)
+    assert orch.wake_at() == pytest.approx(held)
+    waiting = orch.trials("s-1")[0]
+    assert any("its trials wait for the choice (at most" in x
+               for x in orch.explain(waiting.id))
+    # Another study (a named rule) is placed meanwhile: only the one simulated waits.
+    orch.handle(StudySubmitted(_space(name="other", n=1, policy="ff")))
+    assert _running(orch, "other-1") == 1
+    # The choice comes in: the next tick takes it, and the study's first decision is
+    # the chosen rule's (its fallback placed nothing).
+    pool.finish()
+    orch.handle(Tick())
+    choice = orch.rule_choice("s-1")
+    assert choice is not None and choice.rule == "wfd" and len(seer.calls) == 1
+    assert _running(orch, "s-1") == 1 and _rules(orch, "s-1") == {"wfd"}
+    assert orch.wake_at() is None
+
+
+def test_past_its_hold_the_fallback_places_the_study_until_the_choice_is_in() -> None:
     seer = Seer({"wfd": 430.0})
     pool = HeldPool()
     orch = _orch(seer, foresight_pool=pool, foresight_wait_s=0.0, nodes="1x1xA100-80GB",
-                 exclusive=True)  # one trial at a time: a decision per exit
+                 exclusive=True)
     orch.handle(StudySubmitted(_space(n=12, epochs=1)))
-    # The pool readied as the study arrived; the simulation handed to it, not run here:
-    # the first decision did not wait for it.
-    assert pool.calls[0][1] is bool and len(pool.simulations) == 1 and seer.calls == []
-    assert orch.rule_choice("s-1") is None and _rules(orch, "s-1") == {"eft"}
+    assert _running(orch, "s-1") == 0
+    wake = orch.wake_at()
+    assert wake is not None
+    orch.s.clock.advance(wake - orch.s.clock.now() - 1e-6)
+    orch.handle(Tick())
+    assert _running(orch, "s-1") == 0  # not yet
+    orch.s.clock.advance(1e-3)
+    orch.handle(Tick())  # the hold is over: the fallback places
+    assert _running(orch, "s-1") == 1 and _rules(orch, "s-1") == {"eft"}
+    assert orch.wake_at() is None
     waiting = next(t for t in orch.trials("s-1") if t.state == TrialState.PENDING)
-    assert any("being simulated; its fallback places it" in x
+    assert any("being simulated; eft places it until the choice is in" in x
                for x in orch.explain(waiting.id))
-    _finish_running(orch, "s-1")  # a decision while it runs: the fallback again, once
+    _finish_running(orch, "s-1")  # a decision while it runs: the fallback again
     assert len(pool.simulations) == 1 and _rules(orch, "s-1") == {"eft"}
     pool.finish()
     orch.handle(Tick())  # a tick takes the choice in
@@ -279,6 +317,7 @@ def test_a_pool_that_fails_or_refuses_leaves_the_study_to_the_fallback() -> None
                  nodes="1x1xA100-80GB", exclusive=True)
     orch.handle(StudySubmitted(_space(n=12, epochs=1)))
     pool.simulations[0][0].set_exception(RuntimeError("the simulation process ended"))
-    _finish_running(orch, "s-1")
+    orch.handle(Tick())
     choice = orch.rule_choice("s-1")
     assert choice is not None and choice.rule == "eft" and "process ended" in choice.why
+    assert _running(orch, "s-1") == 1  # placed at once by the fallback

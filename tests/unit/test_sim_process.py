@@ -102,5 +102,5 @@ def test_the_server_starts_it_for_the_first_study_under_predict_and_takes_its_ch
         agent.close()
     finally:
         server.stop(0)
-    assert not psutil.pid_exists(pid) or \
-        psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+    wait(lambda: not psutil.pid_exists(pid) or  # killed: gone once the signal lands
+         psutil.Process(pid).status() == psutil.STATUS_ZOMBIE)
