@@ -19,6 +19,7 @@ SCRIPTS = Path(__file__).resolve().parents[2] / "scripts"
     ("sim_makespan.py", ["--policies", "eft,nope"], "--policies: unknown nope; valid:"),
     ("sim_makespan.py", ["--clusters", "../x"], "--clusters: unknown ../x; valid: paper"),
     ("sim_makespan.py", ["--kinds", "memory,"], "--kinds: unknown ; valid: compute"),
+    ("sim_late_choice.py", ["--seeds", "0"], "--seeds must be at least 1"),
     ("sim_learned_ratio.py", ["--seeds", "0"], "--seeds must be at least 1"),
     ("sim_learned_ratio.py", ["--models", "sat-double,nope"], "unknown model(s) nope"),
     ("sim_learned_ratio.py", ["--studies", "sp1,../x"], "unknown stud(ies) ../x"),

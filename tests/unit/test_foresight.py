@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Mapping, Sequence
-from concurrent.futures import Executor, Future, ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
 import pytest
@@ -21,6 +21,7 @@ from hypersack.orchestrator.events import ProfileMeasured, Tick, TrialFinished
 from hypersack.policies import make_policy
 from hypersack.store import MemoryStore
 from hypersack.testing.core import prof
+from hypersack.testing.pools import HeldPool
 
 
 class Seer:
@@ -183,31 +184,6 @@ def test_placed_directly_predict_is_its_fallback() -> None:
     direct = make_policy("predict").place(items, view)
     eft = make_policy("eft").place(items, view)
     assert direct.placements == eft.placements
-
-
-class HeldPool(Executor):
-    """A pool whose calls end when the test says (`finish`)."""
-
-    def __init__(self) -> None:
-        self.calls: list[tuple[Future[Any], Callable[..., Any], tuple[Any, ...]]] = []
-
-    def submit(self, fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Future[Any]:
-        future: Future[Any] = Future()
-        self.calls.append((future, fn, args))
-        return future
-
-    @property
-    def simulations(self) -> list[tuple[Future[Any], Callable[..., Any], tuple[Any, ...]]]:
-        """The calls but the trivial one that readies the pool (`bool()`)."""
-        return [c for c in self.calls if c[1] is not bool]
-
-    def finish(self) -> None:
-        for future, fn, args in self.calls:
-            if not future.done():
-                try:
-                    future.set_result(fn(*args))
-                except Exception as exc:
-                    future.set_exception(exc)
 
 
 def _finish_running(orch: Orchestrator, study_id: str) -> None:

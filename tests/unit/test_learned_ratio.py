@@ -18,6 +18,7 @@ from hypersack.orchestrator import NodeJoined, StudySubmitted, TrialFinished, Tr
 from hypersack.orchestrator.learned import SETTING
 from hypersack.store import MemoryStore
 from hypersack.testing.core import launches, make, prof
+from hypersack.testing.pools import HeldPool
 from hypersack.testing.stores import FailingStore, StoreFailure
 
 SAT, CONTENTION = 150.0, 0.05  # the hidden interference: kernels queue past 150 % load
@@ -484,8 +485,6 @@ def test_with_a_pool_a_decision_holds_until_its_simulation_is_in() -> None:
     """The server simulates elsewhere (OrchestratorConfig.foresight_pool): the event
     worker does not wait for the candidate ratios' simulations; the learner's decision
     holds (no step by the progress model meanwhile) and is taken once they are in."""
-    from tests.unit.test_foresight import HeldPool
-
     fake, pool = _Foresight(best=2.0), HeldPool()
     orch, _, clock = learning(ratio_foresight=fake, foresight_pool=pool,
                               foresight_wait_s=0.0)
