@@ -4,12 +4,14 @@ study, before its first decision, by simulating the study under each candidate r
 simulated study ends first.
 
 Where the server hands the simulations to a process of its own
-(`OrchestratorConfig.foresight_pool`), the first decision waits for them at most
-`foresight_wait_s`; past that the study's fallback places its decisions until the
-choice is in, and the server's event worker goes on with every study's events (the
-simulations of a thousand trials take about a second here, of the largest studies up
-to sim/foresight.BUDGET_S). Without a pool (the simulator, tests) the decision waits,
-and runs repeat exactly.
+(`OrchestratorConfig.foresight_pool`), the event worker waits for them at most
+`foresight_wait_s` and goes on with every study's events (the simulations of a
+thousand trials take about a second here, of the largest studies up to
+sim/foresight.BUDGET_S). Past that only the study waits: its decisions are held for its
+choice at most HOLD_SHARE of the shortest it could take (HOLD_MAX_S at most), then its
+fallback places it until the choice is in; a tick takes the choice in (the server ticks
+when the answer comes). Without a pool (the simulator, tests) the decision waits, and
+runs repeat exactly.
 
 The simulation sees what this scheduler knows: the study's trials, the profiles of its
 workloads, the nodes that take its trials where those profiles are known (at a study's
@@ -122,7 +124,7 @@ class RuleChooser:
         self.s = s
         self.chosen: dict[str, Choice] = {}  # by study: final once made
         # Simulations under way elsewhere (`OrchestratorConfig.foresight_pool`), by study:
-        # the fallback places the study's decisions until one is in.
+        # its decisions are held for a while, then placed by the fallback until one is in.
         self.pending: dict[str, _Running] = {}
 
     def rule(self, study_id: str, space: SearchSpace, ask: Ask) -> str:
