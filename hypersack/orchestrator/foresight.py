@@ -71,9 +71,9 @@ class Ask:
 # With a pool, a study's decisions wait for its choice at most this share of the
 # shortest it could take (`shortest_s`), and never longer than HOLD_MAX_S: placed by
 # the fallback instead, a study's first wave cost up to 11 % of its makespan (mean
-# 1.7 %, over sim_makespan's 24 scenarios of seeds 0-1), and waiting costs at most the
-# wait. Other studies' decisions never wait for it.
-HOLD_SHARE = 0.02
+# 1.7 %, over sim_makespan's 24 scenarios of seeds 0-1; scripts/sim_late_choice.py),
+# and waiting costs at most the wait. Other studies' decisions never wait for it.
+HOLD_SHARE = 0.01
 HOLD_MAX_S = 15.0
 # A simulation's answer: each candidate's makespan, and the seconds it took.
 Timed = tuple[dict[str, float], float]
@@ -91,9 +91,9 @@ class _Running:
 
 
 def shortest_s(s: CoreState, study_id: str, nodes: list[NodeSpec]) -> float:
-    """A lower bound of how long the study takes on these nodes: its trials' run time
-    (each on its fastest architecture there, as profiled) over the GPUs' slots (each
-    GPU its ratio's worth of trials at full speed)."""
+    """A lower bound of how long the study takes on these nodes: its waiting trials'
+    compute work (each trial's profiled run time times its compute share, on the
+    architecture where that is least) over the GPUs' compute (each its ratio's worth)."""
     space = s.spaces.get(study_id)
     if space is None:
         return 0.0
@@ -107,8 +107,8 @@ def shortest_s(s: CoreState, study_id: str, nodes: list[NodeSpec]) -> float:
         counts[left] = counts.get(left, 0) + 1
     work = 0.0
     for (key, epochs), n in counts.items():
-        times = [s.profiles[key, a].run_time_s(epochs) for a in archs
-                 if (key, a) in s.profiles]
+        times = [p.run_time_s(epochs) * p.demand.compute_pct / 100.0
+                 for p in (s.profiles.get((key, a)) for a in archs) if p is not None]
         work += n * min(times, default=0.0)
     return work / slots if slots > 0 else 0.0
 

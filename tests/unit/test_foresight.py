@@ -205,7 +205,10 @@ def test_with_a_pool_the_study_waits_for_its_choice_and_only_it_waits() -> None:
     # the decision did not wait for it, and the study's trials wait for the choice.
     assert pool.calls[0][1] is bool and len(pool.simulations) == 1 and seer.calls == []
     assert orch.rule_choice("s-1") is None and _running(orch, "s-1") == 0
-    held = orch.s.clock.now() + 0.02 * 12 * prof("resnet18", 64).run_time_s(1) / (2 * 3)
+    # 1 % of its compute work (12 trials' run time x compute share) over 2 A100s at 3.
+    p = prof("resnet18", 64)
+    held = orch.s.clock.now() + \
+        0.01 * 12 * p.run_time_s(1) * p.demand.compute_pct / 100 / (2 * 3)
     assert orch.wake_at() == pytest.approx(held)
     waiting = orch.trials("s-1")[0]
     assert any("its trials wait for the choice (at most" in x
