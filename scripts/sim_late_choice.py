@@ -24,15 +24,17 @@ from hypersack.orchestrator import foresight
 
 @contextmanager
 def first_decision_by_fallback() -> Iterator[None]:
-    """RuleChooser.rule answers the fallback at each study's first decision."""
+    """RuleChooser.rule answers the fallback at each study's first decision (every
+    ask at that virtual time: a decision may ask more than once)."""
     chooser = foresight.RuleChooser
     original = chooser.rule
 
     def late(self: foresight.RuleChooser, study_id: str, space: object,
              ask: foresight.Ask) -> str:
-        seen: set[str] = self.__dict__.setdefault("_late_seen", set())
-        if study_id not in seen:
-            seen.add(study_id)
+        # The first decision: every ask at the (virtual) time of the study's first.
+        first: dict[str, float] = self.__dict__.setdefault("_late_first", {})
+        now = self.s.clock.now()
+        if first.setdefault(study_id, now) == now:
             return ask.fallback
         return original(self, study_id, space, ask)  # type: ignore[arg-type]
 
