@@ -153,10 +153,13 @@ class RuleChooser:
 
     def holding(self, study_id: str) -> bool:
         """Whether the study's decisions wait for its choice: simulated elsewhere, not
-        in yet, and its hold (HOLD_SHARE of its makespan's estimate) not over."""
+        in yet, its hold (HOLD_SHARE of its makespan's estimate) not over, and no other
+        study waiting for GPUs (which would take the free ones meanwhile: a study held
+        then could lose far more than the hold to their trials' run time)."""
         running = self.pending.get(study_id)
         return running is not None and not running.future.done() and \
-            self.s.clock.now() < running.hold_until
+            self.s.clock.now() < running.hold_until and \
+            not any(w for sid, w in self.s.waiting.items() if sid != study_id)
 
     def wake_at(self) -> float | None:
         """When a study's hold ends, the earliest (None: no study is held)."""

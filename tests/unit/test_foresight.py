@@ -195,7 +195,7 @@ def _running(orch: Orchestrator, study_id: str) -> int:
     return sum(t.state == TrialState.RUNNING for t in orch.trials(study_id))
 
 
-def test_with_a_pool_the_study_waits_for_its_choice_and_only_it_waits() -> None:
+def test_with_a_pool_a_study_alone_waits_for_its_choice() -> None:
     seer = Seer({"wfd": 430.0})
     pool = HeldPool()
     orch = _orch(seer, foresight_pool=pool, foresight_wait_s=0.0, nodes="1x2xA100-80GB",
@@ -213,17 +213,32 @@ def test_with_a_pool_the_study_waits_for_its_choice_and_only_it_waits() -> None:
     waiting = orch.trials("s-1")[0]
     assert any("its trials wait for the choice (at most" in x
                for x in orch.explain(waiting.id))
-    # Another study (a named rule) is placed meanwhile: only the one simulated waits.
-    orch.handle(StudySubmitted(_space(name="other", n=1, policy="ff")))
-    assert _running(orch, "other-1") == 1
     # The choice comes in: the next tick takes it, and the study's first decision is
     # the chosen rule's (its fallback placed nothing).
     pool.finish()
     orch.handle(Tick())
     choice = orch.rule_choice("s-1")
     assert choice is not None and choice.rule == "wfd" and len(seer.calls) == 1
-    assert _running(orch, "s-1") == 1 and _rules(orch, "s-1") == {"wfd"}
+    assert _running(orch, "s-1") == 2 and _rules(orch, "s-1") == {"wfd"}
     assert orch.wake_at() is None
+
+
+def test_a_study_is_not_held_while_another_waits_for_gpus() -> None:
+    """Held while others wait, the study would find the GPUs they took meanwhile and
+    wait for their trials to end: it is placed by its fallback at once instead."""
+    pool = HeldPool()
+    orch = _orch(Seer({"wfd": 430.0}), foresight_pool=pool, foresight_wait_s=0.0,
+                 nodes="1x2xA100-80GB", exclusive=True)
+    orch.handle(StudySubmitted(_space(n=12, epochs=1)))
+    assert _running(orch, "s-1") == 0  # alone: held
+    orch.handle(StudySubmitted(_space(name="other", n=4, policy="ff")))
+    assert _running(orch, "s-1") + _running(orch, "other-1") == 2
+    assert _running(orch, "s-1") >= 1 and "eft" in _rules(orch, "s-1")
+    assert orch.rule_choice("s-1") is None  # still being simulated
+    pool.finish()
+    orch.handle(Tick())
+    choice = orch.rule_choice("s-1")
+    assert choice is not None and choice.rule == "wfd"
 
 
 def test_past_its_hold_the_fallback_places_the_study_until_the_choice_is_in() -> None:
