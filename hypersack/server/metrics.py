@@ -202,8 +202,9 @@ class ServerCollector(Collector):
 
         g = GaugeMetricFamily("hypersack_gpus_idle_while_trials_fit", "GPUs holding "
                               "nothing while a waiting trial would fit them now: held "
-                              "back by a study's share or a user's quota (else a "
-                              "decision would have placed it)")
+                              "back by a study's share, a user's quota, or its study's "
+                              "wait for predict's choice (else a decision would have "
+                              "placed it)")
         g.add_metric([], len(idle_fits))
         yield g
 
