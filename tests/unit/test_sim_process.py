@@ -104,3 +104,11 @@ def test_the_server_starts_it_for_the_first_study_under_predict_and_takes_its_ch
         server.stop(0)
     wait(lambda: not psutil.pid_exists(pid) or  # killed: gone once the signal lands
          psutil.Process(pid).status() == psutil.STATUS_ZOMBIE)
+
+
+def test_a_worker_that_cannot_start_fails_the_call_at_once(tmp_path: Path) -> None:
+    sims = SimProcess(python=str(tmp_path / "no-python"))
+    with pytest.raises(OSError):
+        sims.submit(os.getpid)
+    assert sims.pid is None
+    sims.shutdown()
