@@ -39,7 +39,7 @@ import logging
 import math
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import Future, wait
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import Any
 
 from hypersack.core.types import TrialRecord, TrialState
@@ -69,6 +69,20 @@ FORESIGHT_MAX_GPUS = 256
 SUBJECT_SWITCH = 1.25
 # ... looked for at most once per this many seconds, and whenever a study was submitted.
 SUBJECT_EVERY_S = 1.0
+
+
+# A learner's decision waits for its simulations at most this long (on the server's
+# clock); past it the decision is taken without them, as if they had failed.
+WEIGH_GIVE_UP_S = 60.0
+
+
+@dataclass(frozen=True)
+class _Weighing:
+    """An architecture's simulations under way in the pool."""
+
+    candidates: tuple[float, ...]
+    future: Future[Mapping[float, float]]
+    since: float
 
 
 class LearnedSharing:
@@ -107,7 +121,7 @@ class LearnedSharing:
         # With a pool (OrchestratorConfig.foresight_pool): each architecture's simulation
         # under way there (its candidates, and the answer to come), and the decisions
         # held for one (whether each was a reconsideration), taken again once it is in.
-        self._weighing: dict[str, tuple[tuple[float, ...], Future[Mapping[float, float]]]] = {}
+        self._weighing: dict[str, _Weighing] = {}
         self._held: dict[str, bool] = {}
         self._waiting_for: str | None = None  # the decision just made is held for it
         self._saved_at = -math.inf
@@ -236,7 +250,8 @@ class LearnedSharing:
         saved = False
         for arch in dict.fromkeys([*archs, *sorted(self._reconsider), *sorted(self._held)]):
             running = self._weighing.get(arch)
-            if running is not None and not running[1].done():
+            if running is not None and not running.future.done() and \
+                    now - running.since < WEIGH_GIVE_UP_S:
                 continue  # its simulation is not in: decided once it is
             held = arch in self._held
             again = arch in self._reconsider or self._held.pop(arch, False)
@@ -341,18 +356,25 @@ class LearnedSharing:
         pool = self.s.config.foresight_pool
         if pool is None:
             return foresee(*args)
-        candidates = args[6]
+        candidates, now = args[6], self.s.clock.now()
         running = self._weighing.get(arch)
-        if running is not None and running[0] == candidates and running[1].done():
+        if running is not None and not running.future.done() and \
+                now - running.since >= WEIGH_GIVE_UP_S:
+            # Stuck (the process should answer within RATIO_BUDGET_S and a run): decided
+            # without it, and nothing more is queued behind it until it answers.
+            raise TimeoutError(f"no answer from the simulation process in "
+                               f"{now - running.since:.0f} s")
+        if running is not None and running.candidates == candidates and \
+                running.future.done():
             del self._weighing[arch]
-            return running[1].result()
-        if running is None or running[0] != candidates:
+            return running.future.result()
+        if running is None or running.candidates != candidates:
             future = pool.submit(foresee, *args)
             wait([future], timeout=self.s.config.foresight_wait_s)
             if future.done():
                 self._weighing.pop(arch, None)
                 return future.result()
-            self._weighing[arch] = (candidates, future)
+            self._weighing[arch] = _Weighing(candidates, future, now)
             log.info("%s: study %s is simulated under %d candidate ratios in the "
                      "background; the learner decides once that is in", arch, sid,
                      len(candidates))

@@ -517,3 +517,23 @@ def test_with_a_pool_a_decision_holds_until_its_simulation_is_in() -> None:
     pool2.simulations[0][0].set_exception(RuntimeError("the simulation process ended"))
     report_round(orch, clock)
     assert "foresight" not in orch.sharing.levels(["A100"])[0].describe()
+
+
+def test_a_learner_whose_simulation_never_answers_decides_without_it(caplog: Any) -> None:
+    from hypersack.orchestrator.learned import WEIGH_GIVE_UP_S
+
+    fake, pool = _Foresight(best=2.0), HeldPool()
+    orch, _, clock = learning(ratio_foresight=fake, foresight_pool=pool,
+                              foresight_wait_s=0.0)
+    orch.handle(NodeJoined(parse_shorthand("1x4xA100-80GB").nodes[0]))
+    orch.handle(StudySubmitted(study(40)))
+    while not pool.simulations:
+        report_round(orch, clock)
+    decided = dict(orch.sharing._decided)
+    for _ in range(int(WEIGH_GIVE_UP_S / 2) + 5):  # two seconds a round
+        report_round(orch, clock)
+    # Decided again past the give-up (the progress model's target), and nothing more
+    # queued behind the stuck call.
+    assert orch.sharing._decided["A100"] > decided["A100"] + WEIGH_GIVE_UP_S - 5
+    assert "no answer from the simulation process" in caplog.text
+    assert len(pool.simulations) == 1 and fake.asked == []
