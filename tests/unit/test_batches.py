@@ -120,3 +120,38 @@ def test_under_load_a_batch_gathers_what_follows_and_idle_it_does_not_wait(
     svc.intake.gather_s = 0.0
     _queue(svc, "n4", _exit("t4"), time.monotonic())
     assert [m.exited.trial_id for _, m, _ in svc.intake.next_batch(wait_s=0)] == ["t4"]
+
+
+def test_a_poke_ticks_at_once_and_the_ticker_wakes_for_what_waits_on_time(
+        tmp_path: Path) -> None:
+    """The ticker ticks when poked (a simulation's answer came) and when the
+    orchestrator has something due sooner than the interval (`wake_at`), not only every
+    `tick_interval_s`."""
+    import time
+
+    svc = SchedulerService(SqliteStore(tmp_path / "s.db"), tick_interval_s=3600)
+    svc.start()
+    try:
+        time.sleep(0.2)
+        before = svc.stats["batches"]
+        svc.poke()
+        deadline = time.monotonic() + 30
+        while svc.stats["batches"] == before and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert svc.stats["batches"] > before  # within seconds, not the hour
+        # Something due in a moment: the ticker wakes for it by itself.
+        due = [time.time() + 0.5]
+        svc.orch.wake_at = lambda: due[0] if due else None  # type: ignore[method-assign]
+        poked = svc.stats["batches"]
+        svc.poke()  # the ticker learns the time at this tick
+        deadline = time.monotonic() + 30
+        while svc.stats["batches"] == poked and time.monotonic() < deadline:
+            time.sleep(0.01)
+        ticked = svc.stats["batches"]
+        assert ticked > poked
+        while svc.stats["batches"] == ticked and time.monotonic() < deadline:
+            time.sleep(0.01)
+        due.clear()
+        assert svc.stats["batches"] > ticked  # the tick at `due`, not in an hour
+    finally:
+        svc.stop()
