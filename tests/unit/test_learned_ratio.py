@@ -481,10 +481,9 @@ def test_a_study_of_workloads_new_to_the_learner_starts_at_the_configured_ratio(
     assert saved is not None and '"A100": 3.0' in saved
 
 
-def test_with_a_pool_a_decision_holds_until_its_simulation_is_in() -> None:
-    """The server simulates elsewhere (OrchestratorConfig.foresight_pool): the event
-    worker does not wait for the candidate ratios' simulations; the learner's decision
-    holds (no step by the progress model meanwhile) and is taken once they are in."""
+def _handed_off() -> tuple[_Foresight, HeldPool, Any, Any]:
+    """A learner whose simulations go to a pool that answers when the test says, run
+    until it handed its first simulation there."""
     fake, pool = _Foresight(best=2.0), HeldPool()
     orch, _, clock = learning(ratio_foresight=fake, foresight_pool=pool,
                               foresight_wait_s=0.0)
@@ -494,6 +493,14 @@ def test_with_a_pool_a_decision_holds_until_its_simulation_is_in() -> None:
         report_round(orch, clock)
         if pool.simulations:
             break
+    return fake, pool, orch, clock
+
+
+def test_with_a_pool_a_decision_holds_until_its_simulation_is_in() -> None:
+    """The server simulates elsewhere (OrchestratorConfig.foresight_pool): the event
+    worker does not wait for the candidate ratios' simulations; the learner's decision
+    holds (no step by the progress model meanwhile) and is taken once they are in."""
+    fake, pool, orch, clock = _handed_off()
     assert len(pool.simulations) == 1 and fake.asked == []  # handed off, not run here
     held = orch.s.config.ratio("A100", {})
     for _ in range(10):  # samples keep coming; nothing moves, nothing more is handed off
@@ -507,13 +514,7 @@ def test_with_a_pool_a_decision_holds_until_its_simulation_is_in() -> None:
     level = orch.sharing.levels(["A100"])[0].describe()
     assert "foresight: of" in level and "2 ends the work at hand soonest" in level
     # A simulation that fails in the pool leaves the progress model's target.
-    fake2, pool2 = _Foresight(best=2.0), HeldPool()
-    orch, _, clock = learning(ratio_foresight=fake2, foresight_pool=pool2,
-                              foresight_wait_s=0.0)
-    orch.handle(NodeJoined(parse_shorthand("1x4xA100-80GB").nodes[0]))
-    orch.handle(StudySubmitted(study(40)))
-    while not pool2.simulations:
-        report_round(orch, clock)
+    _, pool2, orch, clock = _handed_off()
     pool2.simulations[0][0].set_exception(RuntimeError("the simulation process ended"))
     report_round(orch, clock)
     assert "foresight" not in orch.sharing.levels(["A100"])[0].describe()
@@ -522,13 +523,7 @@ def test_with_a_pool_a_decision_holds_until_its_simulation_is_in() -> None:
 def test_a_learner_whose_simulation_never_answers_decides_without_it(caplog: Any) -> None:
     from hypersack.orchestrator.learned import WEIGH_GIVE_UP_S
 
-    fake, pool = _Foresight(best=2.0), HeldPool()
-    orch, _, clock = learning(ratio_foresight=fake, foresight_pool=pool,
-                              foresight_wait_s=0.0)
-    orch.handle(NodeJoined(parse_shorthand("1x4xA100-80GB").nodes[0]))
-    orch.handle(StudySubmitted(study(40)))
-    while not pool.simulations:
-        report_round(orch, clock)
+    fake, pool, orch, clock = _handed_off()
     decided = dict(orch.sharing._decided)
     for _ in range(int(WEIGH_GIVE_UP_S / 2) + 5):  # two seconds a round
         report_round(orch, clock)
