@@ -22,6 +22,7 @@ import queue
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Callable
 from concurrent.futures import Executor, Future
 from pathlib import Path
@@ -30,6 +31,9 @@ from typing import IO, Any
 log = logging.getLogger(__name__)
 
 _STOP = None  # what the feeder thread takes to end
+# A call that runs longer is a wedged worker (a simulation's candidates stop after
+# sim/foresight.BUDGET_S; loading the compiled knapsacks the first time takes about 9 s).
+CALL_LIMIT_S = 120.0
 
 
 class WorkerDied(RuntimeError):
@@ -40,8 +44,12 @@ class SimProcess(Executor):
     """`submit(fn, *args)` runs `fn(*args)` in the worker process (fn and args must
     pickle: module-level functions and plain data)."""
 
-    def __init__(self, python: str = sys.executable) -> None:
+    def __init__(self, python: str = sys.executable, call_limit_s: float = CALL_LIMIT_S
+                 ) -> None:
         self.python = python
+        self.call_limit_s = call_limit_s
+        self._busy_since = 0.0  # when the call the worker runs now began (monotonic)
+        self._ready = False  # the worker said it is ready (its warm-up is not a call's)
         # Called (from the reader thread) after each call's answer or failure: the
         # server ticks then, to take the answer in at once.
         self.on_answer: Callable[[], None] | None = None
@@ -60,6 +68,8 @@ class SimProcess(Executor):
                 raise RuntimeError("the simulation process is shut down")
             if self._proc is None:
                 self._start()
+            if not self._waiting:
+                self._busy_since = time.monotonic()
             self._waiting.append(future)
             self._feed.put(data)
         return future
@@ -92,12 +102,31 @@ class SimProcess(Executor):
                                 stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env,
                                 close_fds=True, start_new_session=True)
         self._proc = proc
+        self._ready = False
         self.started += 1
         assert proc.stdin is not None and proc.stdout is not None
         threading.Thread(target=self._feeder, args=(proc.stdin, self._feed),
                          name="hypersack-sim-feed", daemon=True).start()
         threading.Thread(target=self._reader, args=(proc, proc.stdout),
                          name="hypersack-sim-read", daemon=True).start()
+        threading.Thread(target=self._watch, args=(proc,), name="hypersack-sim-watch",
+                         daemon=True).start()
+
+    def _watch(self, proc: subprocess.Popen[bytes]) -> None:
+        """Kill a wedged worker: one call running past call_limit_s. Its calls fail
+        (WorkerDied) and the next call starts another, so one stuck simulation does not
+        leave every later study without its choice."""
+        while proc.poll() is None:
+            time.sleep(min(1.0, self.call_limit_s / 4))
+            with self._lock:
+                busy = self._proc is proc and self._ready and bool(self._waiting)
+                running_s = time.monotonic() - self._busy_since
+            if busy and running_s > self.call_limit_s:
+                log.warning("the simulation process ran one call for %.0f s (limit %.0f s); "
+                            "killed, and the next call starts another", running_s,
+                            self.call_limit_s)
+                proc.kill()
+                return
 
     @staticmethod
     def _feeder(pipe: IO[bytes], feed: queue.SimpleQueue[bytes | None]) -> None:
@@ -118,6 +147,10 @@ class SimProcess(Executor):
             except Exception:  # EOF or a torn reply: the worker is gone
                 break
             with self._lock:
+                self._busy_since = time.monotonic()  # the next call, if any, begins
+                if ok is None:  # the worker's first word: ready, its warm-up done
+                    self._ready = True
+                    continue
                 future = self._waiting.popleft() if self._waiting else None
             if future is None:
                 continue
@@ -159,6 +192,8 @@ def warm_simulations() -> bool:
 
 
 def _serve(requests: IO[bytes], replies: IO[bytes]) -> None:
+    replies.write(pickle.dumps((None, None)))  # ready: the calls' time limit starts now
+    replies.flush()
     while True:
         try:
             fn, args, kwargs = pickle.load(requests)  # noqa: S301 - from our parent

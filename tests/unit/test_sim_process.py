@@ -112,3 +112,15 @@ def test_a_worker_that_cannot_start_fails_the_call_at_once(tmp_path: Path) -> No
         sims.submit(os.getpid)
     assert sims.pid is None
     sims.shutdown()
+
+
+def test_a_call_past_the_limit_kills_the_worker_and_the_next_call_gets_another() -> None:
+    sims = SimProcess(call_limit_s=1.0)
+    try:
+        assert sims.submit(os.getpid).result(timeout=60) == sims.pid
+        stuck = sims.submit(time.sleep, 600)  # a wedged simulation
+        with pytest.raises(WorkerDied):
+            stuck.result(timeout=60)
+        assert sims.submit(len, "ok").result(timeout=60) == 2 and sims.started == 2
+    finally:
+        sims.shutdown()
