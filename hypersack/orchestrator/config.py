@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Executor
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 from hypersack.core.types import NodeSpec, Profile, UserShare
@@ -100,6 +100,12 @@ class OrchestratorConfig:
     # learn_foresight False: the learner's progress model sets the target.
     ratio_foresight: RatioForesight | None = None
     learn_foresight: bool = True
+
+    def simulated(self) -> OrchestratorConfig:
+        """This configuration as a simulation runs under it: with no simulator or pool
+        of its own (no nested foresight), and so plain data that pickles (to the
+        server's simulation process)."""
+        return replace(self, foresight=None, ratio_foresight=None, foresight_pool=None)
 
     def share_rule(self, user: str) -> UserShare:
         rule = self.shares.get(user) or self.shares.get("*")

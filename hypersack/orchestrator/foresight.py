@@ -29,7 +29,7 @@ import math
 import time
 from collections.abc import Mapping
 from concurrent.futures import Future, wait
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 
 from hypersack.core.types import STATED_KEY, NodeSpec, Profile, WorkloadKey
 from hypersack.grid.expand import as_key_text
@@ -229,9 +229,8 @@ class RuleChooser:
         if gpus > ask.max_gpus:
             return Choice(fallback, f"{gpus} GPUs, more than predict's max_gpus "
                                     f"({ask.max_gpus}) simulates")
-        config = replace(self.s.config, foresight=None, ratio_foresight=None,
-                         foresight_pool=None)
-        args = (foresee, space, usable, profiles, config, tuple(candidates))
+        args = (foresee, space, usable, profiles, self.s.config.simulated(),
+                tuple(candidates))
         pool = self.s.config.foresight_pool
         future: Future[Timed] = Future()
         if pool is None:  # here and now: the decision waits (repeatable runs)

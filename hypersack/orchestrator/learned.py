@@ -39,7 +39,7 @@ import logging
 import math
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import Future, wait
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any
 
 from hypersack.core.types import TrialRecord, TrialState
@@ -333,10 +333,8 @@ class LearnedSharing:
                 continue
             policy = self.rule_of(sid) if self.rule_of is not None else \
                 (self.s.config.policy or space.settings.policy)
-            config = replace(self.s.config, foresight=None, ratio_foresight=None,
-                             foresight_pool=None)
-            args = (space, nodes, profiles, config, policy, arch, tuple(candidates),
-                    dict(learner.ratios), dict(learner.fits),
+            args = (space, nodes, profiles, self.s.config.simulated(), policy, arch,
+                    tuple(candidates), dict(learner.ratios), dict(learner.fits),
                     {a: dict(w) for a, w in learner.workload_fits.items()})
             try:
                 return self._weighed(arch, sid, foresee, args)

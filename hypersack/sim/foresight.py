@@ -85,8 +85,8 @@ def _makespans(space: SearchSpace, nodes: Sequence[NodeSpec], profiles: Sequence
                     (policy in PACKING and kernels.compiled("pairs_row") is None):
                 out[key] = math.inf  # not simulated
                 continue
-            run = replace(config, policy=policy, oversubscription=ratios, foresight=None,
-                          ratio_foresight=None, learn_ratio=False)
+            run = replace(config.simulated(), policy=policy, oversubscription=ratios,
+                          learn_ratio=False)
             result = Simulation(space, cluster, profiles, config=run,
                                 interference=interference).run()
             ended = not result.stuck and result.completed == result.trials
