@@ -25,7 +25,7 @@ from hypersack.orchestrator import foresight
 @contextmanager
 def first_decision_by_fallback() -> Iterator[None]:
     """RuleChooser.rule answers the fallback at each study's first decision (every
-    ask at that virtual time: a decision may ask more than once)."""
+    ask at that virtual time: several decisions, and the learner, may ask then)."""
     chooser = foresight.RuleChooser
     original = chooser.rule
 

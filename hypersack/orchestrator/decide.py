@@ -220,7 +220,7 @@ class Decider:
             claim.pending = False  # before the view: at a thousand nodes it costs ms
             return [], False
         space = self.s.spaces[claim.study_id]
-        self.policy(space, claim.study_id)  # under predict: its simulations start here
+        policy = self.policy(space, claim.study_id)  # predict: its simulations start here
         if self.rules.holding(claim.study_id):
             return [], False  # its trials wait for its choice (orchestrator/foresight.py)
         open_nodes = self.s.nodes_for(claim.study_id, open_nodes)
@@ -234,7 +234,6 @@ class Decider:
         batch = [f.item for f in fused.values()] + self.plain_items(
             claim.study_id, alone, archs, view)
         commands: list[Command] = []
-        policy = self.policy(space, claim.study_id)
         cut = False
         unfit: list[Item] = []
         while batch:
