@@ -62,6 +62,7 @@ log = logging.getLogger(__name__)
 WARM_WAIT_S = 10.0
 
 MAX_ACKS = 2 * MAX_UNACKED  # acknowledgements read from one server message
+HEARTBEAT_ACK = "heartbeat:"  # how the server acknowledges heartbeat N: "heartbeat:N"
 MAX_SEND_BYTES = 3 << 20  # below the server's 4 MiB limit on one message
 # Keepalive pings find a dead link (a silent peer, a dropped NAT entry) in seconds.
 CHANNEL_OPTIONS = [("grpc.keepalive_time_ms", 10_000), ("grpc.keepalive_timeout_ms", 5_000),
@@ -336,6 +337,7 @@ class Agent(LaunchCommands, ProcessPolling):
             error: grpc.RpcError | None = None
             try:
                 for msg in call:
+                    self._heard(msg)
                     inbox.put(msg)
             except grpc.RpcError as exc:
                 error = exc
@@ -487,12 +489,21 @@ class Agent(LaunchCommands, ProcessPolling):
             self.checkpoints.drop(d.study_id, d.trial_id)
             self.checkpoints.delete_dropped(self._running_ids())
 
+    def _heard(self, msg: pb.ServerMessage) -> None:
+        """On the stream's reader thread, as each message arrives: the heartbeats it
+        acknowledges renew the fence lease from when each was sent. Not on the thread
+        that runs commands: a launch may wait seconds for its warm process (torch's
+        imports, 7 s on an H200 node), and a lease renewed only after it would lapse
+        and the keeper fence the node the server still hears."""
+        acks = [*msg.acks[:MAX_ACKS], *([msg.acked.id] if msg.HasField("acked") else [])]
+        for ack in acks:
+            if ack.startswith(HEARTBEAT_ACK):
+                sent = self._beats.acknowledged(ack.removeprefix(HEARTBEAT_ACK))
+                if sent is not None:
+                    self.lease.renew(sent + self.fence_s)
+
     def _acked(self, ack: str) -> None:
-        """The server committed a report: a heartbeat renews the fence lease from when it
-        was sent; an exit or profile report is not sent again."""
-        if ack.startswith("heartbeat:"):
-            sent = self._beats.acknowledged(ack.removeprefix("heartbeat:"))
-            if sent is not None:
-                self.lease.renew(sent + self.fence_s)
-            return
-        self._unacked.forget(ack)
+        """The server committed a report: it is not sent again. (A heartbeat's
+        acknowledgement was taken as it arrived, by `_heard`.)"""
+        if not ack.startswith(HEARTBEAT_ACK):
+            self._unacked.forget(ack)

@@ -29,6 +29,7 @@ from __future__ import annotations
 import os
 import signal
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -173,16 +174,18 @@ class Lease:
         # How long the keeper waits between SIGTERM and SIGKILL, written with the lease
         # (the server's heartbeat timeout, which bounds it, is known only once registered).
         self.grace_s = grace_s
+        self._lock = threading.Lock()
 
     def renew(self, until: float) -> None:
         """Move the lease on (never back), written whole (rename) so the keeper never
         reads half a number: `until grace_s`."""
-        if until <= self.until:
-            return
-        self.until = until
-        tmp = self.path.with_name(self.path.name + ".tmp")
-        tmp.write_text(f"{until!r} {self.grace_s!r}")
-        os.replace(tmp, self.path)
+        with self._lock:  # renewed from the stream's reader thread and the command one
+            if until <= self.until:
+                return
+            self.until = until
+            tmp = self.path.with_name(self.path.name + ".tmp")
+            tmp.write_text(f"{until!r} {self.grace_s!r}")
+            os.replace(tmp, self.path)
 
     def lapsed(self, now: float | None = None) -> bool:
         return (time.monotonic() if now is None else now) > self.until

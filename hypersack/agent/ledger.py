@@ -90,21 +90,26 @@ class Beats:
     def __init__(self) -> None:
         self.count = 0
         self._sent: dict[int, float] = {}
+        # Sent from the heartbeat thread, acknowledged on the stream's reader thread.
+        self._lock = threading.Lock()
 
     def sent(self, at: float) -> int:
         """A heartbeat goes now (`at`): its number."""
-        self.count += 1
-        self._sent[self.count] = at
-        for old in [n for n in self._sent if n <= self.count - BEATS_KEPT]:
-            del self._sent[old]
-        return self.count
+        with self._lock:
+            self.count += 1
+            self._sent[self.count] = at
+            for old in [n for n in self._sent if n <= self.count - BEATS_KEPT]:
+                del self._sent[old]
+            return self.count
 
     def sent_at(self, number: int) -> float | None:
-        return self._sent.get(number)
+        with self._lock:
+            return self._sent.get(number)
 
     def acknowledged(self, number: str) -> float | None:
         """The send time of the heartbeat the server acknowledged by `number` (text from
         the wire), once; None for one unknown, acknowledged already, or malformed."""
         if not (number.isdigit() and len(number) < 20):
             return None
-        return self._sent.pop(int(number), None)
+        with self._lock:
+            return self._sent.pop(int(number), None)

@@ -262,3 +262,33 @@ def test_a_frozen_agents_trials_are_fenced_before_they_run_elsewhere(
     assert overlapping(runs) == [], "two attempts at once"
     assert any(len(a) > 1 for a in by_trial.values())  # the freeze did stop some
     assert all(t.failures == 0 for t in trials)  # a fenced trial is no failure
+
+
+def test_a_launch_slower_than_the_fence_does_not_fence_the_node(cluster: Cluster,
+                                                                tmp_path: Path) -> None:
+    """Found on an H200: a trial's warm process took 7 s to import torch, the agent waited
+    for it (up to 10 s) while the server's acknowledgements of its heartbeats queued behind
+    that launch, and its fence (half the heartbeat timeout) lapsed: the keeper killed the
+    warm process, the next launch started another and waited again, and the run never
+    ended. The heartbeats the server acknowledges renew the lease whatever a command is
+    doing, so a preload slower than the fence (here 4 s against 1.5 s) is waited for and
+    the trials fork from it."""
+    (tmp_path / "slowload.py").write_text("import time\ntime.sleep(4)\n")
+    script, seen = tmp_path / "probe.py", tmp_path / "seen.txt"
+    script.write_text("import sys\nwith open(sys.argv[1], 'a') as f:\n"
+                      "    f.write(str('slowload' in sys.modules) + '\\n')\n")
+    cluster.start_server(*FAST_LOSS)
+    cluster.start_agent("n1", "1xA100-80GB@48", "--pass-env", "PYTHONPATH",
+                        env={**os.environ, "PYTHONPATH": os.pathsep.join(
+                            [str(tmp_path), os.environ.get("PYTHONPATH", "")])})
+    study = _submit(cluster, space_yaml(
+        "slow-preload", models="[resnet18]", batch_sizes="[64]", epochs=1,
+        lrs="[0.001, 0.002]", program=f"{{command: '{{python}} {script} {seen}', "
+                                      f"preload: [slowload]}}"))
+    trials = _done(cluster, study, 90)
+    assert {t.state for t in trials} == {"COMPLETED"}, [(t.id, t.reason) for t in trials]
+    assert all(t.launches == 1 and t.failures == 0 for t in trials)
+    # Both forked from the one warm process (a cold start never imports slowload).
+    assert seen.read_text().split() == ["True", "True"], seen.read_text()
+    assert "ended (exit" not in cluster.logs("n1")
+    assert not any((cluster.tmp / "work").glob("*/fenced/*"))

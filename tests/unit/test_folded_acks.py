@@ -122,10 +122,14 @@ def test_an_agent_reads_acknowledgements_carried_with_a_command(tmp_path: Path) 
     beat = agent._heartbeat()
     sent = agent._beats.sent_at(beat.heartbeat.seq)
     before = agent._processed
-    agent._command(pb.ServerMessage(acks=[ack_id(exit_msg) or "",
-                                          f"heartbeat:{beat.heartbeat.seq}"]), outbox)
-    assert agent._running() == []  # the exit is no longer kept to send again
+    both = pb.ServerMessage(acks=[ack_id(exit_msg) or "", f"heartbeat:{beat.heartbeat.seq}"])
+    # As the stream reads it: the heartbeat's acknowledgement renews the lease at once,
+    # before (and whatever) the command thread does; the exit's waits for that thread.
+    agent._heard(both)
     assert agent.lease.until == sent + agent.fence_s  # the lease runs from that heartbeat
+    assert agent._running() != []
+    agent._command(both, outbox)
+    assert agent._running() == []  # the exit is no longer kept to send again
     assert agent._processed == before  # acknowledgements alone: not a message handled
     agent._command(pb.ServerMessage(
         kill=pb.KillTrial(trial_id="nothing", attempt=1), acks=["heartbeat:999"]), outbox)
