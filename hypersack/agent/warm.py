@@ -41,6 +41,10 @@ WARM_MARK = "warm"  # ENV_JOB of a warm process (no job of its own)
 SPAWN_TIMEOUT_S = 10.0  # for the warm process to answer a fork request
 MAX_REQUEST = 1 << 20  # bytes: a larger request (an enormous environment) starts cold
 MAX_POOLS = 16  # warm processes at once; past this, trials of new kinds start cold
+# Warm processes of one kind that may die before they are ready (a preload that crashes
+# the interpreter, or exits): past this, trials of that kind start cold for the agent's
+# life, rather than each start another and wait for it to die.
+MAX_STILLBORN = 3
 
 
 def forkable(argv: list[str]) -> bool:
@@ -243,6 +247,7 @@ class WarmPool:
         # instead of each importing torch on the node's few cores at once.
         self.wait_s = wait_s
         self._pools: dict[tuple[int | None, tuple[str, ...]], Warm] = {}
+        self._stillborn: dict[tuple[int | None, tuple[str, ...]], int] = {}
         self._lock = threading.Lock()
         # Called (from a reader thread) when a forked trial ends: the agent polls then,
         # not at its next interval.
@@ -259,11 +264,18 @@ class WarmPool:
         with self._lock:
             warm = self._pools.get(key)
             if warm is not None and warm.dead:
-                log.warning("warm process %s ended (exit %s); starting another", key,
-                            warm.proc.poll())
                 warm.close()
                 del self._pools[key]
+                if not warm.ready:
+                    self._stillborn[key] = self._stillborn.get(key, 0) + 1
+                given_up = self._stillborn.get(key, 0) >= MAX_STILLBORN
+                log.warning("warm process %s ended (exit %s)%s; %s", key, warm.proc.poll(),
+                            "" if warm.ready else " before it was ready",
+                            "its kind of trial starts cold from now on" if given_up
+                            else "starting another")
                 warm = None
+            if self._stillborn.get(key, 0) >= MAX_STILLBORN:
+                return None
             if warm is None:
                 if len(self._pools) >= MAX_POOLS:
                     return None

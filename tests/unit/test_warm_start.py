@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from hypersack.agent.launcher import Job, preload_of
-from hypersack.agent.warm import WarmPool, WarmProcess, forkable
+from hypersack.agent.warm import MAX_STILLBORN, Warm, WarmPool, WarmProcess, forkable
 from hypersack.grid.space import Program
 
 PROBE = """
@@ -459,3 +459,37 @@ def test_the_first_trials_of_a_kind_wait_for_their_warm_process(tmp_path: Path) 
     finally:
         waiting.close()
         hung.close()
+
+
+def test_a_kind_whose_warm_process_keeps_dying_starts_cold(tmp_path: Path) -> None:
+    """A preload that kills the interpreter: after MAX_STILLBORN warm processes that died
+    before they were ready, that kind of trial starts cold without starting another (each
+    would cost the trial its wait and the node the imports), other kinds still warm."""
+    (tmp_path / "crasher.py").write_text("import os\nos._exit(7)\n")
+    script = tmp_path / "ok.py"
+    script.write_text("print('ran')\n")
+    argv = [sys.executable, str(script)]
+    pool = WarmPool(tmp_path / "w", str(tmp_path), {"PYTHONPATH": str(tmp_path)}, wait_s=30)
+    started: list[Warm] = []
+    start = pool._start
+
+    def counted(key: tuple[int | None, tuple[str, ...]], account: object) -> Warm | None:
+        warm = start(key, None)
+        if warm is not None:
+            started.append(warm)
+        return warm
+
+    pool._start = counted  # type: ignore[method-assign]
+    log = os.open(tmp_path / "log.txt", os.O_WRONLY | os.O_CREAT, 0o600)
+    try:
+        for _ in range(MAX_STILLBORN + 3):
+            # Each waits for its warm process, which dies: the trial starts cold.
+            assert pool.spawn(argv, {}, tmp_path, log, {}, None, ("crasher",)) is None
+        assert len(started) == MAX_STILLBORN
+        assert all(w.proc.wait(10) == 7 for w in started)
+        proc = pool.spawn(argv, {}, tmp_path, log, {}, None, ("json",))
+        assert proc is not None and proc.wait(30) == 0  # another kind still forks
+        assert len(started) == MAX_STILLBORN + 1
+    finally:
+        os.close(log)
+        pool.close()
