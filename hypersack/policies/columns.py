@@ -27,6 +27,7 @@ class Columns(NamedTuple):
     memory: tuple[int, ...]
     slots: tuple[int, ...]
     free: tuple[tuple[tuple[str, int, int], int], ...]  # ((arch, compute, memory), GPUs)
+    full: tuple[int, ...]  # scaled compute when empty (GpuBin.full_compute)
 
 
 class JoinedColumns:
@@ -57,6 +58,7 @@ class JoinedColumns:
         self.compute: list[int] = joined("compute")
         self.memory: list[int] = joined("memory")
         self.slots: list[int] = joined("slots")
+        self.full: list[int] = joined("full")
         # (free compute negated, GPU), most free first: built when first asked for, then
         # patched with the columns (see `by_free`).
         self._by_free: list[tuple[int, int]] | None = None
@@ -88,6 +90,7 @@ class JoinedColumns:
         self.compute[start:end] = b.compute
         self.memory[start:end] = b.memory
         self.slots[start:end] = b.slots
+        self.full[start:end] = b.full
         self.node_cores[i] = new.cores
         self._count(a, -1)
         self._count(b, 1)

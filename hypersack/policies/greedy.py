@@ -213,7 +213,7 @@ def _worst_fit_aware(items: Sequence[Item], order: list[int], flat: Flat, cluste
     H100 takes an H100 while H100s are about as free as the A100s, and an A100 once the
     H100s are fuller by more than its weight says. One heap per architecture (free
     share, then position), so the choice costs a pop per architecture."""
-    full = [g.full_compute for n in cluster.nodes for g in n.gpus]
+    full = flat.full_compute
     heaps: dict[str, list[tuple[float, int]]] = {}
     for g in range(len(flat)):
         if flat.slots[g] > 0:
@@ -325,7 +325,7 @@ def _earliest_finish(items: Sequence[Item], order: list[int], flat: Flat,
     the compute or the memory an item needs is not searched for it (the most free of
     each is kept in a lazy heap), so a decision that fills the cluster does not scan
     every full GPU for each item left over."""
-    full = [g.full_compute for n in cluster.nodes for g in n.gpus]
+    full = flat.full_compute
     low = _minimum(items)
     # (the longest item placed there in this decision, free share negated, GPU)
     fresh: dict[str, list[tuple[float, float, int]]] = {}
