@@ -63,18 +63,31 @@ class JoinedColumns:
         # patched with the columns (see `by_free`).
         self._by_free: list[tuple[int, int]] | None = None
         self.free: dict[tuple[str, int, int], int] = {}
+        # Per architecture, the distinct free states of `free` as (compute, memory)
+        # negated, most free first: built when first asked for, then kept in step with
+        # `free` (see `states`).
+        self._states: dict[str, list[tuple[int, int]]] | None = None
         if count_free:
             for c in cols:
                 self._count(c, 1)
 
     def _count(self, cols: Columns, sign: int) -> None:
         free = self.free
+        states = self._states
         for key, n in cols.free:
-            left = free.get(key, 0) + sign * n
+            was = free.get(key, 0)
+            left = was + sign * n
             if left:
                 free[key] = left
             else:
                 del free[key]
+            if states is not None and (not was or not left):
+                arch, compute, memory = key
+                order = states.setdefault(arch, [])
+                if left:
+                    insort(order, (-compute, -memory))
+                else:
+                    del order[bisect_right(order, (-compute, -memory)) - 1]
 
     def patch(self, i: int, old: NodeBin, new: NodeBin) -> None:
         """Node `i` changed from `old` to `new` (same name, same GPUs)."""
@@ -95,6 +108,15 @@ class JoinedColumns:
         self._count(a, -1)
         self._count(b, 1)
         self.seq += 1
+
+    def states(self) -> dict[str, list[tuple[int, int]]]:
+        """Per architecture, its GPUs' distinct free states (compute, memory), negated,
+        most free compute first; how many GPUs are in each is `free`. Read-only to the
+        caller. Kept in step with the patches: where first fit leaves thousands of GPUs
+        each in a state of its own, sorting them for every decision cost milliseconds."""
+        if self._states is None:
+            self._states = _sorted_states(self.free)
+        return self._states
 
     @cached_property
     def position(self) -> dict[str, int]:
@@ -117,6 +139,18 @@ class JoinedColumns:
         return [g for _, g in order[:bisect_right(order, (-compute, len(order)))]]
 
 
+def _sorted_states(counts: Mapping[tuple[str, int, int], int]
+                   ) -> dict[str, list[tuple[int, int]]]:
+    """Per architecture, the distinct free states as (compute, memory) negated, sorted:
+    most free compute first."""
+    states: dict[str, list[tuple[int, int]]] = {}
+    for arch, compute, memory in counts:
+        states.setdefault(arch, []).append((-compute, -memory))
+    for order in states.values():
+        order.sort()
+    return states
+
+
 class FitBounds:
     """Upper bounds on how many items of given needs fit in one view (`bound`, plus
     one). Each architecture's distinct free states (most free compute first, with how
@@ -126,27 +160,28 @@ class FitBounds:
 
     def __init__(self, view: ClusterView) -> None:
         j = view.columns()
-        counts: dict[tuple[str, int, int], int] = {} if j is None else j.free
-        if j is None:
-            for node in view.nodes:
-                for key, n in node.columns.free:
-                    counts[key] = counts.get(key, 0) + n
-        self._free: dict[str, list[tuple[int, int, int]]] = {}
-        for (arch, compute, memory), n in counts.items():
-            self._free.setdefault(arch, []).append((compute, memory, n))
-        for gpus in self._free.values():
-            gpus.sort(reverse=True)
+        if j is not None:
+            self._counts, self._states = j.free, j.states()
+            return
+        counts: dict[tuple[str, int, int], int] = {}  # a view of its own: counted here
+        for node in view.nodes:
+            for key, n in node.columns.free:
+                counts[key] = counts.get(key, 0) + n
+        self._counts, self._states = counts, _sorted_states(counts)
 
     def bound(self, needs: Mapping[str, Need]) -> int:
         total = 0
         big = 1 << 30
+        counts = self._counts
         for arch, need in needs.items():
-            gpus = self._free.get(arch)
-            if not gpus:
+            states = self._states.get(arch)
+            if not states:
                 continue
             if need.compute <= 0 and need.memory <= 0:
                 return big
-            for compute, memory, n in gpus:
+            for negated_compute, negated_memory in states:
+                compute, memory = -negated_compute, -negated_memory
+                n = counts[arch, compute, memory]
                 if need.compute > 0:
                     if compute < need.compute:
                         break  # sorted: no GPU after this holds one

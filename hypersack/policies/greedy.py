@@ -133,10 +133,12 @@ def _first_fit(items: Sequence[Item], order: list[int], flat: Flat) -> list[tupl
     def closed(g: int) -> bool:
         return flat.compute[g] < low.compute or flat.memory[g] < low.memory or flat.slots[g] <= 0
 
-    first_open = 0
-    n_gpus = len(flat)
-    while first_open < n_gpus and closed(first_open):
-        first_open += 1
+    # Only the GPUs open at the start can take anything in this decision (capacity only
+    # shrinks), so they are the scan, in position order: at 8,000 GPUs, most of them
+    # full, each need that fitted nowhere walked all of them.
+    scan = sorted(g for g in flat.roomy(low.compute) if not closed(g))
+    n_open = len(scan)
+    first_open = 0  # positions in `scan`
     failed: set[tuple[tuple[str, Need], ...]] = set()
     # GPUs before the one that took the last identical need did not fit it then, and
     # cannot now: an identical need resumes its scan there.
@@ -149,13 +151,14 @@ def _first_fit(items: Sequence[Item], order: list[int], flat: Flat) -> list[tupl
         sig = _signature(needs, sigs)
         if sig in failed:
             continue
-        for g in range(max(first_open, resume.get(sig, 0)), n_gpus):
+        for k in range(max(first_open, resume.get(sig, 0)), n_open):
+            g = scan[k]
             need = needs.get(arch[g])
             if need is not None and flat.fits(g, need):
                 flat.take(g, need)
                 chosen.append((i, g))
-                resume[sig] = g
-                while first_open < n_gpus and closed(first_open):
+                resume[sig] = k
+                while first_open < n_open and closed(scan[first_open]):
                     first_open += 1
                 break
         else:
@@ -214,9 +217,18 @@ def _worst_fit_aware(items: Sequence[Item], order: list[int], flat: Flat, cluste
     H100s are fuller by more than its weight says. One heap per architecture (free
     share, then position), so the choice costs a pop per architecture."""
     full = flat.full_compute
+    low = _minimum(items)
+
+    def open_(g: int) -> bool:
+        """Whether the GPU can still take the decision's smallest need: one that cannot
+        never takes anything in it (capacity only shrinks), so it leaves the heaps (at
+        8,000 GPUs, most of them full, a need that fitted nowhere popped them all)."""
+        return flat.slots[g] > 0 and flat.compute[g] >= low.compute and \
+            flat.memory[g] >= low.memory and flat.node_cores[flat.node_of[g]] >= low.cores
+
     heaps: dict[str, list[tuple[float, int]]] = {}
-    for g in range(len(flat)):
-        if flat.slots[g] > 0:
+    for g in flat.roomy(low.compute):
+        if open_(g):
             heaps.setdefault(flat.arch[g], []).append((-flat.compute[g] / max(1, full[g]), g))
     for h in heaps.values():
         heapq.heapify(h)
@@ -242,7 +254,7 @@ def _worst_fit_aware(items: Sequence[Item], order: list[int], flat: Flat, cluste
                     if best[1] < 0 or (key, g) < best:
                         best = (key, g)
                     break
-                if flat.slots[g] > 0 and flat.memory[g] > 0:
+                if open_(g):
                     aside.append(entry)
             for entry in aside:
                 heapq.heappush(heap, entry)
@@ -255,7 +267,7 @@ def _worst_fit_aware(items: Sequence[Item], order: list[int], flat: Flat, cluste
             continue
         flat.take(g, needs[flat.arch[g]])
         chosen.append((i, g))
-        if flat.slots[g] > 0:
+        if open_(g):
             heapq.heappush(heaps[flat.arch[g]], (-flat.compute[g] / max(1, full[g]), g))
     return chosen
 
