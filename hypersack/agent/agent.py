@@ -337,7 +337,10 @@ class Agent(LaunchCommands, ProcessPolling):
             error: grpc.RpcError | None = None
             try:
                 for msg in call:
-                    self._heard(msg)
+                    try:
+                        self._heard(msg)
+                    except Exception as exc:  # the lease not renewed: the fence holds
+                        log.warning("could not renew the fence lease: %s", exc)
                     inbox.put(msg)
             except grpc.RpcError as exc:
                 error = exc
