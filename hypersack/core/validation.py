@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import difflib
 import re
+from collections.abc import Collection, Mapping
+from typing import Any
 
 from pydantic import ValidationError
 
@@ -15,7 +18,10 @@ def _one_line(text: str) -> str:
     return _CONTROL.sub(lambda m: m.group().encode("unicode_escape").decode(), text)
 
 
-def format_validation_error(exc: ValidationError, source: str) -> str:
+def format_validation_error(exc: ValidationError, source: str,
+                            sections: Mapping[str, Collection[str]] | None = None) -> str:
+    """`sections`: the keys each section takes ("" the top level), so that a key one
+    section refuses is pointed to the section that takes it, or to a close spelling."""
     lines = []
     source = _one_line(source)
     for err in exc.errors():
@@ -23,6 +29,8 @@ def format_validation_error(exc: ValidationError, source: str) -> str:
         msg = _one_line(err["msg"])
         if msg.startswith("Value error, "):
             msg = msg[len("Value error, "):]
+        if err["type"] == "extra_forbidden" and sections is not None:
+            msg = "unknown key" + _elsewhere(err["loc"], sections)
         if err["loc"]:
             lines.append(f"{source}: {path}: {msg}")
         else:
@@ -31,3 +39,16 @@ def format_validation_error(exc: ValidationError, source: str) -> str:
     shown = lines[:3]
     more = f" (and {len(lines) - len(shown)} more)" if len(lines) > len(shown) else ""
     return "; ".join(shown) + more
+
+
+def _elsewhere(loc: tuple[Any, ...], sections: Mapping[str, Collection[str]]) -> str:
+    """Where a refused key belongs: another section that takes it, else a key of its
+    own section spelled like it."""
+    key = str(loc[-1])
+    here = ".".join(str(p) for p in loc[:-1])
+    homes = [name for name, keys in sections.items() if key in keys and name != here]
+    if homes:
+        return "; it belongs in " + " or ".join(
+            f"{name}.{key}" if name else f"the top level ({key})" for name in homes)
+    close = difflib.get_close_matches(key, list(sections.get(here, ())), n=1, cutoff=0.75)
+    return f"; did you mean {_one_line(close[0])}?" if close else ""

@@ -375,8 +375,12 @@ def parse_space(data: Any, *, source: str = "search space",
     try:
         return SearchSpace.model_validate(data, context={"policies": policies})
     except ValidationError as exc:
-        raise InvalidInput(format_validation_error(exc, source)) from None
+        raise InvalidInput(format_validation_error(exc, source, _SECTIONS)) from None
 
+
+# The keys of the search space's sections, for "it belongs in program.preload".
+_SECTIONS = {"": tuple(SearchSpace.model_fields), "settings": tuple(Settings.model_fields),
+             "program": tuple(Program.model_fields)}
 
 SPACE_DIR = "{space_dir}"
 

@@ -67,7 +67,15 @@ def test_grid_values_of_each_range_kind() -> None:
      "unknown policy 'best'; valid: predict, auto, ff, ffd, wf, wfd, eft, pack, optimal"),
     ({"settings": {"oversubscription": {"A100": -1}}}, "settings.oversubscription"),
     ({"search": {"type": "random"}}, "random search needs samples"),
-    ({"extra": 1}, "extra: Extra inputs are not permitted"),
+    ({"extra": 1}, "extra: unknown key"),
+    # A key in the wrong section is pointed to the one that takes it; a misspelt one to
+    # its spelling.
+    ({"settings": {"preload": ["torch"]}}, "settings.preload: unknown key; it belongs in "
+                                            "program.preload"),
+    ({"oversubscription": {"A100": 2}}, "unknown key; it belongs in settings.oversubscription"),
+    ({"program": {"builtin": "train", "epochs": 3}},
+     "program.epochs: unknown key; it belongs in settings.epochs"),
+    ({"settings": {"epoch": 3}}, "settings.epoch: unknown key; did you mean epochs?"),
     ({"hyperparameters": {"batch_size": [64], "optimizer": ["sgd", "lamb"]}},
      "the built-in trainer has no 'lamb'; valid: sgd, adam, adamw"),
     ({"name": "has space"}, "name"),
