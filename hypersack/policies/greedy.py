@@ -86,7 +86,7 @@ class GreedyPolicy:
         flat = Flat(cluster)
         order = _order(items, self.decreasing)
         if self.worst and weights is not None:
-            chosen = _worst_fit_aware(items, order, flat, cluster, weights)
+            chosen = _worst_fit_aware(items, order, flat, weights)
         elif self.worst:
             chosen = _worst_fit(items, order, flat)
         else:
@@ -130,13 +130,10 @@ def _minimum(items: Sequence[Item]) -> Need:
 def _first_fit(items: Sequence[Item], order: list[int], flat: Flat) -> list[tuple[int, int]]:
     low = _minimum(items)
 
-    def closed(g: int) -> bool:
-        return flat.compute[g] < low.compute or flat.memory[g] < low.memory or flat.slots[g] <= 0
-
     # Only the GPUs open at the start can take anything in this decision (capacity only
     # shrinks), so they are the scan, in position order: at 8,000 GPUs, most of them
     # full, each need that fitted nowhere walked all of them.
-    scan = sorted(g for g in flat.roomy(low.compute) if not closed(g))
+    scan = sorted(g for g in flat.roomy(low.compute) if flat.fits(g, low))
     n_open = len(scan)
     first_open = 0  # positions in `scan`
     failed: set[tuple[tuple[str, Need], ...]] = set()
@@ -158,7 +155,7 @@ def _first_fit(items: Sequence[Item], order: list[int], flat: Flat) -> list[tupl
                 flat.take(g, need)
                 chosen.append((i, g))
                 resume[sig] = k
-                while first_open < n_open and closed(scan[first_open]):
+                while first_open < n_open and not flat.fits(scan[first_open], low):
                     first_open += 1
                 break
         else:
@@ -171,8 +168,7 @@ def _worst_fit(items: Sequence[Item], order: list[int], flat: Flat) -> list[tupl
     # A GPU with less free compute than the smallest need never comes off the heap
     # (the scan below stops there): left out, a full cluster of 8,000 GPUs costs a heap
     # of its few free ones, not of all.
-    heap = [(-flat.compute[g], g) for g in flat.roomy(low.compute)
-            if flat.slots[g] > 0 and flat.memory[g] >= low.memory]
+    heap = [(-flat.compute[g], g) for g in flat.roomy(low.compute) if flat.fits(g, low)]
     heapq.heapify(heap)
     failed: set[tuple[tuple[str, Need], ...]] = set()
     sigs: dict[int, tuple[tuple[str, Need], ...]] = {}
@@ -195,8 +191,7 @@ def _worst_fit(items: Sequence[Item], order: list[int], flat: Flat) -> list[tupl
                 pick = g
                 break
             # Keep a GPU for later items only while it can still take the smallest need.
-            if (flat.memory[g] >= low.memory
-                    and flat.node_cores[flat.node_of[g]] >= low.cores):
+            if flat.fits(g, low):
                 aside.append(entry)
         for entry in aside:
             heapq.heappush(heap, entry)
@@ -204,12 +199,12 @@ def _worst_fit(items: Sequence[Item], order: list[int], flat: Flat) -> list[tupl
             failed.add(sig)
             continue
         chosen.append((i, pick))
-        if flat.slots[pick] > 0 and flat.memory[pick] >= low.memory:
+        if flat.fits(pick, low):
             heapq.heappush(heap, (-flat.compute[pick], pick))
     return chosen
 
 
-def _worst_fit_aware(items: Sequence[Item], order: list[int], flat: Flat, cluster: ClusterView,
+def _worst_fit_aware(items: Sequence[Item], order: list[int], flat: Flat,
                      weights: list[Mapping[str, float]]) -> list[tuple[int, int]]:
     """Worst fit that weighs each GPU's free share of its scaled compute by the item's
     weight on its architecture (base.arch_weights): a trial that gains most from an
@@ -217,18 +212,13 @@ def _worst_fit_aware(items: Sequence[Item], order: list[int], flat: Flat, cluste
     H100s are fuller by more than its weight says. One heap per architecture (free
     share, then position), so the choice costs a pop per architecture."""
     full = flat.full_compute
+    # A GPU that cannot take the decision's smallest need (`low`) never takes anything
+    # in it (capacity only shrinks), so it leaves the heaps: at 8,000 GPUs, most of them
+    # full, a need that fitted nowhere popped them all.
     low = _minimum(items)
-
-    def open_(g: int) -> bool:
-        """Whether the GPU can still take the decision's smallest need: one that cannot
-        never takes anything in it (capacity only shrinks), so it leaves the heaps (at
-        8,000 GPUs, most of them full, a need that fitted nowhere popped them all)."""
-        return flat.slots[g] > 0 and flat.compute[g] >= low.compute and \
-            flat.memory[g] >= low.memory and flat.node_cores[flat.node_of[g]] >= low.cores
-
     heaps: dict[str, list[tuple[float, int]]] = {}
     for g in flat.roomy(low.compute):
-        if open_(g):
+        if flat.fits(g, low):
             heaps.setdefault(flat.arch[g], []).append((-flat.compute[g] / max(1, full[g]), g))
     for h in heaps.values():
         heapq.heapify(h)
@@ -254,7 +244,7 @@ def _worst_fit_aware(items: Sequence[Item], order: list[int], flat: Flat, cluste
                     if best[1] < 0 or (key, g) < best:
                         best = (key, g)
                     break
-                if open_(g):
+                if flat.fits(g, low):
                     aside.append(entry)
             for entry in aside:
                 heapq.heappush(heap, entry)
@@ -267,7 +257,7 @@ def _worst_fit_aware(items: Sequence[Item], order: list[int], flat: Flat, cluste
             continue
         flat.take(g, needs[flat.arch[g]])
         chosen.append((i, g))
-        if open_(g):
+        if flat.fits(g, low):
             heapq.heappush(heaps[flat.arch[g]], (-flat.compute[g] / max(1, full[g]), g))
     return chosen
 
@@ -317,12 +307,11 @@ class EarliestFinishPolicy:
         start = time.perf_counter()
         flat = Flat(cluster)
         order = _order(items, decreasing=True)
-        chosen = _earliest_finish(items, order, flat, cluster, self.hetero, self.tolerance)
+        chosen = _earliest_finish(items, order, flat, self.hetero, self.tolerance)
         return _plan(items, order, flat, chosen, start)
 
 
-def _earliest_finish(items: Sequence[Item], order: list[int], flat: Flat,
-                     cluster: ClusterView, hetero: bool = True,
+def _earliest_finish(items: Sequence[Item], order: list[int], flat: Flat, hetero: bool = True,
                      tolerance: float = EFT_TOLERANCE) -> list[tuple[int, int]]:
     """Per architecture two heaps: GPUs that took nothing yet in this decision, by free
     share (most first), and GPUs that did, by (the longest item placed there, free share).
@@ -353,18 +342,14 @@ def _earliest_finish(items: Sequence[Item], order: list[int], flat: Flat,
         """The item's expected run time on architecture `a` (blind: its longest)."""
         return it.run_time_s / it.speed.get(a, 1.0) if it.speed and hetero else it.run_time_s
 
-    def open_(g: int) -> bool:
-        return flat.slots[g] > 0 and flat.compute[g] >= low.compute and \
-            flat.memory[g] >= low.memory and flat.node_cores[flat.node_of[g]] >= low.cores
-
     def most(heaps: dict[str, list[tuple[int, int]]], a: str, free: list[int]) -> int:
         heap = heaps.get(a)
-        while heap and (-heap[0][0] != free[heap[0][1]] or not open_(heap[0][1])):
+        while heap and (-heap[0][0] != free[heap[0][1]] or not flat.fits(heap[0][1], low)):
             heapq.heappop(heap)  # stale: that GPU took an item (a fresher entry follows)
         return -heap[0][0] if heap else -1
 
     for g in flat.roomy(low.compute):
-        if open_(g):
+        if flat.fits(g, low):
             a = flat.arch[g]
             fresh.setdefault(a, []).append((0.0, share(g), g))
             most_c.setdefault(a, []).append((-flat.compute[g], g))
@@ -389,7 +374,7 @@ def _earliest_finish(items: Sequence[Item], order: list[int], flat: Flat,
             for (a, touched), entries in parked.items():
                 heap = (used if touched else fresh)[a]
                 for entry in entries:
-                    if open_(entry[-1]):
+                    if flat.fits(entry[-1], low):
                         heapq.heappush(heap, entry)
             parked = {}
             parked_for = id(needs)
@@ -413,7 +398,7 @@ def _earliest_finish(items: Sequence[Item], order: list[int], flat: Flat,
                         tops.append((a, touched, entry))
                         found.append((max(longest[g], run), share(g), g))
                         taken += 1
-                    elif open_(g):
+                    elif flat.fits(g, low):
                         parked.setdefault((a, touched), []).append(entry)
         if not found:
             failed.add(id(needs))
@@ -427,7 +412,7 @@ def _earliest_finish(items: Sequence[Item], order: list[int], flat: Flat,
         flat.take(g, needs[a])
         longest[g] = max(longest[g], run_on(it, a))
         chosen.append((i, g))
-        if open_(g):
+        if flat.fits(g, low):
             heapq.heappush(used.setdefault(a, []), (longest[g], share(g), g))
             heapq.heappush(most_c[a], (-flat.compute[g], g))
             heapq.heappush(most_m[a], (-flat.memory[g], g))
