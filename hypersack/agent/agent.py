@@ -4,7 +4,8 @@ It keeps its trials running while the server is away and reconnects with backoff
 on reconnecting it reports what still runs (the server adopts it) and re-sends the
 exits it reported just before the stream broke, so no result is lost. The server's
 launch and profile commands are `commands.LaunchCommands`'; the polling of what runs and
-the fence, `polling.ProcessPolling`'s.
+the fence, `polling.ProcessPolling`'s; what the stream sends and hears acknowledged,
+`acks.StreamReports`'.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ import random
 import subprocess
 import threading
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable
 from pathlib import Path
 
 import grpc
@@ -25,6 +26,7 @@ from hypersack import __version__
 from hypersack._proto.v1 import hypersack_pb2 as pb
 from hypersack._proto.v1 import hypersack_pb2_grpc as pb_grpc
 from hypersack.agent.accounts import TrialUsers
+from hypersack.agent.acks import MAX_ACKS, StreamReports
 from hypersack.agent.checkpoints import Checkpoints
 from hypersack.agent.commands import LaunchCommands
 from hypersack.agent.devices import DeviceBackend, DeviceState
@@ -45,14 +47,13 @@ from hypersack.agent.launcher import (
     Job,
     node_dir,
 )
-from hypersack.agent.ledger import MAX_UNACKED, Beats, Unacked
+from hypersack.agent.ledger import Beats, Unacked
 from hypersack.agent.mps import TIME_SLICING, MpsControl
 from hypersack.agent.polling import ProcessPolling
 from hypersack.agent.procs import Records, kill_strays
 from hypersack.agent.warm import WarmPool
 from hypersack.core.bounds import clamp
 from hypersack.core.errors import HyperSackError, InvalidInput
-from hypersack.wire.convert import ack_id
 
 log = logging.getLogger(__name__)
 
@@ -61,9 +62,6 @@ log = logging.getLogger(__name__)
 # much once, not the node its launches.
 WARM_WAIT_S = 10.0
 
-MAX_ACKS = 2 * MAX_UNACKED  # acknowledgements read from one server message
-HEARTBEAT_ACK = "heartbeat:"  # how the server acknowledges heartbeat N: "heartbeat:N"
-MAX_SEND_BYTES = 3 << 20  # below the server's 4 MiB limit on one message
 # Keepalive pings find a dead link (a silent peer, a dropped NAT entry) in seconds.
 CHANNEL_OPTIONS = [("grpc.keepalive_time_ms", 10_000), ("grpc.keepalive_timeout_ms", 5_000),
                    ("grpc.keepalive_permit_without_calls", 1),
@@ -85,7 +83,7 @@ class _Exited:
     """A warm trial ended: poll now rather than at the next interval."""
 
 
-class Agent(LaunchCommands, ProcessPolling):
+class Agent(LaunchCommands, ProcessPolling, StreamReports):
     def __init__(self, server: str, node: str, backend: DeviceBackend, workdir: Path, *,
                  poll_interval_s: float = 0.2, reconnect_max_s: float = 10.0,
                  duplicate_timeout_s: float = 60.0, kill_on_stop: bool = True,
@@ -391,35 +389,6 @@ class Agent(LaunchCommands, ProcessPolling):
             channel.close()
         return (ended.error if ended is not None else None), was_connected
 
-    def _sized(self, outbox: queue.Queue[pb.AgentMessage | None]) -> Iterator[pb.AgentMessage]:
-        """What the stream sends: the outbox, less any message over MAX_SEND_BYTES. The
-        server would refuse it and end the stream, and it would be sent again after each
-        reconnection; it is dropped once, with a log line, and never sent again."""
-        for msg in iter(outbox.get, None):
-            size = msg.ByteSize()
-            if size <= MAX_SEND_BYTES:
-                yield msg
-                continue
-            ack = ack_id(msg)
-            if ack is not None:
-                self._unacked.forget(ack)
-            log.error("dropped a %s message of %d bytes (at most %d are sent)%s",
-                      msg.WhichOneof("body"), size, MAX_SEND_BYTES,
-                      f": {ack}" if ack else "")
-
-    def _send(self, outbox: queue.Queue[pb.AgentMessage | None], msg: pb.AgentMessage,
-              gpu_index: int) -> None:
-        """Send an exit or profile report, kept to be sent again until the server
-        acknowledges it (see `_unacked`)."""
-        self._unacked.keep(msg, gpu_index)
-        outbox.put(msg)
-
-    def _send_unacked(self, outbox: queue.Queue[pb.AgentMessage | None], older_s: float
-                      ) -> None:
-        """Send again the reports not acknowledged and last sent more than `older_s` ago."""
-        for m in self._unacked.due(older_s):
-            outbox.put(m)
-
     def _heartbeat(self) -> pb.AgentMessage:
         self._fence_if_lapsed()
         processed = self._processed  # read first: every launch it counts is in the list
@@ -491,22 +460,3 @@ class Agent(LaunchCommands, ProcessPolling):
             d = msg.drop_checkpoint
             self.checkpoints.drop(d.study_id, d.trial_id)
             self.checkpoints.delete_dropped(self._running_ids())
-
-    def _heard(self, msg: pb.ServerMessage) -> None:
-        """On the stream's reader thread, as each message arrives: the heartbeats it
-        acknowledges renew the fence lease from when each was sent. Not on the thread
-        that runs commands: a launch may wait seconds for its warm process (torch's
-        imports, 7 s on an H200 node), and a lease renewed only after it would lapse
-        and the keeper fence the node the server still hears."""
-        acks = [*msg.acks[:MAX_ACKS], *([msg.acked.id] if msg.HasField("acked") else [])]
-        for ack in acks:
-            if ack.startswith(HEARTBEAT_ACK):
-                sent = self._beats.acknowledged(ack.removeprefix(HEARTBEAT_ACK))
-                if sent is not None:
-                    self.lease.renew(sent + self.fence_s)
-
-    def _acked(self, ack: str) -> None:
-        """The server committed a report: it is not sent again. (A heartbeat's
-        acknowledgement was taken as it arrived, by `_heard`.)"""
-        if not ack.startswith(HEARTBEAT_ACK):
-            self._unacked.forget(ack)

@@ -1,5 +1,6 @@
-"""The agent's state that its mixins (commands.LaunchCommands, polling.ProcessPolling)
-read and change, declared once for the type checker; `agent.Agent.__init__` sets it."""
+"""The agent's state that its mixins (commands.LaunchCommands, polling.ProcessPolling,
+acks.StreamReports) read and change, declared once for the type checker;
+`agent.Agent.__init__` sets it."""
 
 from __future__ import annotations
 

@@ -11,7 +11,8 @@ import sys
 from pathlib import Path
 
 from hypersack._proto.v1 import hypersack_pb2 as pb
-from hypersack.agent.agent import MAX_SEND_BYTES, Agent
+from hypersack.agent.acks import MAX_SEND_BYTES
+from hypersack.agent.agent import Agent
 from hypersack.agent.devices import FakeBackend
 from hypersack.agent.launcher import Job
 from hypersack.agent.ledger import MAX_REPORT_TRIES
