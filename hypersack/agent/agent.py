@@ -57,9 +57,9 @@ from hypersack.core.errors import HyperSackError, InvalidInput
 
 log = logging.getLogger(__name__)
 
-# How long a trial waits for its warm process to finish importing before starting cold:
-# bounded, so a preload that hangs (a module that blocks at import) costs a trial this
-# much once, not the node its launches.
+# How long the launches of a kind wait for its warm process to finish importing before
+# starting cold: bounded, so a preload that hangs (a module that blocks at import) costs
+# those trials this much once. They wait held (Job.held), never blocking the agent.
 WARM_WAIT_S = 10.0
 
 # Keepalive pings find a dead link (a silent peer, a dropped NAT entry) in seconds.
@@ -80,7 +80,8 @@ class _Ended:
 
 
 class _Exited:
-    """A warm trial ended: poll now rather than at the next interval."""
+    """A warm trial ended, or a warm process got ready or died: poll (and start the
+    launches held for it) now rather than at the next interval."""
 
 
 class Agent(LaunchCommands, ProcessPolling, StreamReports):
@@ -380,6 +381,7 @@ class Agent(LaunchCommands, ProcessPolling, StreamReports):
                 if ended is not None:
                     break
                 was_connected = was_connected or self.connected.is_set()
+                self._start_held(outbox)
                 self._poll(outbox)
         finally:
             done.set()

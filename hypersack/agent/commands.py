@@ -12,6 +12,7 @@ import json
 import logging
 import os
 import queue
+import time
 from collections.abc import Iterable
 from dataclasses import fields
 from pathlib import Path
@@ -118,11 +119,41 @@ class LaunchCommands(AgentFields):
             job, _ = self._job(m.trial_id, m.study_id, m.study_id, m.gpu_index, m.program,
                                m.params_json, m.epochs, {**mps_env, **self.checkpoints.rung_env(m)},
                                attempt=m.attempt, owner=m.owner)
+        except (HyperSackError, ValueError, OSError) as exc:
+            self._cannot_launch(None, m.trial_id, m.attempt, m.gpu_index, exc, outbox)
+            return
+        job.hold_until = self.warm.ready_by(job.argv, job.account, job.preload)
+        if job.hold_until is not None:
+            # Its warm process is still importing: the launch waits for it in the
+            # node's list (heartbeats show it, a kill ends it), while the agent goes on
+            # with its other commands; `_start_held` starts it.
+            with self.jobs_lock:
+                self.jobs[job.key] = job
+            log.info("%s (attempt %d) waits up to %.1f s for its warm process", m.trial_id,
+                     m.attempt, job.hold_until - time.monotonic())
+            return
+        self._begin(job, outbox)
+
+    def _start_held(self, outbox: queue.Queue[pb.AgentMessage | None]) -> None:
+        """Start the launches held for their warm process: forked once it is ready,
+        cold once it died or the wait ran out (see WarmPool.ready_by)."""
+        now = time.monotonic()
+        for job in [j for j in list(self.jobs.values()) if j.held]:
+            assert job.hold_until is not None
+            if now >= job.hold_until or \
+                    self.warm.ready_by(job.argv, job.account, job.preload) is None:
+                self._begin(job, outbox)
+
+    def _begin(self, job: Job, outbox: queue.Queue[pb.AgentMessage | None]) -> None:
+        """Start a launched trial's process, gated until its fence is in place, or a
+        profile run's."""
+        if job.profile:
+            self._begin_profile(job, outbox)
+            return
+        try:
             job.start(gated=True)
         except (HyperSackError, ValueError, OSError) as exc:
-            self._send(outbox, pb.AgentMessage(exited=pb.TrialExited(
-                trial_id=m.trial_id, exit_code=127, log_tail=f"cannot launch: {exc}",
-                attempt=m.attempt)), m.gpu_index)
+            self._cannot_launch(job, job.id, job.attempt, job.gpu_index, exc, outbox)
             return
         # The gate (`_guard`: not with a lapsed lease), then the pid record; the keeper
         # fences the trial whatever the agent does meanwhile (SIGSTOP, a stalled disk
@@ -132,11 +163,51 @@ class LaunchCommands(AgentFields):
             self.records.add(job.key, job.proc.pid, job.attempt)
         with self.jobs_lock:
             self.jobs[job.key] = job
-        log.info("launched %s (attempt %d) on device %d%s: %s", m.trial_id, m.attempt,
-                 m.gpu_index, ", warm" if isinstance(job.proc, WarmProcess) else "",
+        log.info("launched %s (attempt %d) on device %d%s: %s", job.id, job.attempt,
+                 job.gpu_index, ", warm" if isinstance(job.proc, WarmProcess) else "",
                  " ".join(job.argv))
-        outbox.put(pb.AgentMessage(started=pb.TrialStarted(trial_id=m.trial_id,
-                                                           attempt=m.attempt)))
+        outbox.put(pb.AgentMessage(started=pb.TrialStarted(trial_id=job.id,
+                                                           attempt=job.attempt)))
+
+    def _begin_profile(self, job: Job, outbox: queue.Queue[pb.AgentMessage | None]) -> None:
+        m = self._profile_keys[job.id]
+        try:
+            device = next((d for d in self.backend.devices() if d.index == job.gpu_index),
+                          None)
+            if device is None:
+                raise HyperSackError(f"this node has no device {job.gpu_index}")
+            job.start()
+        except (HyperSackError, ValueError, OSError) as exc:
+            self._cannot_profile(job, m, exc, outbox)
+            return
+        if job.proc is not None:
+            self.backend.start_measuring(device, job.proc.pid)
+            self.records.add(job.key, job.proc.pid, 0)
+        with self.jobs_lock:
+            self.jobs[job.id] = job
+        log.info("profiling %s on device %d (%s)", job.id, job.gpu_index, m.arch)
+
+    def _cannot_profile(self, job: Job | None, m: pb.ProfileWorkload, exc: Exception,
+                        outbox: queue.Queue[pb.AgentMessage | None]) -> None:
+        if job is not None:
+            self._profile_keys.pop(job.id, None)
+            with self.jobs_lock:
+                if self.jobs.get(job.id) is job:
+                    del self.jobs[job.id]
+        self._send(outbox, pb.AgentMessage(profile=pb.ProfileResult(
+            key=m.key, arch=m.arch, ok=False, error=f"cannot launch: {exc}",
+            sample=m.sample)), m.gpu_index)
+
+    def _cannot_launch(self, job: Job | None, trial_id: str, attempt: int, gpu_index: int,
+                       exc: Exception, outbox: queue.Queue[pb.AgentMessage | None]) -> None:
+        """Its exit (127) goes to the server; `job`, if held, leaves the node's list."""
+        if job is not None:
+            with self.jobs_lock:
+                if self.jobs.get(job.key) is job:
+                    del self.jobs[job.key]
+        self._send(outbox, pb.AgentMessage(exited=pb.TrialExited(
+            trial_id=trial_id, exit_code=127, log_tail=f"cannot launch: {exc}",
+            attempt=attempt)), gpu_index)
 
     def _launch_group(self, g: pb.LaunchGroup, outbox: queue.Queue[pb.AgentMessage | None]
                       ) -> None:
@@ -217,23 +288,20 @@ class LaunchCommands(AgentFields):
             # A profile run has its GPU to itself: an MPS client with all of it.
             mps_env = self.mps.client_env(m.gpu_index, 100.0, None) \
                 if self.mps is not None else {}
-            job, device = self._job(
+            job, _ = self._job(
                 job_id, "profile", "profiles", m.gpu_index, m.program, m.params_json, m.epochs,
                 {sdk.ENV_PROFILE_ITERATIONS: str(m.iterations),
                  sdk.ENV_PROFILE_WARMUP: str(m.warmup), **mps_env}, profile=True,
                 owner=m.owner)
             if key.fusion_width > 1:
                 as_fused_profile(job, key, m)
-            job.start()
         except (HyperSackError, ValueError, OSError) as exc:
-            self._send(outbox, pb.AgentMessage(profile=pb.ProfileResult(
-                key=m.key, arch=m.arch, ok=False, error=f"cannot launch: {exc}",
-                sample=m.sample)), m.gpu_index)
+            self._cannot_profile(None, m, exc, outbox)
             return
-        if job.proc is not None:
-            self.backend.start_measuring(device, job.proc.pid)
-            self.records.add(job.key, job.proc.pid, 0)
-        with self.jobs_lock:
-            self.jobs[job_id] = job
         self._profile_keys[job_id] = m
-        log.info("profiling %s on device %d (%s)", key.label(), m.gpu_index, m.arch)
+        job.hold_until = self.warm.ready_by(job.argv, job.account, job.preload)
+        if job.hold_until is not None:  # held for its warm process, as a trial's launch
+            with self.jobs_lock:
+                self.jobs[job_id] = job
+            return
+        self._begin(job, outbox)

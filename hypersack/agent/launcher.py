@@ -100,6 +100,9 @@ class Job(JobOutput):
     warm: WarmPool | None = None
     preload: tuple[str, ...] = ()
     proc: subprocess.Popen[bytes] | WarmProcess | None = None
+    # A launch held until then (time.monotonic) for its warm process to get ready, not
+    # started yet (see LaunchCommands._start_held); None: started when launched.
+    hold_until: float | None = None
     started_at: float = 0.0
     killed_at: float | None = None
     exit_code: int | None = None
@@ -271,10 +274,17 @@ class Job(JobOutput):
                 top = top / part
             os.chmod(top, PASSABLE)
 
+    @property
+    def held(self) -> bool:
+        """Launched, and waiting for its warm process: no process yet."""
+        return self.hold_until is not None and self.proc is None and self.exit_code is None
+
     def poll(self) -> int | None:
         if self.exit_code is not None:
             return self.exit_code
-        assert self.proc is not None
+        if self.proc is None:
+            assert self.held, "polled before it started"
+            return None
         code = self.proc.poll()
         if code is None and self.killed_at is not None and \
                 time.monotonic() - self.killed_at > KILL_GRACE_S:
@@ -292,6 +302,10 @@ class Job(JobOutput):
     def kill(self) -> None:
         """SIGTERM the process group and every descendant (also those that left the
         group) now, SIGKILL after a grace period (in poll)."""
+        if self.held:  # it never starts: it ends as a trial that SIGTERM stopped
+            self.killed_at = time.monotonic()
+            self.exit_code = 128 + signal.SIGTERM
+            return
         if self.killed_at is None and self.exit_code is None:
             self.killed_at = time.monotonic()
             if self.proc is not None:

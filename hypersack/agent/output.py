@@ -188,6 +188,8 @@ class JobOutput:
                 out.write(f"[hypersack: the log passed {half} bytes; {dropped} earlier bytes "
                           f"were dropped]\n".encode())
                 out.write(tail)
+        except FileNotFoundError:  # not started yet (held), or removed: nothing to cap
+            return False
         except OSError as exc:
             log.warning("%s: could not cap its log: %s", self.id, exc)
             return False

@@ -103,6 +103,8 @@ class ProcessPolling(AgentFields):
                 self._ended_since_sweep = True
         for job_id in list(self.jobs):
             job = self.jobs[job_id]
+            if job.held:
+                continue  # no process, no files yet (LaunchCommands._start_held)
             if not job.profile and job.killed_at is None and (job.new_metrics()
                                                                or job.metrics_due):
                 # At most every METRICS_EVERY_S a trial: what it writes faster waits.

@@ -4,10 +4,15 @@ kind launches, and asked to fork each later one. A trial forked there starts wit
 paying its imports (torch takes seconds; a fork takes milliseconds).
 
 Only `python SCRIPT ARGS` and `python -m MODULE ARGS` with the agent's own interpreter
-are forked; anything else, a request the warm process cannot take, or one that is not
-ready yet, starts cold as before (`Job.start`). A forked trial is tracked like a cold
-one: its pid is its process group's, its watchdog fences that group, the agent's kills
-reach it, and its exit code comes back from the warm process, which reaps it.
+are forked; anything else, or a request the warm process cannot take, starts cold as
+before (`Job.start`). A trial launched while its warm process still imports is held
+(`WarmPool.ready_by`, `Job.held`) until it is ready, up to the pool's wait, then forked,
+or started cold if it is not; the agent goes on with its other commands meanwhile. Fused
+groups and profile runs never wait: they start cold until it is ready.
+
+A forked trial is tracked like a cold one: its pid is its process group's, its watchdog
+fences that group, the agent's kills reach it, and its exit code comes back from the
+warm process, which reaps it.
 
 The warm process runs as the account the trials run as, with the clean environment
 trials get (each trial's own variables are set in the forked child), dies with the
@@ -90,8 +95,13 @@ class Warm:
     proc: subprocess.Popen[bytes]
     sock: socket.socket
     on_exit: Callable[[], None] = lambda: None  # a forked trial ended
+    on_ready: Callable[[], None] = lambda: None  # it is ready, or it died
     ready: bool = False
-    waited: bool = False  # a trial waited for it in vain (see WarmPool.wait_s)
+    # Until when launches of its kind wait for it to get ready (see WarmPool.ready_by);
+    # past it, or once a fork request went unanswered, they start cold.
+    wait_until: float = 0.0
+    waited: bool = False
+    stuck: bool = False  # a fork request went unanswered
     dead: bool = False
     failed: dict[str, str] = field(default_factory=dict)
     exits: dict[int, int] = field(default_factory=dict)
@@ -107,11 +117,14 @@ class Warm:
                 data = self.sock.recv(1 << 16)
             except OSError:
                 data = b""
-            with self._cond:
-                if not data:
+            if not data:
+                with self._cond:
                     self.dead = True
                     self._cond.notify_all()
-                    return
+                self.on_ready()  # launches waiting for it start cold now
+                return
+            woken = False
+            with self._cond:
                 # The warm process runs the trials' account's code (its preloads): what
                 # it says is checked like any input.
                 try:
@@ -138,7 +151,7 @@ class Warm:
                                 str(exc)[:200])
                     continue
                 if "ready" in msg:
-                    self.ready = True
+                    self.ready = woken = True
                     if self.failed:
                         # A module not installed here (torch on a CPU-only machine) is
                         # the trial's to import, or not: said quietly.
@@ -150,12 +163,8 @@ class Warm:
                 else:
                     self._replies.append(msg)
                 self._cond.notify_all()
-
-    def wait_ready(self, timeout_s: float) -> bool:
-        """Wait until it has preloaded (or died); whether it is ready."""
-        with self._cond:
-            self._cond.wait_for(lambda: self.ready or self.dead, timeout_s)
-            return self.ready and not self.dead
+            if woken:
+                self.on_ready()  # launches waiting for it fork now
 
     def exit_of(self, pid: int) -> int | None:
         with self._cond:
@@ -175,7 +184,7 @@ class Warm:
             return None
         with self._ask:  # one request at a time: replies come in order
             with self._cond:
-                if self.dead or not self.ready:
+                if self.dead or not self.ready or self.stuck:
                     return None
                 self._replies.clear()
             try:
@@ -186,6 +195,10 @@ class Warm:
             with self._cond:
                 self._cond.wait_for(lambda: self._replies or self.dead, SPAWN_TIMEOUT_S)
                 reply = self._replies.pop(0) if self._replies else None
+                if reply is None and not self.dead:
+                    # Stopped or stuck (its account's code runs in it): its kind starts
+                    # cold from now on, rather than each launch wait for it again.
+                    self.waited = self.stuck = True
         pid = _child_pid(reply, self.proc.pid)
         if pid is None:
             log.warning("warm process %s did not fork the trial: %s", self.key,
@@ -241,23 +254,54 @@ class WarmPool:
         self.agent_dir = agent_dir
         self.base_env = base_env
         self.enabled = enabled
-        # How long a trial waits for a warm process still importing before it starts
-        # cold instead (0: not at all). A cold start pays the same imports, so waiting
-        # rarely costs the first trial anything, and the trials launched with it fork
-        # instead of each importing torch on the node's few cores at once.
+        # How long the launches of a kind wait for its warm process, from its start,
+        # before they start cold instead (0: not at all; see ready_by). A cold start pays
+        # the same imports, so waiting rarely costs the first trial anything, and the
+        # trials launched with it fork instead of each importing torch on the node's few
+        # cores at once.
         self.wait_s = wait_s
         self._pools: dict[tuple[int | None, tuple[str, ...]], Warm] = {}
         self._stillborn: dict[tuple[int | None, tuple[str, ...]], int] = {}
         self._lock = threading.Lock()
-        # Called (from a reader thread) when a forked trial ends: the agent polls then,
-        # not at its next interval.
+        # Called (from a reader thread) when a forked trial ends, or a warm process gets
+        # ready or dies: the agent polls then (and starts the launches held for it), not
+        # at its next interval.
         self.on_exit: Callable[[], None] = lambda: None
+
+    def ready_by(self, argv: list[str], account: Account | None,
+                 preload: tuple[str, ...]) -> float | None:
+        """Until when (time.monotonic) a launch of this kind should wait for its warm
+        process, still importing, before it starts cold; None: no wait (it is ready,
+        gone, given up on, or the trial cannot fork). Starts the kind's warm process if it
+        has none. Never blocks: the agent holds the launch and goes on with its other
+        commands (kills among them) meanwhile."""
+        if self.wait_s <= 0:
+            return None
+        warm = self._current(argv, account, preload)
+        if warm is None or warm.ready or warm.dead or warm.waited:
+            return None
+        if time.monotonic() >= warm.wait_until:
+            # Once per warm process: one that does not get ready in time (a preload that
+            # hangs) has its kind's trials start cold, not each wait again.
+            warm.waited = True
+            return None
+        return warm.wait_until
 
     def spawn(self, argv: list[str], env: dict[str, str], cwd: Path, log_fd: int,
               channels: dict[str, int], account: Account | None,
               preload: tuple[str, ...]) -> WarmProcess | None:
-        """The trial forked by a warm process, or None: start it cold (the first of its
-        kind starts cold while its warm process starts)."""
+        """The trial forked by a warm process, or None: start it cold (a warm process
+        not ready yet is started, or left to get ready, for the trials after it)."""
+        warm = self._current(argv, account, preload)
+        if warm is None:
+            return None
+        return warm.spawn(argv, env, cwd, log_fd, channels)
+
+    def _current(self, argv: list[str], account: Account | None,
+                 preload: tuple[str, ...]) -> Warm | None:
+        """The kind's warm process, started if it has none (a dead one is replaced, up
+        to MAX_STILLBORN that died before they were ready); None: its trials start
+        cold."""
         if not self.enabled or not forkable(argv):
             return None
         key = (None if account is None else account.uid, preload)
@@ -280,13 +324,7 @@ class WarmPool:
                 if len(self._pools) >= MAX_POOLS:
                     return None
                 warm = self._start(key, account)
-                if warm is None:
-                    return None
-        if not warm.ready and self.wait_s > 0 and not warm.waited:
-            # Once per warm process: one that does not get ready in time (a preload
-            # that hangs) has trials start cold, not each wait again.
-            warm.waited = not warm.wait_ready(self.wait_s)
-        return warm.spawn(argv, env, cwd, log_fd, channels)
+            return warm
 
     def _start(self, key: tuple[int | None, tuple[str, ...]], account: Account | None
                ) -> Warm | None:
@@ -315,7 +353,9 @@ class WarmPool:
             return None
         finally:
             theirs.close()
-        warm = Warm(key, proc, mine, on_exit=lambda: self.on_exit())
+        warm = Warm(key, proc, mine, on_exit=lambda: self.on_exit(),
+                    on_ready=lambda: self.on_exit(),
+                    wait_until=time.monotonic() + self.wait_s)
         threading.Thread(target=warm.read, name=f"warm-{proc.pid}", daemon=True).start()
         self._pools[key] = warm
         log.info("warm process %d started for %s (preloading %s)", proc.pid,

@@ -292,3 +292,37 @@ def test_a_launch_slower_than_the_fence_does_not_fence_the_node(cluster: Cluster
     assert seen.read_text().split() == ["True", "True"], seen.read_text()
     assert "ended (exit" not in cluster.logs("n1")
     assert not any((cluster.tmp / "work").glob("*/fenced/*"))
+
+
+def test_a_launch_held_for_its_warm_process_is_killed_at_once(cluster: Cluster,
+                                                              tmp_path: Path) -> None:
+    """A launch whose warm process still imports is held, not waited for: the agent goes
+    on with its commands meanwhile, so a study cancelled then ends its trial before it
+    ever runs (the agent used to wait up to 10 s for the import first, and the trial
+    then ran and was killed), and the next launch of its kind forks from the same warm
+    process."""
+    (tmp_path / "slowload.py").write_text("import time\ntime.sleep(6)\n")
+    script, seen = tmp_path / "probe.py", tmp_path / "seen.txt"
+    script.write_text("import sys\nwith open(sys.argv[1], 'a') as f:\n"
+                      "    f.write(str('slowload' in sys.modules) + '\\n')\n")
+    cluster.start_server()
+    cluster.start_agent("n1", "1xA100-80GB@48", "--pass-env", "PYTHONPATH",
+                        env={**os.environ, "PYTHONPATH": os.pathsep.join(
+                            [str(tmp_path), os.environ.get("PYTHONPATH", "")])})
+    program = f"{{command: '{{python}} {script} {seen}', preload: [slowload]}}"
+    study = _submit(cluster, space_yaml("held", models="[resnet18]", batch_sizes="[64]",
+                                        epochs=1, lrs="[0.001]", program=program))
+    wait_for("the launch held", lambda: "waits up to" in cluster.logs("n1"), 60, 0.1)
+    with cluster.client() as client:
+        client.cancel(study)
+    wait_for("the held trial killed", lambda: "killing" in cluster.logs("n1"), 30, 0.1)
+    (trial,) = _done(cluster, study, 60)
+    assert trial.state == "CANCELLED", (trial.state, trial.reason)
+    assert not seen.exists()  # it never ran
+    again = _submit(cluster, space_yaml("held-again", models="[resnet18]",
+                                        batch_sizes="[64]", epochs=1, lrs="[0.002]",
+                                        program=program))
+    (trial,) = _done(cluster, again, 60)
+    assert trial.state == "COMPLETED", (trial.state, trial.reason)
+    assert seen.read_text().split() == ["True"]  # forked from the one warm process
+    assert "ended (exit" not in cluster.logs("n1")

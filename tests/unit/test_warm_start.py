@@ -14,12 +14,14 @@ import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from unittest.mock import patch
 
 import pytest
 
 from hypersack.agent.launcher import Job, preload_of
 from hypersack.agent.warm import MAX_STILLBORN, Warm, WarmPool, WarmProcess, forkable
 from hypersack.grid.space import Program
+from hypersack.testing.cluster import wait_for
 
 PROBE = """
 import json, os, random, sys
@@ -437,8 +439,9 @@ def pool_exits_unclaimed(pool: WarmPool) -> list[int]:
 
 def test_the_first_trials_of_a_kind_wait_for_their_warm_process(tmp_path: Path) -> None:
     """Started with the first launch of its kind, the warm process is waited for (a cold
-    start imports the same modules), so the trials launched with it fork; one that does
-    not get ready in time is waited for once, and trials start cold after that."""
+    start imports the same modules), so the trials launched with it fork. The pool only
+    says until when (`ready_by`), at once: the agent holds the launch and goes on. One
+    that does not get ready in time is waited for once, and trials start cold after."""
     script = tmp_path / "probe.py"
     script.write_text(PROBE)
     argv = [sys.executable, str(script)]
@@ -449,16 +452,51 @@ def test_the_first_trials_of_a_kind_wait_for_their_warm_process(tmp_path: Path) 
                     wait_s=0.5)
     try:
         log = os.open(tmp_path / "log.txt", os.O_WRONLY | os.O_CREAT, 0o600)
+        began = time.monotonic()
+        until = waiting.ready_by(argv, None, ("numpy",))
+        assert until is not None and until >= began + 59
+        assert time.monotonic() - began < 2  # told, not made to wait
+        assert waiting.wait_ready(60)
+        assert waiting.ready_by(argv, None, ("numpy",)) is None  # ready: no wait
         first = waiting.spawn(argv, {}, tmp_path, log, {}, None, ("numpy",))
         assert isinstance(first, WarmProcess) and first.wait(30) == 0
-        began = time.monotonic()
+        assert len(waiting.processes()) == 1  # the one started for the first launch
+        assert hung.ready_by(argv, None, ("slowmod",)) is not None
         assert hung.spawn(argv, {}, tmp_path, log, {}, None, ("slowmod",)) is None
+        time.sleep(0.6)
+        assert hung.ready_by(argv, None, ("slowmod",)) is None  # waited for once
         assert hung.spawn(argv, {}, tmp_path, log, {}, None, ("slowmod",)) is None
-        assert time.monotonic() - began < 5  # waited once, half a second
+        assert len(hung.processes()) == 1
         os.close(log)
     finally:
         waiting.close()
         hung.close()
+
+
+def test_a_warm_process_that_stops_answering_is_asked_once(tmp_path: Path) -> None:
+    """A warm process runs its account's code, and a trial of that account may stop it
+    (SIGSTOP): a fork request it leaves unanswered costs one wait, then its kind starts
+    cold at once instead of each launch waiting for it."""
+    script = tmp_path / "probe.py"
+    script.write_text(PROBE)
+    argv = [sys.executable, str(script)]
+    pool = WarmPool(tmp_path / "w", str(tmp_path), None, wait_s=60)
+    log = os.open(tmp_path / "log.txt", os.O_WRONLY | os.O_CREAT, 0o600)
+    pool.ready_by(argv, None, ())
+    assert pool.wait_ready(60)
+    (warm,) = pool.processes()
+    os.kill(warm.proc.pid, signal.SIGSTOP)
+    try:
+        with patch("hypersack.agent.warm.SPAWN_TIMEOUT_S", 0.5):
+            assert pool.spawn(argv, {}, tmp_path, log, {}, None, ()) is None
+            began = time.monotonic()
+            assert pool.spawn(argv, {}, tmp_path, log, {}, None, ()) is None
+            assert pool.ready_by(argv, None, ()) is None
+            assert time.monotonic() - began < 0.4  # not asked again
+    finally:
+        os.kill(warm.proc.pid, signal.SIGCONT)
+        os.close(log)
+        pool.close()
 
 
 def test_a_kind_whose_warm_process_keeps_dying_starts_cold(tmp_path: Path) -> None:
@@ -483,12 +521,18 @@ def test_a_kind_whose_warm_process_keeps_dying_starts_cold(tmp_path: Path) -> No
     log = os.open(tmp_path / "log.txt", os.O_WRONLY | os.O_CREAT, 0o600)
     try:
         for _ in range(MAX_STILLBORN + 3):
-            # Each waits for its warm process, which dies: the trial starts cold.
+            # Each launch is held for its warm process, which dies: it starts cold.
+            pool.ready_by(argv, None, ("crasher",))
+            wait_for("the warm process to die",
+                     lambda: all(w.dead for w in pool.processes()), 30, 0.05)
             assert pool.spawn(argv, {}, tmp_path, log, {}, None, ("crasher",)) is None
         assert len(started) == MAX_STILLBORN
+        assert pool.ready_by(argv, None, ("crasher",)) is None  # given up: no wait
         assert all(w.proc.wait(10) == 7 for w in started)
+        assert pool.ready_by(argv, None, ("json",)) is not None  # another kind: warm
+        assert pool.wait_ready(30)
         proc = pool.spawn(argv, {}, tmp_path, log, {}, None, ("json",))
-        assert proc is not None and proc.wait(30) == 0  # another kind still forks
+        assert proc is not None and proc.wait(30) == 0  # it forks
         assert len(started) == MAX_STILLBORN + 1
     finally:
         os.close(log)
