@@ -22,6 +22,8 @@
 #   learned   the learned oversubscription ratio against fixed 1.5, 2.5 and 4 with MPS:
 #             ResNet-34 at batch 512, which keeps an H100 busy alone, the node reporting
 #             96 cores; and the relaunch delay of a real agent
+#   relaunch  the relaunch delay of a real agent alone: short ResNet-18 trials (about a
+#             second an epoch) at the fixed ratio 2.5 for 60 s, many exits
 #
 # Python packages the machine lacks can be placed as wheels in .whl/: they are installed
 # beside its Python (in /tmp/hs-site), nothing else is touched. The GPU's settings are
@@ -106,6 +108,8 @@ for p in ${*:-env tests backward start fused compiled learned}; do
         learned) part learned 330 "$PY" scripts/gpu_learned_ratio.py --sweep 1.5 2.5 4 \
             --learn 2.5 --seconds 50 --learn-seconds 90 --warmup 20 --cores 96 \
             --model resnet34 --batch 512 --samples 16384 --epochs 10 ;;
-        *) echo "unknown part $p (env tests backward start fused compiled observe feedback learned)"; exit 2 ;;
+        relaunch) part relaunch 150 "$PY" scripts/gpu_learned_ratio.py --sweep 2.5 --learn \
+            --seconds 60 --warmup 10 --model resnet18 --batch 64 --samples 4096 --epochs 2 ;;
+        *) echo "unknown part $p (env tests backward start fused compiled observe feedback learned relaunch)"; exit 2 ;;
     esac
 done
