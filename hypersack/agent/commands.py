@@ -166,8 +166,6 @@ class LaunchCommands(AgentFields):
         log.info("launched %s (attempt %d) on device %d%s: %s", job.id, job.attempt,
                  job.gpu_index, ", warm" if isinstance(job.proc, WarmProcess) else "",
                  " ".join(job.argv))
-        outbox.put(pb.AgentMessage(started=pb.TrialStarted(trial_id=job.id,
-                                                           attempt=job.attempt)))
 
     def _begin_profile(self, job: Job, outbox: queue.Queue[pb.AgentMessage | None]) -> None:
         m = self._profile_keys[job.id]
@@ -273,9 +271,6 @@ class LaunchCommands(AgentFields):
                 self.jobs[j.key] = j
         log.info("launched fused group %s (%d members) on device %d", g.group_id, len(jobs),
                  g.gpu_index)
-        for j in jobs:
-            outbox.put(pb.AgentMessage(started=pb.TrialStarted(trial_id=j.id,
-                                                               attempt=j.attempt)))
 
     def _profile(self, m: pb.ProfileWorkload, outbox: queue.Queue[pb.AgentMessage | None]
                  ) -> None:

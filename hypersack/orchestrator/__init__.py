@@ -30,7 +30,6 @@ from hypersack.orchestrator.events import (
     TrialOutOfMemory,
     TrialProgress,
     TrialsAsked,
-    TrialStarted,
     Wake,
 )
 from hypersack.orchestrator.orchestrator import Orchestrator, OrchestratorConfig
@@ -63,7 +62,6 @@ __all__ = [
     "TrialLogged",
     "TrialOutOfMemory",
     "TrialProgress",
-    "TrialStarted",
     "TrialsAsked",
     "Wake",
     "launched",

@@ -77,13 +77,6 @@ class NodeDrained:
 
 
 @dataclass(frozen=True)
-class TrialStarted:
-    trial_id: str
-    node: str
-    attempt: int = 0
-
-
-@dataclass(frozen=True)
 class TrialProgress:
     trial_id: str
     node: str
@@ -190,7 +183,7 @@ class Wake:
 Event = Union[
     StudySubmitted, StudyCancelled, StudyExtended, TrialsAsked, NodeJoined, Heartbeat,
     NodeLost, NodeDrained,
-    TrialStarted, TrialProgress, TrialFinished, TrialFailed, TrialOutOfMemory, TrialLogged,
+    TrialProgress, TrialFinished, TrialFailed, TrialOutOfMemory, TrialLogged,
     ProfileMeasured, ProfileFailed, ProfilesImported, ProfilesForgotten, Tick, Wake,
 ]
 

@@ -55,7 +55,6 @@ from hypersack.orchestrator.events import (
     TrialOutOfMemory,
     TrialProgress,
     TrialsAsked,
-    TrialStarted,
     Wake,
 )
 from hypersack.orchestrator.explain import Explainer
@@ -115,7 +114,6 @@ class Orchestrator(Queries):
         t, m, p, st = self.trial_events, self.membership, self.profiling, self.study_events
         self._handlers: dict[type, Callable[[Any], list[Command]]] = dict([
             _handler(TrialProgress, t.on_progress),
-            _handler(TrialStarted, t.on_progress),
             _handler(Heartbeat, m.on_heartbeat),
             _handler(TrialFinished, t.on_finished),
             _handler(TrialFailed, t.on_failed),
@@ -305,7 +303,7 @@ class Orchestrator(Queries):
 
 # Events after which profile bookkeeping has nothing new to see (a trial's exit frees a
 # GPU, which matters to it only while profiling waits).
-_ROUTINE = (TrialProgress, TrialStarted, Heartbeat, TrialFinished, TrialFailed, Tick, Wake)
+_ROUTINE = (TrialProgress, Heartbeat, TrialFinished, TrialFailed, Tick, Wake)
 
 E = TypeVar("E")
 

@@ -25,7 +25,6 @@ from hypersack.orchestrator.events import (
     TrialLogged,
     TrialOutOfMemory,
     TrialProgress,
-    TrialStarted,
 )
 from hypersack.orchestrator.learned import LearnedSharing
 from hypersack.orchestrator.outcomes import divergence, missing_objective, stops_study
@@ -47,10 +46,8 @@ class TrialEvents:
         self.pruning = pruning
         self.profiling = profiling
 
-    def on_progress(self, event: TrialProgress | TrialStarted) -> list[Command]:
+    def on_progress(self, event: TrialProgress) -> list[Command]:
         t = self.running_on(event.trial_id, event.node, event.attempt)
-        if not isinstance(event, TrialProgress):
-            return []
         self.curves.progress(t, event)
         self.sharing.sample(t.id, event)
         settings = self.s.spaces[t.study_id].settings

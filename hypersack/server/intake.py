@@ -34,7 +34,6 @@ from hypersack.orchestrator.events import (
     Heartbeat,
     NodeJoined,
     RunningTrial,
-    TrialStarted,
 )
 from hypersack.server.reports import exit_event, profile_event, progress_event
 from hypersack.wire.convert import (
@@ -271,8 +270,13 @@ class Intake:
         or no batch, store or no store: the agent's fence lease runs from it."""
         if session.overflowed:
             return  # its stream is cut: what it still sends counts for nothing
-        if msg.WhichOneof("body") == "heartbeat" and msg.heartbeat.seq and session.connected:
+        kind = msg.WhichOneof("body")
+        if kind == "heartbeat" and msg.heartbeat.seq and session.connected:
             session.ack(f"heartbeat:{msg.heartbeat.seq}")
+        elif kind == "started":
+            # Agents before 2026-11-28 sent one per launch; it says nothing the launch and
+            # the heartbeats do not, so it is not queued (a message a trial saved).
+            return
         self._inbox.put((session, msg, time.monotonic()))
 
     def next_batch(self, wait_s: float = 0.2) -> list[Queued]:
@@ -391,8 +395,6 @@ class Intake:
                 log.warning("node %s was lost but its agent is alive; it joins again", node)
                 return NodeJoined(session.spec, running)
             return Heartbeat(node, running)
-        if kind == "started":
-            return TrialStarted(msg.started.trial_id, node, msg.started.attempt)
         if kind == "metrics":
             return progress_event(node, msg.metrics)
         if kind == "exited":

@@ -155,3 +155,14 @@ def test_a_poke_ticks_at_once_and_the_ticker_wakes_for_what_waits_on_time(
         assert svc.stats["batches"] > ticked  # the tick at `due`, not in an hour
     finally:
         svc.stop()
+
+
+def test_an_older_agents_started_message_is_not_queued(tmp_path: Path) -> None:
+    """Agents used to report each launch as started: a message a trial that changed
+    nothing (the launch and the heartbeats say as much). An older agent's is dropped on
+    receipt; its other messages are queued as before."""
+    svc = SchedulerService(SqliteStore(tmp_path / "s.db"))
+    session: Any = SimpleNamespace(node="n1", overflowed=False, connected=True)
+    svc.intake.put(session, pb.AgentMessage(started=pb.TrialStarted(trial_id="t1")))
+    svc.intake.put(session, pb.AgentMessage(exited=pb.TrialExited(trial_id="t1")))
+    assert _kinds(svc.intake.next_batch(wait_s=0)) == ["exited"]

@@ -33,7 +33,6 @@ from hypersack.orchestrator import (
     TrialFinished,
     TrialOutOfMemory,
     TrialProgress,
-    TrialStarted,
 )
 from hypersack.policies import ClusterView, Item, Placement, Plan, make_policy, register_policy
 from hypersack.policies import registry as policy_registry
@@ -49,7 +48,6 @@ def test_submit_places_what_fits_and_the_rest_follows_completions() -> None:
     assert {(c.node, c.gpu_index) for c in first} == {("node0", 0), ("node0", 1)}
     sid = orch.studies()[0].id
     assert [t.state for t in store.list_trials(sid)].count(TrialState.RUNNING) == 4
-    orch.handle(TrialStarted(first[0].trial_id, "node0"))
     orch.handle(TrialProgress(first[0].trial_id, "node0", 5, {"loss": 1.0}))
     nxt = launches(orch.handle(TrialFinished(first[0].trial_id, "node0", {"acc": 0.9}, 0.9)))
     assert len(nxt) == 1 and nxt[0].gpu_index == first[0].gpu_index
@@ -237,7 +235,8 @@ def test_stale_and_unknown_events_change_nothing() -> None:
     tid = launches(orch.handle(StudySubmitted(space(n_lr=3))))[0].trial_id
     before = store.list_trials()
     for ev in (TrialFinished("nope", "node0"), TrialFinished(tid, "node9"),
-               Heartbeat("node9"), NodeLost("node9"), TrialStarted("t-t00002", "node0")):
+               Heartbeat("node9"), NodeLost("node9"),
+               TrialProgress("t-t00002", "node0", 1, {"loss": 1.0})):
         with pytest.raises(StaleEvent):
             orch.handle(ev)
     assert store.list_trials() == before
