@@ -50,7 +50,7 @@ from hypersack.agent.launcher import (
 from hypersack.agent.ledger import Beats, Unacked
 from hypersack.agent.mps import TIME_SLICING, MpsControl
 from hypersack.agent.polling import ProcessPolling
-from hypersack.agent.procs import Records, kill_strays
+from hypersack.agent.procs import Records, children_map, kill_strays
 from hypersack.agent.warm import WarmPool
 from hypersack.core.bounds import clamp
 from hypersack.core.errors import HyperSackError, InvalidInput
@@ -295,7 +295,8 @@ class Agent(LaunchCommands, ProcessPolling, StreamReports):
         if not self.backend.observes:
             return  # nothing to learn: no process scan either
         devices = {d.index: d for d in self.backend.devices()}
-        jobs = {j.key: (devices[j.gpu_index], j.pids()) for j in self.jobs.values()
+        children = children_map()  # one scan of /proc for every trial's tree
+        jobs = {j.key: (devices[j.gpu_index], j.pids(children)) for j in self.jobs.values()
                 if not j.profile and j.exit_code is None and j.gpu_index in devices}
         try:
             usage = self.backend.observe({k: v for k, v in jobs.items() if v[1]})

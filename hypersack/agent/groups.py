@@ -70,7 +70,7 @@ class MemberJob(Job):
         if self.group is not None and self.group.exit_code is not None:
             self.exit_code = self.group.exit_code
 
-    def pids(self) -> list[int]:
+    def pids(self, children: dict[int, list[int]] | None = None) -> list[int]:
         return []  # the group's process is observed as a whole, never as one member
 
     def cap_log(self) -> bool:

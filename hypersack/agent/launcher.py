@@ -28,6 +28,7 @@ from hypersack.agent.procs import (
     signal_all,
     switches_user,
     tree,
+    tree_pids,
 )
 from hypersack.agent.warm import WarmPool, WarmProcess
 from hypersack.core import trial_env as sdk
@@ -321,16 +322,30 @@ class Job(JobOutput):
         except (ProcessLookupError, PermissionError):
             pass
 
-    def pids(self) -> list[int]:
+    def pids(self, children: dict[int, list[int]] | None = None) -> list[int]:
         """The process and its descendants (a command may start the real trainer); they
-        are remembered, so that what is left of them dies with the trial."""
+        are remembered, so that what is left of them dies with the trial. `children`: a
+        `children_map` taken for all the node's trials at once."""
         if self.proc is None or self.exit_code is not None:
             return []
-        found = tree(self.proc.pid)
-        if found:
-            known = {p.pid for p in self._tree}
-            self._tree += [p for p in found if p.pid not in known]
-        return [p.pid for p in found]
+        if children is None:
+            procs = tree(self.proc.pid)
+            pids, by_pid = [p.pid for p in procs], {p.pid: p for p in procs}
+        else:
+            pids, by_pid = tree_pids(self.proc.pid, children), {}
+        known = {p.pid for p in self._tree}
+        for pid in pids:
+            if pid in known:
+                continue
+            proc = by_pid.get(pid)
+            if proc is None:
+                try:
+                    proc = psutil.Process(pid)
+                except psutil.Error:
+                    continue  # gone meanwhile
+            self._tree.append(proc)
+            known.add(pid)
+        return pids
 
 
 def job_key(job_id: str, attempt: int) -> str:

@@ -96,6 +96,34 @@ def tree(pid: int) -> list[psutil.Process]:
         return []
 
 
+def children_map() -> dict[int, list[int]]:
+    """Each live process's children, from one scan of /proc (every pid is a key). Asking
+    `tree` for each of N trials scans /proc N times: 16 trials' trees took 19 ms on an
+    idle 2-core machine, on the agent's command thread, once a second."""
+    out: dict[int, list[int]] = {}
+    for p in psutil.process_iter(["ppid"]):
+        out.setdefault(p.pid, [])
+        ppid = p.info["ppid"]
+        if ppid is not None and ppid != p.pid:
+            out.setdefault(ppid, []).append(p.pid)
+    return out
+
+
+def tree_pids(pid: int, children: dict[int, list[int]]) -> list[int]:
+    """A process and its descendants by a `children_map` (empty if it was gone)."""
+    if pid not in children:
+        return []
+    out, seen, stack = [], {pid}, [pid]
+    while stack:
+        p = stack.pop()
+        out.append(p)
+        for c in children.get(p, ()):
+            if c not in seen:
+                seen.add(c)
+                stack.append(c)
+    return out
+
+
 def signal_all(procs: Iterable[psutil.Process], sig: int) -> None:
     for p in procs:
         try:
