@@ -26,6 +26,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -138,6 +139,11 @@ class Warm:
                             self.exits[pid] = max(-255, min(255, code))
                             self.on_exit()
                         continue
+                    if "pid" in msg and self.stuck:
+                        # The answer to a request the agent gave up on (it started that
+                        # trial cold): the late fork must not run beside it.
+                        self._kill_late(int(msg["pid"]))
+                        continue
                     if "pid" in msg:
                         # Counted as ours before its exit can arrive (the messages come
                         # in order); `spawn` checks it is the warm process's child.
@@ -165,6 +171,19 @@ class Warm:
                 self._cond.notify_all()
             if woken:
                 self.on_ready()  # launches waiting for it fork now
+
+    def _kill_late(self, pid: int) -> None:
+        try:
+            if pid <= 1 or psutil.Process(pid).ppid() != self.proc.pid:
+                return  # not its child: nothing of ours to kill
+        except psutil.Error:
+            return  # gone already
+        log.warning("warm process %s forked a trial after the agent gave up on it; killing "
+                    "it (pid %d)", self.key, pid)
+        try:
+            os.killpg(pid, signal.SIGKILL)  # its own session and group (see the module)
+        except OSError:
+            pass
 
     def exit_of(self, pid: int) -> int | None:
         with self._cond:

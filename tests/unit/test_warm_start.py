@@ -537,3 +537,29 @@ def test_a_kind_whose_warm_process_keeps_dying_starts_cold(tmp_path: Path) -> No
     finally:
         os.close(log)
         pool.close()
+
+
+def test_a_fork_answered_after_the_agent_gave_up_on_it_is_killed(tmp_path: Path) -> None:
+    """A warm process too slow to answer (stopped, then resumed): the agent started that
+    trial cold, so the trial the warm process forks late must not run beside it."""
+    marker = tmp_path / "ran.txt"
+    script = tmp_path / "late.py"
+    script.write_text(f"import time\ntime.sleep(1.5)\nopen({str(marker)!r}, 'w').write('ran')\n")
+    argv = [sys.executable, str(script)]
+    pool = WarmPool(tmp_path / "w", str(tmp_path), None, wait_s=60)
+    log = os.open(tmp_path / "log.txt", os.O_WRONLY | os.O_CREAT, 0o600)
+    pool.ready_by(argv, None, ())
+    assert pool.wait_ready(60)
+    (warm,) = pool.processes()
+    os.kill(warm.proc.pid, signal.SIGSTOP)
+    try:
+        with patch("hypersack.agent.warm.SPAWN_TIMEOUT_S", 0.3):
+            assert pool.spawn(argv, {}, tmp_path, log, {}, None, ()) is None  # gave up
+        os.kill(warm.proc.pid, signal.SIGCONT)  # it reads the request and forks now
+        time.sleep(3.5)
+        assert not marker.exists()
+        assert not warm.children  # not taken for one of ours
+    finally:
+        os.kill(warm.proc.pid, signal.SIGCONT)
+        os.close(log)
+        pool.close()
