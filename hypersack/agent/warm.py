@@ -7,8 +7,9 @@ Only `python SCRIPT ARGS` and `python -m MODULE ARGS` with the agent's own inter
 are forked; anything else, or a request the warm process cannot take, starts cold as
 before (`Job.start`). A trial launched while its warm process still imports is held
 (`WarmPool.ready_by`, `Job.held`) until it is ready, up to the pool's wait, then forked,
-or started cold if it is not; the agent goes on with its other commands meanwhile. Fused
-groups and profile runs never wait: they start cold until it is ready.
+or started cold if it is not; the agent goes on with its other commands meanwhile.
+Profile runs are held the same way; fused groups never wait (they start cold until it is
+ready).
 
 A forked trial is tracked like a cold one: its pid is its process group's, its watchdog
 fences that group, the agent's kills reach it, and its exit code comes back from the
