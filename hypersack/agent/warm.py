@@ -181,10 +181,11 @@ class Warm:
             return  # gone already
         log.warning("warm process %s forked a trial after the agent gave up on it; killing "
                     "it (pid %d)", self.key, pid)
-        try:
-            os.killpg(pid, signal.SIGKILL)  # its own session and group (see the module)
-        except OSError:
-            pass
+        for kill in (os.kill, os.killpg):  # it, and its group once it has made one
+            try:
+                kill(pid, signal.SIGKILL)
+            except OSError:
+                pass
 
     def exit_of(self, pid: int) -> int | None:
         with self._cond:
