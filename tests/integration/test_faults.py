@@ -301,7 +301,7 @@ def test_a_launch_held_for_its_warm_process_is_killed_at_once(cluster: Cluster,
     ever runs (the agent used to wait up to 10 s for the import first, and the trial
     then ran and was killed), and the next launch of its kind forks from the same warm
     process."""
-    (tmp_path / "slowload.py").write_text("import time\ntime.sleep(6)\n")
+    (tmp_path / "slowload.py").write_text("import time\ntime.sleep(8)\n")
     script, seen = tmp_path / "probe.py", tmp_path / "seen.txt"
     script.write_text("import sys\nwith open(sys.argv[1], 'a') as f:\n"
                       "    f.write(str('slowload' in sys.modules) + '\\n')\n")
