@@ -475,6 +475,18 @@ def test_the_first_trials_of_a_kind_wait_for_their_warm_process(tmp_path: Path) 
         hung.close()
 
 
+def _stopped_when_ready(tmp_path: Path, argv: list[str]) -> tuple[WarmPool, Warm, int]:
+    """A pool whose warm process for `argv` got ready and was then stopped (SIGSTOP),
+    and a log descriptor for its trials."""
+    pool = WarmPool(tmp_path / "w", str(tmp_path), None, wait_s=60)
+    log = os.open(tmp_path / "log.txt", os.O_WRONLY | os.O_CREAT, 0o600)
+    pool.ready_by(argv, None, ())
+    assert pool.wait_ready(60)
+    (warm,) = pool.processes()
+    os.kill(warm.proc.pid, signal.SIGSTOP)
+    return pool, warm, log
+
+
 def test_a_warm_process_that_stops_answering_is_asked_once(tmp_path: Path) -> None:
     """A warm process runs its account's code, and a trial of that account may stop it
     (SIGSTOP): a fork request it leaves unanswered costs one wait, then its kind starts
@@ -482,12 +494,7 @@ def test_a_warm_process_that_stops_answering_is_asked_once(tmp_path: Path) -> No
     script = tmp_path / "probe.py"
     script.write_text(PROBE)
     argv = [sys.executable, str(script)]
-    pool = WarmPool(tmp_path / "w", str(tmp_path), None, wait_s=60)
-    log = os.open(tmp_path / "log.txt", os.O_WRONLY | os.O_CREAT, 0o600)
-    pool.ready_by(argv, None, ())
-    assert pool.wait_ready(60)
-    (warm,) = pool.processes()
-    os.kill(warm.proc.pid, signal.SIGSTOP)
+    pool, warm, log = _stopped_when_ready(tmp_path, argv)
     sent: list[object] = []
     send = socket.send_fds
 
@@ -556,11 +563,6 @@ def test_a_fork_answered_after_the_agent_gave_up_on_it_is_killed(tmp_path: Path)
     script = tmp_path / "late.py"
     script.write_text(f"import time\ntime.sleep(20)\nopen({str(marker)!r}, 'w').write('ran')\n")
     argv = [sys.executable, str(script)]
-    pool = WarmPool(tmp_path / "w", str(tmp_path), None, wait_s=60)
-    log = os.open(tmp_path / "log.txt", os.O_WRONLY | os.O_CREAT, 0o600)
-    pool.ready_by(argv, None, ())
-    assert pool.wait_ready(60)
-    (warm,) = pool.processes()
     late: list[int] = []
     kill_late = Warm._kill_late
 
@@ -568,7 +570,7 @@ def test_a_fork_answered_after_the_agent_gave_up_on_it_is_killed(tmp_path: Path)
         kill_late(self, pid)
         late.append(pid)
 
-    os.kill(warm.proc.pid, signal.SIGSTOP)
+    pool, warm, log = _stopped_when_ready(tmp_path, argv)
     try:
         with patch("hypersack.agent.warm.SPAWN_TIMEOUT_S", 0.3), \
                 patch.object(Warm, "_kill_late", recorded):
