@@ -64,9 +64,9 @@ class StreamReports(AgentFields):
     def _heard(self, msg: pb.ServerMessage) -> None:
         """On the stream's reader thread, as each message arrives: the heartbeats it
         acknowledges renew the fence lease from when each was sent. Not on the thread
-        that runs commands: a launch may wait seconds for its warm process (torch's
-        imports, 7 s on an H200 node), and a lease renewed only after it would lapse
-        and the keeper fence the node the server still hears."""
+        that runs commands: a command that takes seconds there (a launch used to wait
+        for its warm process: 7 s on an H200 node) would hold the renewal back, the
+        lease lapse, and the keeper fence a node the server still hears."""
         acks = [*msg.acks[:MAX_ACKS], *([msg.acked.id] if msg.HasField("acked") else [])]
         for ack in acks:
             if ack.startswith(HEARTBEAT_ACK):

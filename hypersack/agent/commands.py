@@ -189,20 +189,23 @@ class LaunchCommands(AgentFields):
                         outbox: queue.Queue[pb.AgentMessage | None]) -> None:
         if job is not None:
             self._profile_keys.pop(job.id, None)
-            with self.jobs_lock:
-                if self.jobs.get(job.id) is job:
-                    del self.jobs[job.id]
+        self._unlist(job)
         self._send(outbox, pb.AgentMessage(profile=pb.ProfileResult(
             key=m.key, arch=m.arch, ok=False, error=f"cannot launch: {exc}",
             sample=m.sample)), m.gpu_index)
 
-    def _cannot_launch(self, job: Job | None, trial_id: str, attempt: int, gpu_index: int,
-                       exc: Exception, outbox: queue.Queue[pb.AgentMessage | None]) -> None:
-        """Its exit (127) goes to the server; `job`, if held, leaves the node's list."""
+    def _unlist(self, job: Job | None) -> None:
+        """A held job that could not start leaves the node's list (only that job: another
+        of the same key, an exit not yet reported, stays)."""
         if job is not None:
             with self.jobs_lock:
                 if self.jobs.get(job.key) is job:
                     del self.jobs[job.key]
+
+    def _cannot_launch(self, job: Job | None, trial_id: str, attempt: int, gpu_index: int,
+                       exc: Exception, outbox: queue.Queue[pb.AgentMessage | None]) -> None:
+        """Its exit (127) goes to the server; `job`, if held, leaves the node's list."""
+        self._unlist(job)
         self._send(outbox, pb.AgentMessage(exited=pb.TrialExited(
             trial_id=trial_id, exit_code=127, log_tail=f"cannot launch: {exc}",
             attempt=attempt)), gpu_index)

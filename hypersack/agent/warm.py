@@ -102,7 +102,6 @@ class Warm:
     # Until when launches of its kind wait for it to get ready (see WarmPool.ready_by);
     # past it, or once a fork request went unanswered, they start cold.
     wait_until: float = 0.0
-    waited: bool = False
     stuck: bool = False  # a fork request went unanswered
     dead: bool = False
     failed: dict[str, str] = field(default_factory=dict)
@@ -219,7 +218,7 @@ class Warm:
                 if reply is None and not self.dead:
                     # Stopped or stuck (its account's code runs in it): its kind starts
                     # cold from now on, rather than each launch wait for it again.
-                    self.waited = self.stuck = True
+                    self.stuck = True
         pid = _child_pid(reply, self.proc.pid)
         if pid is None:
             log.warning("warm process %s did not fork the trial: %s", self.key,
@@ -299,12 +298,10 @@ class WarmPool:
         if self.wait_s <= 0:
             return None
         warm = self._current(argv, account, preload)
-        if warm is None or warm.ready or warm.dead or warm.waited:
-            return None
-        if time.monotonic() >= warm.wait_until:
-            # Once per warm process: one that does not get ready in time (a preload that
-            # hangs) has its kind's trials start cold, not each wait again.
-            warm.waited = True
+        # Once per warm process: one that does not get ready in time (a preload that
+        # hangs) has its kind's trials start cold, not each wait again.
+        if warm is None or warm.ready or warm.dead or warm.stuck or \
+                time.monotonic() >= warm.wait_until:
             return None
         return warm.wait_until
 
