@@ -16,6 +16,7 @@ from hypersack.core.types import TrialState
 from hypersack.grid.space import parse_space
 from hypersack.orchestrator import NodeJoined, StudySubmitted, TrialFinished, TrialProgress
 from hypersack.orchestrator.learned import SETTING
+from hypersack.orchestrator.sharing import MOMENTUM
 from hypersack.store import MemoryStore
 from hypersack.testing.core import launches, make, prof
 from hypersack.testing.pools import HeldPool
@@ -77,8 +78,10 @@ def test_the_ratio_steps_toward_the_hidden_saturation_and_packing_follows() -> N
         report_round(orch, clock)
         ratios.append(orch.s.config.ratio("A100", {}))
     moves = [b - a for a, b in itertools.pairwise(ratios) if b != a]
-    # Down from 3 toward 1.5 (the best for this model), a quarter at a time.
-    assert moves and all(-0.25 - 1e-9 <= m < 0 for m in moves)
+    # Down from 3 toward 1.5 (the best for this model): a quarter at first, more only as
+    # the decisions keep agreeing (sharing.MOMENTUM: a step, a step, two, two, four).
+    assert moves and all(m < 0 for m in moves) and moves[:2] == [-0.25, -0.25]
+    assert all(-0.25 * min(MOMENTUM, 2 ** (k // 2)) - 1e-9 <= m for k, m in enumerate(moves))
     assert 1.25 <= ratios[-1] <= 2.0
     level = {lv.arch: lv for lv in orch.sharing.levels(["A100"])}["A100"]
     assert level.learning and level.configured == 3.0 and level.ratio == ratios[-1]
@@ -347,10 +350,11 @@ def test_foresight_steps_the_ratio_toward_the_one_the_busiest_study_ends_first_u
         ratios.append(orch.s.config.ratio("A100", {}))
     moves = [b - a for a, b in itertools.pairwise(ratios) if b != a]
     # The progress model's steps until foresight acts (FORESIGHT_SAMPLES x
-    # learn_min_samples samples), then a quarter at a time down to 2, where it holds.
+    # learn_min_samples samples), then down to 2, where it holds: a quarter, a quarter,
+    # a half as the decisions agree (sharing.MOMENTUM), and the quarter left.
     down = moves.index(-0.25)
     assert all(m == 0.25 for m in moves[:down]) and ratios[-1] == 2.0
-    assert moves[down:] == [-0.25] * len(moves[down:])
+    assert moves[down:] == [-0.25, -0.25, -0.5, -0.25]
     first = fake.asked[0]
     assert first["study"] == "s" and first["nodes"] == ["node0"] and first["arch"] == "A100"
     assert first["models"] == ["resnet18"] and first["policy"] == "ff"  # the study's rule

@@ -8,6 +8,7 @@ saturation makes it pack less and finish sooner than the configured ratio."""
 
 from __future__ import annotations
 
+import itertools
 import math
 import random
 from dataclasses import replace
@@ -20,6 +21,7 @@ from hypersack.orchestrator.fits import fit, throughput
 from hypersack.orchestrator.sharing import (
     FORESIGHT_EVERY,
     FORESIGHT_SAMPLES,
+    MOMENTUM,
     STEP_GAIN,
     RatioLearner,
 )
@@ -84,12 +86,53 @@ def test_the_ratio_steps_toward_saturation_by_at_most_a_step() -> None:
     learner = RatioLearner({"A100": 3.0}, step=0.25, min_samples=40, every=20)
     assert _feed(learner, _samples(0.3, 135.0, k=39)) == []  # too few to act on
     moves = _feed(learner, _samples(0.3, 135.0, k=400, seed=1))
-    assert moves and all(abs(b - a) <= 0.25 + 1e-9
-                         for a, b in zip([3.0, *moves[:-1]], moves, strict=True))
+    # A step, growing only while the decisions agree (MOMENTUM): 0.25, 0.25, 0.5, ...
+    steps = [abs(b - a) for a, b in zip([3.0, *moves[:-1]], moves, strict=True)]
+    assert steps and steps[0] <= 0.25 + 1e-9
+    assert all(s <= 0.25 * min(MOMENTUM, 2 ** (k // 2)) + 1e-9 for k, s in enumerate(steps))
     assert learner.ratios["A100"] == pytest.approx(1.35, abs=0.1)  # S / 100
     fitted = learner.fits["A100"]
     best = max((1 + i / 20 for i in range(61)), key=lambda r: throughput(r, fitted))
     assert best == pytest.approx(fitted.saturation_pct / 100, abs=0.05)
+
+
+class _Scripted(RatioLearner):
+    """A learner whose progress model's target is given, decision by decision."""
+
+    def __init__(self, targets: list[float], **kw: Any) -> None:
+        super().__init__({"A100": 3.0}, high=8.0, min_samples=10, every=10,
+                         by_workload=False, **kw)
+        self.targets = targets
+
+    def _progress_target(self, *args: Any) -> float | None:
+        return self.targets.pop(0)
+
+
+def test_the_step_grows_while_decisions_agree_and_starts_over_when_they_do_not() -> None:
+    """A ratio far from its target gets there in fewer decisions (SP3 under doubled
+    saturation wants 5-6 from 3), but only on decisions that agree: the first move, one
+    that turns back, and one after a hold are a single step, and a step never passes
+    the target or the bounds."""
+    learner = _Scripted([8.0] * 6 + [3.0, 8.0, 8.0, 8.0, 8.0, 8.0])
+    samples = _samples(0.1, 5000.0, k=120, most=4)
+    ratios = [learner.ratios["A100"]]
+    for load, n, s in samples:  # a decision every 10: twelve, one per target
+        learner.observe("A100", load, n, s)
+        if ratios[-1] != learner.ratios["A100"]:
+            ratios.append(learner.ratios["A100"])
+    steps = [round(b - a, 6) for a, b in itertools.pairwise(ratios)]
+    assert steps[:6] == [0.25, 0.25, 0.5, 0.5, 1.0, 1.0]  # 3 -> 6.5
+    assert steps[6] == -0.25  # turned back: one step
+    assert steps[7:10] == [0.25, 0.25, 0.5]  # up again, from one step
+    assert max(learner.ratios.values()) <= 8.0
+    # A hold (the target met) starts the count over, and the state keeps the count.
+    held = _Scripted([4.0, 4.0, 4.0, 4.0, 8.0])
+    for load, n, s in samples[:50]:
+        held.observe("A100", load, n, s)
+    assert held.ratios["A100"] == 4.25  # 3.25, 3.5, 4 (capped at the target), hold, 4.25
+    again = RatioLearner({"A100": 3.0}, high=8.0)
+    again.load({**held.state(), "configured": {"A100": 3.0}}, {"A100": 3.0})
+    assert again.streaks == held.streaks == {"A100": 1}
 
 
 def test_packed_and_unsaturated_it_explores_up_to_its_bound() -> None:
@@ -421,15 +464,17 @@ def test_foresight_steps_toward_the_ratio_whose_simulated_study_ends_first() -> 
     samples = [(s[0] * 300 / 260, s[1], s[2]) for s in _samples(0.2, 5000.0, most=4, k=400)]
     moves = _feed(learner, samples)
     # Up by the progress model until FORESIGHT_SAMPLES x min_samples samples, then down
-    # a step at a time to where the simulated study ends first, and it holds.
-    assert moves == [3.25, 3.5, 3.25, 3.0, 2.75, 2.5, 2.25, 2.0, 1.75, 1.5]
+    # to where the simulated study ends first, a step, then steps that grow as the
+    # decisions keep agreeing (MOMENTUM), and it holds.
+    assert moves == [3.25, 3.5, 3.25, 3.0, 2.5, 2.0, 1.5]
     # The ratio in force and a step either side first, then from low to high by 0.5.
     assert weigh.calls[0] == ("A100", [3.5, 3.25, 3.75, 1.0, 1.5, 2.0, 2.5, 3.0, 4.0])
     # Simulated again at most every FORESIGHT_EVERY-th decision.
     assert 0 < len(weigh.calls) <= made[0] // FORESIGHT_EVERY + 1
     seen = learner.foreseen["A100"]
     assert (seen.target, seen.best_ratio, seen.best_s) == (1.5, 1.5, 100.0)
-    # However much sooner the simulated study ends: a step at a time.
+    # However much sooner the simulated study ends: a step at first (the step grows with
+    # decisions that agree, not with the gain one simulation shows).
     steep = RatioLearner({"A100": 3.0}, high=4.0, min_samples=20, every=10)
     steep.weigh = _Weigh(lambda rs: {r: 100.0 + 50.0 * abs(r - 1.5) for r in rs})
     assert _feed(steep, samples)[:4] == [3.25, 3.5, 3.25, 3.0]
