@@ -93,12 +93,12 @@ class Bare(pb_grpc.AgentLinkServicer):  # type: ignore[misc]
         outbox: deque[pb.ServerMessage] = deque([pb.ServerMessage(
             registered=pb.Registered())])
         wake = asyncio.Event()
+        loop = asyncio.get_running_loop()
         self.registered.append((outbox, wake, len(first.register.gpus)))
         if len(self.registered) == self.agents:
-            asyncio.get_running_loop().call_later(0.5, self._start)
+            loop.call_later(0.5, self._start)
 
         acks: list[str] = []  # waiting for a launch to carry them, or the delay's end
-        loop = asyncio.get_running_loop()
 
         def flush() -> None:
             if acks:

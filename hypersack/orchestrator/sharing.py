@@ -128,7 +128,7 @@ class RatioLearner:
         self.workload_fits: dict[str, dict[str, Fit]] = {}
         self.moves: dict[str, int] = {}
         # Per architecture, how many decisions in a row moved it the same way (negative:
-        # down); 0 after a hold. The step grows with it (MOMENTUM).
+        # down); none after a hold. The step grows with it (MOMENTUM).
         self.streaks: dict[str, int] = {}
         # Foresight: set by a host that can simulate the work at hand (the simulator,
         # the server's `ratio_foresight`); None: the target is the progress model's.
@@ -271,11 +271,13 @@ class RatioLearner:
             return None  # nothing foreseen; not packed near the ratio: nothing says where
         else:
             target = progress
-        way = 0 if abs(target - current) < 1e-9 else (1 if target > current else -1)
+        if abs(target - current) < 1e-9:
+            self.streaks.pop(arch, None)  # a hold: the next move is a single step
+            return None
+        way = 1 if target > current else -1
         streak = self.streaks.get(arch, 0)
-        streak = 0 if way == 0 else (streak + way if streak * way > 0 else way)
-        self.streaks[arch] = streak
-        step = self.step * min(MOMENTUM, 2 ** ((abs(streak) - 1) // 2)) if way else self.step
+        self.streaks[arch] = streak = streak + way if streak * way > 0 else way
+        step = self.step * min(MOMENTUM, 2.0 ** ((abs(streak) - 1) // 2))
         new = min(self.high, max(self.low, current + max(-step, min(step, target - current))))
         if abs(new - current) < 1e-9:
             return None

@@ -323,13 +323,15 @@ def test_a_saved_state_that_does_not_parse_is_left_out() -> None:
     learner = RatioLearner({"A100": 3.0, "H100": 2.5})
     learner.load({"configured": {"A100": 3.0, "H100": 2.5},
                   "ratios": {"A100": 10**400, "H100": 2.0},
-                  "moves": {"H100": True}, "samples": {"H100": [[1e400, 2, 1.0],
+                  "moves": {"H100": True}, "streaks": {"H100": True, "A100": 10**400},
+                  "samples": {"H100": [[1e400, 2, 1.0],
                                                                 [100.0, 2, math.nan],
                                                                 [100.0, 2, 1.1], "x"]},
                   "fits": {"H100": [1.0, 2.0]}}, {"A100": 3.0, "H100": 2.5})
     assert learner.ratios == {"A100": 3.0, "H100": 2.0}
     assert list(learner.samples["H100"]) == [(100.0, 2, 1.1)]
     assert learner.moves["H100"] == 0 and "H100" not in learner.fits
+    assert learner.streaks == {}  # a bool, and a count past any run of decisions
     # Labels and per-workload fits: kept where they line up and parse, else left out.
     learner = RatioLearner({"H100": 2.5})
     learner.load({"configured": {"H100": 2.5}, "ratios": {"H100": 2.0},
