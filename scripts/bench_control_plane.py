@@ -48,6 +48,7 @@ sys.path.insert(0, str(ROOT))
 
 from hypersack._proto.v1 import hypersack_pb2 as pb  # noqa: E402
 from hypersack._proto.v1 import hypersack_pb2_grpc as pb_grpc  # noqa: E402
+from hypersack.agent.acks import unbatched  # noqa: E402
 from hypersack.cli.client import Client  # noqa: E402
 from hypersack.server.auth import LOCAL, Authenticator  # noqa: E402
 from hypersack.server.bridge import watch_lag  # noqa: E402
@@ -84,6 +85,7 @@ class SimAgent:
         self.registered = asyncio.Event()
         self.up.put_nowait(pb.AgentMessage(register=pb.Register(
             node=name, cores=22 * gpus, backend="bench", folded_acks=bench.folded_acks,
+            held_acks=bench.held_acks, batched=bench.batched,
             gpus=[pb.GpuInfo(index=i, arch="A100", memory_mib=81920, uuid=f"{name}-{i}")
                   for i in range(gpus)])))
         self.call = pb_grpc.AgentLinkStub(channel).Connect()
@@ -98,12 +100,13 @@ class SimAgent:
 
     async def _read(self) -> None:
         try:
-            async for msg in self.call:
+            async for batch in self.call:
                 self.bench.received += 1
-                self.bench.acked(msg)
-                self._handle(msg)
-                if msg.WhichOneof("body") is not None:  # not acknowledgements alone
-                    self.processed += 1  # after a launch is in `running`, as an agent does
+                for msg in unbatched(batch):
+                    self.bench.acked(msg)
+                    self._handle(msg)
+                    if msg.WhichOneof("body") is not None:  # not acknowledgements alone
+                        self.processed += 1  # once a launch is in `running`, as agents do
         except grpc.RpcError:
             pass
 
@@ -147,6 +150,8 @@ class Bench:
         # they do not, as agents before that did.
         self.say_processed = True
         self.folded_acks = True
+        self.held_acks = True  # a report's acknowledgement may wait (Register.held_acks)
+        self.batched = True  # reads several messages written as one (Register.batched)
         self.superseded = 0  # timers of trials no longer held when they fired
         self.rng = random.Random(seed)
         self.waiting: dict[tuple[str, int], float] = {}  # GPU -> when a trial on it exited
@@ -195,7 +200,9 @@ async def _worker(args: argparse.Namespace) -> int:
     what it measured. Exits stop counting once the file `--no-pending` exists."""
     bench = Bench(args.min_s, args.max_s, seed=args.first)
     bench.say_processed = not args.no_processed
-    bench.folded_acks = args.acks == "folded"
+    bench.folded_acks = args.acks != "separate"
+    bench.held_acks = args.acks == "held"
+    bench.batched = not args.unbatched
     agents = []
     for i in range(args.first, args.first + args.agents):
         name = f"a{i:03d}"
@@ -264,9 +271,14 @@ def main() -> int:
     ap.add_argument("--min-s", type=float, default=4.0, help="shortest simulated trial")
     ap.add_argument("--max-s", type=float, default=12.0, help="longest simulated trial")
     ap.add_argument("--heartbeat-s", type=float, default=1.0)
-    ap.add_argument("--acks", choices=["folded", "separate"], default="folded",
+    ap.add_argument("--acks", choices=["held", "folded", "separate"], default="held",
                     help="the agents read acknowledgements carried with the server's other "
-                         "messages, or (as older agents) get each in a message of its own")
+                         "messages and let a report's wait for the next one (held, as agents "
+                         "do), or not wait (folded, as agents before 2026-11-28), or get "
+                         "each in a message of its own (separate, as older agents)")
+    ap.add_argument("--unbatched", action="store_true",
+                    help="the agents do not read several messages written as one (as "
+                         "agents before 2026-11-28): every launch is a message")
     ap.add_argument("--beats", choices=["spread", "together"], default="spread",
                     help="each agent's heartbeats from its own phase in the interval (as "
                          "agents that registered at different times), or all of a worker "
@@ -521,6 +533,7 @@ def run_once(args: argparse.Namespace, secured: bool) -> dict[str, object]:
                  "--max-s", str(args.max_s), "--heartbeat-s", str(args.heartbeat_s),
                  "--beats", args.beats, "--acks", args.acks,
                  "--no-pending", str(no_pending),
+                 *(["--unbatched"] if args.unbatched else []),
                  *(["--no-processed"] if args.no_processed else []),
                  *(["--certs", str(tmp / "certs")] if secured else [])],
                 stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env))
@@ -586,7 +599,7 @@ def run_once(args: argparse.Namespace, secured: bool) -> dict[str, object]:
         result = {
             "tls": secured, "agents": args.agents, "agent_procs": args.agent_procs,
             "heartbeats": f"every {args.heartbeat_s:g} s, {args.beats}",
-            "acks": args.acks,
+            "acks": args.acks, "batched": not args.unbatched,
             "batch_gather_ms": "server default" if args.gather_ms is None else args.gather_ms,
             "pinned": (f"server on CPU {','.join(map(str, server_cpu))}, agents on "
                        f"{','.join(map(str, others))}") if pinned else "no",

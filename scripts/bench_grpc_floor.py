@@ -45,17 +45,18 @@ from hypersack._proto.v1 import hypersack_pb2_grpc as pb_grpc  # noqa: E402
 from hypersack.core.types import Demand, WorkloadKey  # noqa: E402
 from hypersack.grid.space import Program  # noqa: E402
 from hypersack.orchestrator.commands import LaunchTrial  # noqa: E402
-from hypersack.server.intake import launch_pb  # noqa: E402
+from hypersack.server.intake import batched, launch_pb  # noqa: E402
 from hypersack.wire.convert import ack_id  # noqa: E402
 
 
 class Bare(pb_grpc.AgentLinkServicer):  # type: ignore[misc]
     """Answers agents: launches while trials are left, acknowledgements always."""
 
-    def __init__(self, agents: int, trials: int, per_gpu: int, ack_delay_s: float = 0.0
-                 ) -> None:
+    def __init__(self, agents: int, trials: int, per_gpu: int, ack_delay_s: float = 0.0,
+                 before: bool = False) -> None:
         self.agents, self.left, self.per_gpu = agents, trials, per_gpu
         self.ack_delay_s = ack_delay_s
+        self.before = before  # each acknowledgement and launch its own message
         self.trials = trials
         self.registered: list[tuple[deque[pb.ServerMessage], asyncio.Event, int]] = []
         self.where: dict[str, int] = {}  # trial -> its GPU
@@ -98,47 +99,56 @@ class Bare(pb_grpc.AgentLinkServicer):  # type: ignore[misc]
         if len(self.registered) == self.agents:
             loop.call_later(0.5, self._start)
 
-        acks: list[str] = []  # waiting for a launch to carry them, or the delay's end
+        # Acknowledgements not yet written: each goes with the next message written to
+        # the stream, or alone (AgentSession.drain); an exit's waits for it (held).
+        acks: list[str] = []
 
-        def flush() -> None:
-            if acks:
-                outbox.append(pb.ServerMessage(acks=acks[:]))
-                acks.clear()
-                wake.set()
-
-        def acknowledge(ack: str | None) -> None:
-            if ack is None:
+        def acknowledge(ack: str, held: bool = False) -> None:
+            if self.ack_delay_s > 0:
+                if not acks:
+                    loop.call_later(self.ack_delay_s, wake.set)
+                acks.append(ack)
                 return
-            if self.ack_delay_s <= 0:
-                outbox.append(pb.ServerMessage(acks=[ack]))
-                return
-            if not acks:
-                loop.call_later(self.ack_delay_s, flush)
             acks.append(ack)
+            if not (held and not self.before):
+                wake.set()
 
         async def read() -> None:
             async for msg in requests:
+                kind = msg.WhichOneof("body")
+                if kind == "heartbeat":  # as the server: on receipt, and at once
+                    acks.append(f"heartbeat:{msg.heartbeat.seq}")
+                    wake.set()
+                    continue
                 ack = ack_id(msg)
-                if msg.WhichOneof("body") == "exited":
+                if kind == "exited":
                     self.exits += 1
                     gpu = self.where.pop(msg.exited.trial_id, 0)
                     if self.left > 0:
-                        outbox.append(self._launch(gpu, [*acks, *([ack] if ack else [])]))
-                        acks.clear()
-                    else:
-                        acknowledge(ack)
+                        outbox.append(self._launch(gpu, [*([ack] if ack else [])]))
+                        wake.set()
+                    elif ack is not None:
+                        acknowledge(ack, held=True)
                     if self.exits == self.trials:
                         self.done.set()
-                else:
+                elif ack is not None:
                     acknowledge(ack)
-                wake.set()
 
         reader = asyncio.create_task(read())
         try:
             while True:
                 wake.clear()
-                while outbox:
-                    yield outbox.popleft()
+                out: list[pb.ServerMessage | None] = list(outbox)
+                outbox.clear()
+                if acks and (self.ack_delay_s <= 0 or not out or self.before):
+                    if out and out[0] is not None:
+                        out[0].acks.extend(acks)
+                    else:
+                        out.insert(0, pb.ServerMessage(acks=acks[:]))
+                    acks.clear()
+                for m in (out if self.before else batched(out)):
+                    assert m is not None
+                    yield m
                 if reader.done():
                     return
                 await wake.wait()
@@ -148,7 +158,8 @@ class Bare(pb_grpc.AgentLinkServicer):  # type: ignore[misc]
 
 async def _serve(args: argparse.Namespace) -> None:
     server = grpc.aio.server(options=[("grpc.max_concurrent_streams", 100_000)])
-    bare = Bare(args.agents, args.trials, args.per_gpu, args.ack_delay_ms / 1000)
+    bare = Bare(args.agents, args.trials, args.per_gpu, args.ack_delay_ms / 1000,
+                args.before)
     pb_grpc.add_AgentLinkServicer_to_server(bare, server)
     server.add_insecure_port(args.listen)
     await server.start()
@@ -174,6 +185,12 @@ def main() -> int:
     ap.add_argument("--ack-delay-ms", type=float, default=0.0,
                     help="acknowledgements that no launch carries wait up to this long, "
                          "gathered into one message per stream (0: each goes at once)")
+    ap.add_argument("--before", action="store_true",
+                    help="as before 2026-11-28: every acknowledgement no launch carries and "
+                         "every launch a message of its own (now: an exit's waits for the "
+                         "next message, a heartbeat's at last, and what is queued for a "
+                         "stream is written as one, as the server does with agents that "
+                         "say Register.held_acks and batched)")
     ap.add_argument("--serve", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--listen", default="", help=argparse.SUPPRESS)
     args = ap.parse_args()
@@ -203,7 +220,8 @@ def main() -> int:
     server = subprocess.Popen(
         [*prefix, sys.executable, __file__, "--serve", "--listen", address,
          "--agents", str(args.agents), "--trials", str(args.trials),
-         "--per-gpu", str(args.per_gpu), "--ack-delay-ms", str(args.ack_delay_ms)],
+         "--per-gpu", str(args.per_gpu), "--ack-delay-ms", str(args.ack_delay_ms),
+         *(["--before"] if args.before else [])],
         stdout=subprocess.PIPE, text=True)
     assert server.stdout is not None
     if server.stdout.readline().strip() != "listening":
@@ -215,7 +233,8 @@ def main() -> int:
          "--first", str(cuts[k]), "--agents", str(cuts[k + 1] - cuts[k]),
          "--gpus", str(args.gpus), "--address", address, "--min-s", str(args.min_s),
          "--max-s", str(args.max_s), "--heartbeat-s", str(args.heartbeat_s),
-         "--no-pending", str(tmp / "never")],
+         "--no-pending", str(tmp / "never"),
+         *(["--acks", "folded", "--unbatched"] if args.before else [])],
         stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
         for k in range(args.agent_procs)]
     try:
@@ -237,6 +256,7 @@ def main() -> int:
     result = {"agents": args.agents, "gpus": args.agents * args.gpus,
               "trials": args.trials, "heartbeats": f"every {args.heartbeat_s:g} s",
               "pinned": f"server on CPU {cpus[0]}, agents on the others" if pinned else "no",
+              "messages": "as before 2026-11-28" if args.before else "held and batched",
               "study_wall_s": got["wall_s"], "exits": got["exits"],
               "server_rss_mib": round(rss / 2**20, 1),
               "bare_server_cpu_ms_per_trial": round(1000 * got["cpu_s"] / args.trials, 3)}

@@ -24,11 +24,33 @@ HEARTBEAT_ACK = "heartbeat:"  # how the server acknowledges heartbeat N: "heartb
 MAX_SEND_BYTES = 3 << 20  # below the server's 4 MiB limit on one message
 
 
+# A report's acknowledgement may wait for the server's next message to the agent, at the
+# latest its next heartbeat's (Register.held_acks): a report is sent again only once it
+# has waited this many heartbeat intervals, and the agent's own resend interval.
+HELD_ACK_BEATS = 2.0
+MAX_MORE = 4096  # messages read from one batch (ServerMessage.more); the rest are dropped
+
+
+def unbatched(msg: pb.ServerMessage) -> list[pb.ServerMessage]:
+    """The messages the server wrote as one (ServerMessage.more), in order, each as if
+    it had come alone; one in `more` that has `more` of its own is not read further."""
+    if not msg.more:
+        return [msg]
+    rest = list(msg.more[:MAX_MORE])
+    if len(msg.more) > MAX_MORE:
+        log.error("read %d of the %d messages written as one", MAX_MORE, len(msg.more))
+    msg.ClearField("more")
+    for m in rest:
+        m.ClearField("more")
+    return [msg, *rest]
+
+
 class StreamReports(AgentFields):
     """The stream's reports and acknowledgements (see the module)."""
 
     # More of the agent's state these read and change (set in Agent.__init__).
     fence_s: float
+    heartbeat_interval_s: float
     _unacked: Unacked
     _beats: Beats
 
@@ -57,7 +79,10 @@ class StreamReports(AgentFields):
 
     def _send_unacked(self, outbox: queue.Queue[pb.AgentMessage | None], older_s: float
                       ) -> None:
-        """Send again the reports not acknowledged and last sent more than `older_s` ago."""
+        """Send again the reports not acknowledged and last sent more than `older_s` ago
+        (and, unless 0: at least HELD_ACK_BEATS heartbeat intervals ago)."""
+        if older_s > 0:
+            older_s = max(older_s, HELD_ACK_BEATS * self.heartbeat_interval_s)
         for m in self._unacked.due(older_s):
             outbox.put(m)
 

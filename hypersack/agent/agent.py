@@ -26,7 +26,7 @@ from hypersack import __version__
 from hypersack._proto.v1 import hypersack_pb2 as pb
 from hypersack._proto.v1 import hypersack_pb2_grpc as pb_grpc
 from hypersack.agent.accounts import TrialUsers
-from hypersack.agent.acks import MAX_ACKS, StreamReports
+from hypersack.agent.acks import MAX_ACKS, StreamReports, unbatched
 from hypersack.agent.checkpoints import Checkpoints
 from hypersack.agent.commands import LaunchCommands
 from hypersack.agent.devices import DeviceBackend, DeviceState
@@ -315,6 +315,7 @@ class Agent(LaunchCommands, ProcessPolling, StreamReports):
         return pb.AgentMessage(register=pb.Register(
             node=self.node, cores=self.backend.cores(), backend=self.backend.name,
             version=__version__, running=running, owner=self.owner, folded_acks=True,
+            held_acks=True, batched=True,
             gpus=[pb.GpuInfo(index=d.index, arch=d.arch, memory_mib=d.memory_mib, uuid=d.uuid)
                   for d in self.backend.devices()]))
 
@@ -336,12 +337,13 @@ class Agent(LaunchCommands, ProcessPolling, StreamReports):
         def read() -> None:
             error: grpc.RpcError | None = None
             try:
-                for msg in call:
-                    try:
-                        self._heard(msg)
-                    except Exception as exc:  # the lease not renewed: the fence holds
-                        log.warning("could not renew the fence lease: %s", exc)
-                    inbox.put(msg)
+                for batch in call:
+                    for msg in unbatched(batch):
+                        try:
+                            self._heard(msg)
+                        except Exception as exc:  # the lease not renewed: the fence holds
+                            log.warning("could not renew the fence lease: %s", exc)
+                        inbox.put(msg)
             except grpc.RpcError as exc:
                 error = exc
             inbox.put(_Ended(error))

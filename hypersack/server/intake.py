@@ -52,6 +52,10 @@ MAX_RUNNING_PER_NODE = 20_000  # trials one heartbeat may list
 BEATS_PER_BATCH = 64  # heartbeats one batch applies, unless they waited (next_batch)
 BEAT_WAIT_MAX_S = 1.0
 MAX_OUTBOX = 20_000  # messages queued for one agent; past it, it does not read: cut
+# Queued messages written as one (Register.batched): at most this many, and no more
+# once their bytes reach MAX_BATCH_BYTES (gRPC refuses a message of 4 MiB).
+MAX_BATCH = 512
+MAX_BATCH_BYTES = 1 << 20
 KILL_COALESCE_S = 10.0
 MAX_KILLS_REMEMBERED = 4096
 
@@ -96,6 +100,11 @@ class AgentSession:
     # not yet on the stream, sent with whatever is written to it next (drain).
     folded_acks: bool = False
     acks: list[str] = field(default_factory=list)
+    # It waits for a report's acknowledgement (Register.held_acks): one is not written
+    # alone but held for the next message, at the latest its next heartbeat's
+    # acknowledgement. It reads several messages written as one (Register.batched).
+    held_acks: bool = False
+    batched: bool = False
 
     def send(self, msg: pb.ServerMessage, trials: tuple[RunningTrial, ...] = ()) -> None:
         """Queue a message; `trials`: what it launches."""
@@ -206,7 +215,36 @@ class AgentSession:
                 out.insert(0, pb.ServerMessage(acks=acks))
             else:
                 first.acks.extend(acks)
-        return out
+        return batched(out) if self.batched and len(out) > 1 else out
+
+    def wants_wake(self, ack: str) -> bool:
+        """Whether an acknowledgement needs a message written now: not a report's to an
+        agent that holds them (it goes with the next message; a heartbeat's, at the
+        latest, which wakes the writer)."""
+        return not self.held_acks or ack.startswith("heartbeat:")
+
+
+def batched(out: list[pb.ServerMessage | None]) -> list[pb.ServerMessage | None]:
+    """Runs of queued messages as one message each (ServerMessage.more): each costs the
+    stream loop about the same whatever its size. The stream's end (None) stays in its
+    place; a run ends at MAX_BATCH messages or MAX_BATCH_BYTES."""
+    packed: list[pb.ServerMessage | None] = []
+    head: pb.ServerMessage | None = None
+    count = size = 0
+    for msg in out:
+        if msg is None:
+            packed.append(None)
+            head = None
+            continue
+        n = msg.ByteSize()
+        if head is None or count >= MAX_BATCH or size + n > MAX_BATCH_BYTES:
+            packed.append(msg)
+            head, count, size = msg, 1, n
+            continue
+        head.more.append(msg)
+        count += 1
+        size += n
+    return packed
 
 
 # A message from an agent's stream, waiting for the event worker: its session, the
@@ -343,13 +381,17 @@ class Intake:
         refused: sending them again would change nothing); it stops sending those. A batch
         the store undid acknowledges nothing, and the agent sends them again. Called
         before the batch's commands are queued, which then carry the acknowledgements;
-        the sessions added to `woken` are to be woken after them (AgentSession.wake)."""
+        the sessions added to `woken` are to be woken after them (AgentSession.wake): not
+        one whose acknowledgements wait for its next message (AgentSession.wants_wake).
+        At a thousand nodes, with nothing pending, an exit's acknowledgement alone was
+        one of every three messages the stream loop wrote."""
         sessions: dict[int, AgentSession] = {}
         for session, msg, _ in items:
             ack = ack_id(msg)
             if ack is not None and session.connected:
                 session.ack(ack, wake=False)
-                sessions[id(session)] = session
+                if session.wants_wake(ack):
+                    sessions[id(session)] = session
         woken += sessions.values()
 
     @staticmethod

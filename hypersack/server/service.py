@@ -417,7 +417,8 @@ class SchedulerService:
                 raise Overloaded(f"this server takes at most {self.max_agents} agents "
                                  "(max_agents)")
             session = AgentSession(node=spec.name, backend=msg.backend or "?", spec=spec,
-                                   last_seen=self._clock.now(), folded_acks=msg.folded_acks)
+                                   last_seen=self._clock.now(), folded_acks=msg.folded_acks,
+                                   held_acks=msg.held_acks, batched=msg.batched)
             running = tuple(RunningTrial(r.trial_id, r.gpu_index, attempt=r.attempt)
                             for r in msg.running)
             self._sessions[spec.name] = session

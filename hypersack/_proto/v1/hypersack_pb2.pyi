@@ -554,7 +554,7 @@ class RunningTrial(_message.Message):
     def __init__(self, trial_id: _Optional[str] = ..., gpu_index: _Optional[int] = ..., peak_memory_mib: _Optional[int] = ..., peak_utilization_pct: _Optional[float] = ..., attempt: _Optional[int] = ...) -> None: ...
 
 class Register(_message.Message):
-    __slots__ = ("node", "cores", "gpus", "running", "backend", "version", "owner", "folded_acks")
+    __slots__ = ("node", "cores", "gpus", "running", "backend", "version", "owner", "folded_acks", "held_acks", "batched")
     NODE_FIELD_NUMBER: _ClassVar[int]
     CORES_FIELD_NUMBER: _ClassVar[int]
     GPUS_FIELD_NUMBER: _ClassVar[int]
@@ -563,6 +563,8 @@ class Register(_message.Message):
     VERSION_FIELD_NUMBER: _ClassVar[int]
     OWNER_FIELD_NUMBER: _ClassVar[int]
     FOLDED_ACKS_FIELD_NUMBER: _ClassVar[int]
+    HELD_ACKS_FIELD_NUMBER: _ClassVar[int]
+    BATCHED_FIELD_NUMBER: _ClassVar[int]
     node: str
     cores: float
     gpus: _containers.RepeatedCompositeFieldContainer[GpuInfo]
@@ -571,7 +573,9 @@ class Register(_message.Message):
     version: str
     owner: str
     folded_acks: bool
-    def __init__(self, node: _Optional[str] = ..., cores: _Optional[float] = ..., gpus: _Optional[_Iterable[_Union[GpuInfo, _Mapping]]] = ..., running: _Optional[_Iterable[_Union[RunningTrial, _Mapping]]] = ..., backend: _Optional[str] = ..., version: _Optional[str] = ..., owner: _Optional[str] = ..., folded_acks: bool = ...) -> None: ...
+    held_acks: bool
+    batched: bool
+    def __init__(self, node: _Optional[str] = ..., cores: _Optional[float] = ..., gpus: _Optional[_Iterable[_Union[GpuInfo, _Mapping]]] = ..., running: _Optional[_Iterable[_Union[RunningTrial, _Mapping]]] = ..., backend: _Optional[str] = ..., version: _Optional[str] = ..., owner: _Optional[str] = ..., folded_acks: bool = ..., held_acks: bool = ..., batched: bool = ...) -> None: ...
 
 class Heartbeat(_message.Message):
     __slots__ = ("running", "gpus", "seq", "processed")
@@ -837,7 +841,7 @@ class ProfileWorkload(_message.Message):
     def __init__(self, key: _Optional[_Union[WorkloadKey, _Mapping]] = ..., arch: _Optional[str] = ..., gpu_index: _Optional[int] = ..., iterations: _Optional[int] = ..., warmup: _Optional[int] = ..., program: _Optional[_Union[Program, _Mapping]] = ..., params_json: _Optional[str] = ..., epochs: _Optional[float] = ..., owner: _Optional[str] = ..., sample: _Optional[str] = ...) -> None: ...
 
 class ServerMessage(_message.Message):
-    __slots__ = ("registered", "launch", "kill", "profile", "launch_group", "drop_checkpoint", "acked", "acks")
+    __slots__ = ("registered", "launch", "kill", "profile", "launch_group", "drop_checkpoint", "acked", "acks", "more")
     REGISTERED_FIELD_NUMBER: _ClassVar[int]
     LAUNCH_FIELD_NUMBER: _ClassVar[int]
     KILL_FIELD_NUMBER: _ClassVar[int]
@@ -846,6 +850,7 @@ class ServerMessage(_message.Message):
     DROP_CHECKPOINT_FIELD_NUMBER: _ClassVar[int]
     ACKED_FIELD_NUMBER: _ClassVar[int]
     ACKS_FIELD_NUMBER: _ClassVar[int]
+    MORE_FIELD_NUMBER: _ClassVar[int]
     registered: Registered
     launch: LaunchTrial
     kill: KillTrial
@@ -854,7 +859,8 @@ class ServerMessage(_message.Message):
     drop_checkpoint: DropCheckpoint
     acked: Acked
     acks: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, registered: _Optional[_Union[Registered, _Mapping]] = ..., launch: _Optional[_Union[LaunchTrial, _Mapping]] = ..., kill: _Optional[_Union[KillTrial, _Mapping]] = ..., profile: _Optional[_Union[ProfileWorkload, _Mapping]] = ..., launch_group: _Optional[_Union[LaunchGroup, _Mapping]] = ..., drop_checkpoint: _Optional[_Union[DropCheckpoint, _Mapping]] = ..., acked: _Optional[_Union[Acked, _Mapping]] = ..., acks: _Optional[_Iterable[str]] = ...) -> None: ...
+    more: _containers.RepeatedCompositeFieldContainer[ServerMessage]
+    def __init__(self, registered: _Optional[_Union[Registered, _Mapping]] = ..., launch: _Optional[_Union[LaunchTrial, _Mapping]] = ..., kill: _Optional[_Union[KillTrial, _Mapping]] = ..., profile: _Optional[_Union[ProfileWorkload, _Mapping]] = ..., launch_group: _Optional[_Union[LaunchGroup, _Mapping]] = ..., drop_checkpoint: _Optional[_Union[DropCheckpoint, _Mapping]] = ..., acked: _Optional[_Union[Acked, _Mapping]] = ..., acks: _Optional[_Iterable[str]] = ..., more: _Optional[_Iterable[_Union[ServerMessage, _Mapping]]] = ...) -> None: ...
 
 class Acked(_message.Message):
     __slots__ = ("id",)
