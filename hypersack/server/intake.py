@@ -56,6 +56,10 @@ MAX_OUTBOX = 20_000  # messages queued for one agent; past it, it does not read:
 # once their bytes reach MAX_BATCH_BYTES (gRPC refuses a message of 4 MiB).
 MAX_BATCH = 512
 MAX_BATCH_BYTES = 1 << 20
+# Acknowledgements held for an agent's next message (Register.held_acks): past this many
+# they are written at once, whether or not its heartbeats come (an agent that numbers
+# none, or floods reports, never makes the server keep more).
+MAX_HELD_ACKS = 256
 KILL_COALESCE_S = 10.0
 MAX_KILLS_REMEMBERED = 4096
 
@@ -220,8 +224,9 @@ class AgentSession:
     def wants_wake(self, ack: str) -> bool:
         """Whether an acknowledgement needs a message written now: not a report's to an
         agent that holds them (it goes with the next message; a heartbeat's, at the
-        latest, which wakes the writer)."""
-        return not self.held_acks or ack.startswith("heartbeat:")
+        latest, which wakes the writer), unless MAX_HELD_ACKS wait."""
+        return not self.held_acks or ack.startswith("heartbeat:") or \
+            len(self.acks) >= MAX_HELD_ACKS
 
 
 def batched(out: list[pb.ServerMessage | None]) -> list[pb.ServerMessage | None]:

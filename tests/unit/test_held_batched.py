@@ -22,7 +22,13 @@ from hypersack.agent.agent import Agent
 from hypersack.agent.devices import FakeBackend
 from hypersack.core.types import NodeSpec
 from hypersack.orchestrator.events import RunningTrial
-from hypersack.server.intake import MAX_BATCH, MAX_BATCH_BYTES, AgentSession, Intake
+from hypersack.server.intake import (
+    MAX_BATCH,
+    MAX_BATCH_BYTES,
+    MAX_HELD_ACKS,
+    AgentSession,
+    Intake,
+)
 from hypersack.server.service import SchedulerService
 from hypersack.testing.server import ONE_A100, profiled_store, wait
 from hypersack.wire.convert import ack_id
@@ -60,6 +66,13 @@ def test_a_held_reports_acknowledgement_waits_for_the_next_message() -> None:
     assert calls == [1]
     (msg,) = held.drain()
     assert msg is not None and list(msg.acks) == ["exit:1:a", "heartbeat:4"]
+    # An agent whose heartbeats never come (or that floods reports) gets them once
+    # MAX_HELD_ACKS wait: the server never keeps more for it.
+    flood: list[AgentSession] = []
+    Intake.acknowledge([(held, _exit(f"f{i}"), 0.0) for i in range(MAX_HELD_ACKS + 1)],
+                       flood)
+    assert flood == [held]
+    assert len(held.drain()[0].acks) == MAX_HELD_ACKS + 1  # type: ignore[union-attr]
 
 
 def test_queued_messages_go_as_one_to_an_agent_that_reads_them() -> None:
