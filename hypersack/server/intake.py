@@ -110,6 +110,13 @@ class AgentSession:
     held_acks: bool = False
     batched: bool = False
 
+    @classmethod
+    def of(cls, msg: pb.Register, spec: NodeSpec, now: float) -> AgentSession:
+        """The session of an agent that registered (`spec`: its message, checked)."""
+        return cls(node=spec.name, backend=msg.backend or "?", spec=spec, last_seen=now,
+                   folded_acks=msg.folded_acks, held_acks=msg.held_acks,
+                   batched=msg.batched)
+
     def send(self, msg: pb.ServerMessage, trials: tuple[RunningTrial, ...] = ()) -> None:
         """Queue a message; `trials`: what it launches."""
         if self.overflowed:

@@ -416,9 +416,7 @@ class SchedulerService:
             if old is None and len(self._sessions) >= self.max_agents:
                 raise Overloaded(f"this server takes at most {self.max_agents} agents "
                                  "(max_agents)")
-            session = AgentSession(node=spec.name, backend=msg.backend or "?", spec=spec,
-                                   last_seen=self._clock.now(), folded_acks=msg.folded_acks,
-                                   held_acks=msg.held_acks, batched=msg.batched)
+            session = AgentSession.of(msg, spec, self._clock.now())
             running = tuple(RunningTrial(r.trial_id, r.gpu_index, attempt=r.attempt)
                             for r in msg.running)
             self._sessions[spec.name] = session
