@@ -114,6 +114,15 @@ ONE_A100 = pb.Register(node="n0", cores=8, backend="fake", gpus=[
     pb.GpuInfo(index=0, arch="A100", memory_mib=81920, uuid="g0")])
 
 
+def one_a100(**flags: bool) -> pb.Register:
+    """ONE_A100 with what the agent says it reads (folded_acks, held_acks, batched)."""
+    register = pb.Register()
+    register.CopyFrom(ONE_A100)
+    for name, value in flags.items():
+        setattr(register, name, value)
+    return register
+
+
 def first_launch(session: AgentSession) -> pb.LaunchTrial:
     """The first launch queued to an agent's session (the service in-process)."""
     return next(m.launch for m in session.drain() if m is not None and m.HasField("launch"))

@@ -15,7 +15,7 @@ from hypersack.agent.devices import FakeBackend
 from hypersack.core.types import NodeSpec
 from hypersack.server.intake import MAX_OUTBOX, AgentSession
 from hypersack.server.service import SchedulerService
-from hypersack.testing.server import ONE_A100, first_launch, profiled_store, wait
+from hypersack.testing.server import first_launch, one_a100, profiled_store, wait
 from hypersack.wire.convert import ack_id
 
 LRS = ", ".join(str(0.001 * (i + 1)) for i in range(60))
@@ -80,10 +80,7 @@ def test_an_exits_acknowledgement_rides_with_its_successors_launch(tmp_path: Pat
     svc = SchedulerService(store, tick_interval_s=0.05)
     svc.start()
     try:
-        register = pb.Register()
-        register.CopyFrom(ONE_A100)
-        register.folded_acks = True
-        session = svc.register(register)
+        session = svc.register(one_a100(folded_acks=True))
         svc.submit(SPACE, "many.yaml")
         launch = first_launch(session)  # drains the first decision's launches
         exit_msg = pb.AgentMessage(exited=pb.TrialExited(

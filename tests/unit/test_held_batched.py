@@ -30,7 +30,7 @@ from hypersack.server.intake import (
     Intake,
 )
 from hypersack.server.service import SchedulerService
-from hypersack.testing.server import ONE_A100, profiled_store, wait
+from hypersack.testing.server import one_a100, profiled_store, wait
 from hypersack.wire.convert import ack_id
 
 SPACE = ("name: two\nmodels: [resnet18]\nhyperparameters: {batch_size: [64], lr: [0.001, "
@@ -165,10 +165,7 @@ def test_with_nothing_pending_an_exits_acknowledgement_waits_for_the_heartbeat(
     svc = SchedulerService(store, tick_interval_s=0.05)
     svc.start()
     try:
-        register = pb.Register()
-        register.CopyFrom(ONE_A100)
-        register.folded_acks = register.held_acks = register.batched = True
-        session = svc.register(register)
+        session = svc.register(one_a100(folded_acks=True, held_acks=True, batched=True))
         woken: list[int] = []
         session.on_send = lambda: woken.append(1)
         svc.submit(SPACE, "two.yaml")
