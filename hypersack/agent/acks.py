@@ -26,8 +26,11 @@ MAX_SEND_BYTES = 3 << 20  # below the server's 4 MiB limit on one message
 
 # A report's acknowledgement may wait for the server's next message to the agent, at the
 # latest its next heartbeat's (Register.held_acks): a report is sent again only once it
-# has waited this many heartbeat intervals, and the agent's own resend interval.
+# has waited this many heartbeat intervals (at most HELD_ACK_MAX_S: with heartbeats an
+# hour apart, a report a failed store never took is not left an hour), and the agent's
+# own resend interval.
 HELD_ACK_BEATS = 2.0
+HELD_ACK_MAX_S = 60.0
 MAX_MORE = 4096  # messages read from one batch (ServerMessage.more); the rest are dropped
 
 
@@ -80,9 +83,11 @@ class StreamReports(AgentFields):
     def _send_unacked(self, outbox: queue.Queue[pb.AgentMessage | None], older_s: float
                       ) -> None:
         """Send again the reports not acknowledged and last sent more than `older_s` ago
-        (and, unless 0: at least HELD_ACK_BEATS heartbeat intervals ago)."""
+        (and, unless 0: at least HELD_ACK_BEATS heartbeat intervals ago, up to
+        HELD_ACK_MAX_S)."""
         if older_s > 0:
-            older_s = max(older_s, HELD_ACK_BEATS * self.heartbeat_interval_s)
+            older_s = max(older_s, min(HELD_ACK_BEATS * self.heartbeat_interval_s,
+                                       HELD_ACK_MAX_S))
         for m in self._unacked.due(older_s):
             outbox.put(m)
 

@@ -149,7 +149,14 @@ def test_an_agent_sends_a_report_again_only_after_two_heartbeats(
     agent.heartbeat_interval_s = 0.5  # short heartbeats: the agent's own interval rules
     now[0] += 2.0
     agent._send_unacked(outbox, agent.resend_s)
-    assert not outbox.empty()
+    assert outbox.get_nowait().HasField("exited")
+    agent.heartbeat_interval_s = 3600.0  # an hour apart: sent again after a minute
+    now[0] += 59.0
+    agent._send_unacked(outbox, agent.resend_s)
+    assert outbox.empty()
+    now[0] += 1.5
+    agent._send_unacked(outbox, agent.resend_s)
+    assert outbox.get_nowait().HasField("exited")
     # Each message of a batch counts once handled, as it would alone.
     before = agent._processed
     kills = pb.ServerMessage(kill=pb.KillTrial(trial_id="none", attempt=1))
