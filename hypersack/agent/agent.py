@@ -455,8 +455,9 @@ class Agent(LaunchCommands, ProcessPolling, StreamReports):
         elif kind == "kill":
             k = msg.kill
             for job in self._attempts(k.trial_id, [k.attempt] if k.attempt else None):
-                log.info("killing %s (attempt %d): %s", job.id, job.attempt, k.reason)
-                job.kill()
+                if job.exit_code is None:  # one that ended waits for its exit's ack only
+                    log.info("killing %s (attempt %d): %s", job.id, job.attempt, k.reason)
+                    job.kill()
         elif kind == "profile":
             self._profile(msg.profile, outbox)
         elif kind == "acked":

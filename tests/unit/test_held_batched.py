@@ -8,7 +8,9 @@ if it had come alone."""
 
 from __future__ import annotations
 
+import logging
 import queue
+import sys
 import types
 from pathlib import Path
 
@@ -20,6 +22,7 @@ from hypersack.agent import ledger
 from hypersack.agent.acks import unbatched
 from hypersack.agent.agent import Agent
 from hypersack.agent.devices import FakeBackend
+from hypersack.agent.launcher import Job, job_key
 from hypersack.core.types import NodeSpec
 from hypersack.orchestrator.events import RunningTrial
 from hypersack.server.intake import (
@@ -201,3 +204,22 @@ def test_with_nothing_pending_an_exits_acknowledgement_waits_for_the_heartbeat(
     finally:
         svc.stop()
         store.close()
+
+
+def test_a_kill_for_an_attempt_that_ended_does_nothing(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """A trial that failed and runs again elsewhere within a heartbeat is still listed by
+    its first node while its exit waits for the acknowledgement: the server sends a
+    kill for that attempt, which the agent finds ended and leaves alone."""
+    agent = Agent("127.0.0.1:1", "n1", FakeBackend("1xA100-80GB@4", node="n1"),
+                  tmp_path / "work")
+    ended = Job("s-1-t00000", 0, tmp_path / "t", [sys.executable, "-c", "pass"], {},
+                attempt=1)
+    ended.exit_code = 1
+    agent.jobs[job_key("s-1-t00000", 1)] = ended
+    outbox: queue.Queue[pb.AgentMessage | None] = queue.Queue()
+    with caplog.at_level(logging.INFO, logger="hypersack.agent.agent"):
+        agent._command(pb.ServerMessage(kill=pb.KillTrial(
+            trial_id="s-1-t00000", attempt=1, reason="attempt 1 was superseded")), outbox)
+    assert ended.killed_at is None and ended.exit_code == 1
+    assert "killing" not in caplog.text
