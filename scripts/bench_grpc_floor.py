@@ -46,7 +46,7 @@ from hypersack.core.types import Demand, WorkloadKey  # noqa: E402
 from hypersack.grid.space import Program  # noqa: E402
 from hypersack.orchestrator.commands import LaunchTrial  # noqa: E402
 from hypersack.server.intake import batched, launch_pb  # noqa: E402
-from hypersack.wire.convert import ack_id  # noqa: E402
+from hypersack.wire.convert import ack_id, heartbeat_ack  # noqa: E402
 
 
 class Bare(pb_grpc.AgentLinkServicer):  # type: ignore[misc]
@@ -117,7 +117,7 @@ class Bare(pb_grpc.AgentLinkServicer):  # type: ignore[misc]
             async for msg in requests:
                 kind = msg.WhichOneof("body")
                 if kind == "heartbeat":  # as the server: on receipt, and at once
-                    acks.append(f"heartbeat:{msg.heartbeat.seq}")
+                    acks.append(heartbeat_ack(msg.heartbeat.seq))
                     wake.set()
                     continue
                 ack = ack_id(msg)

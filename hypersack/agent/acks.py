@@ -15,12 +15,11 @@ from collections.abc import Iterator
 from hypersack._proto.v1 import hypersack_pb2 as pb
 from hypersack.agent.fields import AgentFields
 from hypersack.agent.ledger import MAX_UNACKED, Beats, Unacked
-from hypersack.wire.convert import ack_id
+from hypersack.wire.convert import HEARTBEAT_ACK, ack_id
 
 log = logging.getLogger("hypersack.agent.agent")
 
 MAX_ACKS = 2 * MAX_UNACKED  # acknowledgements read from one server message
-HEARTBEAT_ACK = "heartbeat:"  # how the server acknowledges heartbeat N: "heartbeat:N"
 MAX_SEND_BYTES = 3 << 20  # below the server's 4 MiB limit on one message
 
 

@@ -37,10 +37,12 @@ from hypersack.orchestrator.events import (
 )
 from hypersack.server.reports import exit_event, profile_event, progress_event
 from hypersack.wire.convert import (
+    HEARTBEAT_ACK,
     ack_id,
     clean_memory,
     clean_percent,
     clean_running,
+    heartbeat_ack,
     key_to_pb,
     program_to_pb,
 )
@@ -232,7 +234,7 @@ class AgentSession:
         """Whether an acknowledgement needs a message written now: not a report's to an
         agent that holds them (it goes with the next message; a heartbeat's, at the
         latest, which wakes the writer), unless MAX_HELD_ACKS wait."""
-        return not self.held_acks or ack.startswith("heartbeat:") or \
+        return not self.held_acks or ack.startswith(HEARTBEAT_ACK) or \
             len(self.acks) >= MAX_HELD_ACKS
 
 
@@ -322,7 +324,7 @@ class Intake:
             return  # its stream is cut: what it still sends counts for nothing
         kind = msg.WhichOneof("body")
         if kind == "heartbeat" and msg.heartbeat.seq and session.connected:
-            session.ack(f"heartbeat:{msg.heartbeat.seq}")
+            session.ack(heartbeat_ack(msg.heartbeat.seq))
         elif kind == "started":
             # Agents before 2026-11-28 sent one per launch; it says nothing the launch and
             # the heartbeats do not, so it is not queued (a message a trial saved).

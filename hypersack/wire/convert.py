@@ -32,6 +32,14 @@ MAX_METRIC_NAME = 64
 LOG_TAIL_CHARS = 4000
 
 
+HEARTBEAT_ACK = "heartbeat:"  # how the server acknowledges heartbeat N: "heartbeat:N"
+
+
+def heartbeat_ack(seq: int) -> str:
+    """The acknowledgement of the agent's heartbeat numbered `seq`."""
+    return f"{HEARTBEAT_ACK}{seq}"
+
+
 def ack_id(msg: pb.AgentMessage) -> str | None:
     """The name under which the server acknowledges an agent's report, and the agent keeps
     it until then: an exit by trial and attempt, a profile result by workload and
