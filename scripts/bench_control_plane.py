@@ -434,6 +434,42 @@ def cpu_seconds(proc: psutil.Process) -> float:
     return float(cpu.user + cpu.system)
 
 
+# The server's threads by the names it gives them in the system (server/threads.py):
+# its event worker, its gRPC loop, gRPC's own threads, and everything else.
+THREAD_GROUPS = {"events": "events", "grpc": "grpc_loop", "event_engine": "grpc_own"}
+
+
+def thread_cpu(pid: int) -> dict[int, tuple[str, float]]:
+    """Each thread of a process: its name in the system and its CPU seconds so far
+    (empty where /proc cannot be read)."""
+    out: dict[int, tuple[str, float]] = {}
+    tick = os.sysconf("SC_CLK_TCK")
+    try:
+        tids = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return out
+    for tid in tids:
+        try:
+            stat = Path(f"/proc/{pid}/task/{tid}/stat").read_text()
+        except OSError:
+            continue  # it ended meanwhile
+        comm = stat[stat.index("(") + 1:stat.rindex(")")]
+        fields = stat[stat.rindex(")") + 2:].split()
+        out[int(tid)] = (comm, (int(fields[11]) + int(fields[12])) / tick)
+    return out
+
+
+def cpu_by_thread(before: dict[int, tuple[str, float]],
+                  after: dict[int, tuple[str, float]], trials: int) -> dict[str, float]:
+    """The CPU the server's threads spent between two readings, in ms per trial, by
+    group (THREAD_GROUPS; a thread that ended meanwhile is not counted)."""
+    spent: dict[str, float] = {g: 0.0 for g in (*THREAD_GROUPS.values(), "other")}
+    for tid, (name, cpu) in after.items():
+        group = THREAD_GROUPS.get(name, "other")
+        spent[group] += cpu - before.get(tid, (name, 0.0))[1]
+    return {g: round(1000 * v / max(1, trials), 3) for g, v in spent.items()}
+
+
 # The server with the interpreter's thread switch interval set (--switch-ms).
 _SERVER = ("import sys; sys.setswitchinterval({}); from hypersack.server.app import main; "
            "sys.exit(main())")
@@ -554,6 +590,7 @@ def run_once(args: argparse.Namespace, secured: bool) -> dict[str, object]:
         if args.profile and args.profile_after_submit:
             spy = record()  # the trials' life only: exits, heartbeats, relaunches
         cpu_submit_s = cpu_seconds(proc) - cpu_at_submit
+        threads_at_submit = thread_cpu(server.pid)
         total = sum(study.counts.values())
         last_print = 0.0
         while True:
@@ -571,6 +608,7 @@ def run_once(args: argparse.Namespace, secured: bool) -> dict[str, object]:
             time.sleep(0.5)
         wall = time.monotonic() - t_submit
         cpu_s = cpu_seconds(proc) - cpu_at_submit
+        threads_split = cpu_by_thread(threads_at_submit, thread_cpu(server.pid), total)
         cores = busy_share(cores_at_submit, psutil.cpu_times(percpu=True))
         stop.set()
         agent_lags: list[float] = []
@@ -650,6 +688,10 @@ def run_once(args: argparse.Namespace, secured: bool) -> dict[str, object]:
             "server_cpu_ms_per_trial_submit": round(1000 * cpu_submit_s / max(1, total), 2),
             "server_cpu_ms_per_trial_after": round(1000 * (cpu_s - cpu_submit_s)
                                                    / max(1, total), 2),
+            # The rest by thread (read from /proc): the event worker (the core, the
+            # store, reading messages into events), the gRPC loop (the streams), gRPC's
+            # own threads (its poller and event engine), and the others.
+            "server_cpu_ms_per_trial_after_by_thread": threads_split,
             # How busy the server's and the agents' cores were during the study: an
             # agents' core near 100 % means the delays measure the load generator.
             "server_core_busy_pct": round(100 * _mean(cores[c] for c in server_cpu), 1),

@@ -134,7 +134,7 @@ def _cluster(store: object, clock: ManualClock, nodes: int, gpus: int) -> Orches
 
 
 def tail(nodes: int, gpus: int, exits: int, batch: int, models: list[str] | None,
-         batch_sizes: list[int] | None) -> float:
+         batch_sizes: list[int] | None, profile: bool = False) -> float:
     """CPU ms per exit with nothing pending (see the module's doc)."""
     clock = ManualClock(0.0)
     # How many trials the cluster holds at once: what the first decision places of many.
@@ -162,6 +162,9 @@ def tail(nodes: int, gpus: int, exits: int, batch: int, models: list[str] | None
         random.Random(0).shuffle(order)
         names = sorted(running)
         exits = min(exits, len(order) - len(order) % batch)
+        profiler = cProfile.Profile() if profile else None
+        if profiler:
+            profiler.enable()
         began = time.process_time()
         for k in range(0, exits, batch):
             events: list[object] = []
@@ -174,6 +177,10 @@ def tail(nodes: int, gpus: int, exits: int, batch: int, models: list[str] | None
             clock.advance(0.004)
             orch.handle_batch(events)  # type: ignore[arg-type]
         spent = time.process_time() - began
+        if profiler:
+            profiler.disable()
+            pstats.Stats(profiler).sort_stats("cumulative").print_stats(25)
+            pstats.Stats(profiler).sort_stats("tottime").print_stats(25)
         store.close()
     return 1000 * spent / max(1, exits)
 
@@ -201,7 +208,8 @@ def main() -> None:
     sizes = [int(b) for b in args.batch_sizes.split(",")] if args.batch_sizes else None
     if args.tail:
         small = tail(20, args.gpus, args.exits, args.batch, models, sizes)
-        large = tail(args.nodes, args.gpus, args.exits, args.batch, models, sizes)
+        large = tail(args.nodes, args.gpus, args.exits, args.batch, models, sizes,
+                     args.profile)
         print(f"nothing pending, {args.batch} exits and a heartbeat per batch, SQLite: "
               f"20 nodes {small:.3f} ms of CPU per exit, {args.nodes} nodes {large:.3f} "
               f"({large / small:.2f}x)")

@@ -31,6 +31,7 @@ from hypersack.server.bridge import LoopThread, offloaded, watch_lag
 from hypersack.server.metrics import ServerCollector
 from hypersack.server.service import SchedulerService
 from hypersack.server.servicers import AgentLinkServicer, SchedulerServicer
+from hypersack.server.threads import name_os_thread
 from hypersack.sim.foresight import foresee, foresee_ratios
 from hypersack.sim.process import SimProcess
 from hypersack.store.sqlite import DamagedDatabase, DatabaseLock, SqliteStore, StoreError
@@ -141,7 +142,8 @@ class HyperSackServer:
         # grpc.aio on a loop of its own: agent streams are served there without a thread
         # each; client calls run on the pool, watches (at most max_watches) included.
         self._pool = futures.ThreadPoolExecutor(max_workers=32 + settings.max_watches,
-                                                thread_name_prefix="hypersack-rpc")
+                                                thread_name_prefix="hypersack-rpc",
+                                                initializer=name_os_thread)
         self._loop = LoopThread("hypersack-grpc")
         self._lag: futures.Future[None] | None = None  # bridge.watch_lag on the loop
         self._health = health.aio.HealthServicer()

@@ -26,6 +26,8 @@ from typing import Any, TypeVar
 import grpc
 from google.protobuf.descriptor import ServiceDescriptor
 
+from hypersack.server.threads import name_os_thread
+
 T = TypeVar("T")
 
 
@@ -244,6 +246,7 @@ class LoopThread:
         self._thread.start()
 
     def _serve(self) -> None:
+        name_os_thread()
         asyncio.set_event_loop(self.loop)
         self.loop.run_forever()
 

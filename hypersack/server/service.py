@@ -72,11 +72,10 @@ from hypersack.server.intake import MAX_RUNNING_PER_NODE as MAX_RUNNING_PER_NODE
 from hypersack.server.intake import AgentSession as AgentSession
 from hypersack.server.intake import Intake, launched_trials, to_message
 from hypersack.server.metrics import LatencyHistograms
+from hypersack.server.threads import name_os_thread
 from hypersack.server.watches import Snapshot, Watches
 from hypersack.store.base import Store
-from hypersack.wire.convert import (
-    node_from_register,
-)
+from hypersack.wire.convert import node_from_register
 
 log = logging.getLogger(__name__)
 
@@ -158,6 +157,7 @@ class SchedulerService:
     def _supervised(self, loop: Callable[[], None]) -> None:
         """Run a loop; if it ever stops before stop() (it should not: each event and
         tick is guarded), say so loudly and tell the daemon to exit."""
+        name_os_thread()
         try:
             loop()
         except BaseException as exc:
