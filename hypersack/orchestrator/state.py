@@ -12,9 +12,10 @@ cycle's phases.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
-from contextlib import contextmanager
+from collections.abc import Mapping
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, replace
+from types import TracebackType
 from typing import Any
 
 from hypersack.core.clock import Clock
@@ -162,17 +163,10 @@ class CoreState:
         self.decision_wanted = True
         return []
 
-    @contextmanager
-    def undone_if_raises(self) -> Iterator[None]:
+    def undone_if_raises(self) -> AbstractContextManager[None]:
         """Whatever the block changes, in memory and in the store, is undone if it raises
         (and the error raised on): the one undo."""
-        mark = self.journal.mark()
-        try:
-            with self.store.savepoint():
-                yield
-        except BaseException:
-            self.journal.rollback_to(mark)
-            raise
+        return _Undone(self)
 
     def forget_profile_failure(self, slot: Slot) -> None:
         """The history changed for this slot: what failed there is tried afresh."""
@@ -202,3 +196,38 @@ class CoreState:
 
 def short(text: str, limit: int = 300) -> str:
     return text if len(text) <= limit else text[:limit] + "..."
+
+
+class _Undone:
+    """CoreState.undone_if_raises: a journal mark and a store savepoint around the block;
+    if the block, or the savepoint's own ending, raises, memory goes back to the mark
+    (the savepoint has taken the store back). A class, not a generator: every event of
+    every batch opens one."""
+
+    __slots__ = ("_mark", "_s", "_savepoint")
+
+    def __init__(self, s: CoreState) -> None:
+        self._s = s
+        self._mark = 0
+        self._savepoint: AbstractContextManager[None] | None = None
+
+    def __enter__(self) -> None:
+        self._mark = self._s.journal.mark()
+        savepoint = self._s.store.savepoint()
+        try:
+            savepoint.__enter__()
+        except BaseException:
+            self._s.journal.rollback_to(self._mark)
+            raise
+        self._savepoint = savepoint
+
+    def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        assert self._savepoint is not None
+        try:
+            self._savepoint.__exit__(kind, exc, tb)
+        except BaseException:
+            self._s.journal.rollback_to(self._mark)
+            raise
+        if kind is not None:
+            self._s.journal.rollback_to(self._mark)

@@ -15,8 +15,9 @@ import stat
 import threading
 import time
 from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from pathlib import Path
+from types import TracebackType
 
 from hypersack.core.errors import AlreadyExists, HyperSackError, InvalidInput, NotFound
 from hypersack.core.types import (
@@ -202,51 +203,11 @@ class SqliteStore(SqliteAccounts, SqliteRuns, Store):
                 raise StoreError(f"{self.path}: table {table} has columns {found}, expected "
                                  f"{list(columns)}")
 
-    @contextmanager
-    def transaction(self) -> Iterator[None]:
-        with self._lock:
-            if self._depth:
-                self._opened()
-                self._depth += 1
-                try:
-                    yield
-                finally:
-                    self._depth -= 1
-                return
-            self._db.execute("BEGIN IMMEDIATE")
-            self._depth = 1
-            try:
-                yield
-            except BaseException:
-                self._db.execute("ROLLBACK")
-                raise
-            else:
-                self._db.execute("COMMIT")
-            finally:
-                self._depth = 0
+    def transaction(self) -> AbstractContextManager[None]:
+        return _Transaction(self)
 
-    @contextmanager
-    def savepoint(self) -> Iterator[None]:
-        with self._lock:
-            if not self._depth:
-                with self.transaction():
-                    yield
-                return
-            name = f"sp{self._depth}"
-            self._unopened.append(name)  # opened at the first write inside
-            self._depth += 1
-            try:
-                yield
-            except BaseException:
-                if not self._still_unopened(name):  # nothing written: nothing to undo
-                    self._db.execute(f"ROLLBACK TO {name}")
-                    self._db.execute(f"RELEASE {name}")
-                raise
-            else:
-                if not self._still_unopened(name):
-                    self._db.execute(f"RELEASE {name}")
-            finally:
-                self._depth -= 1
+    def savepoint(self) -> AbstractContextManager[None]:
+        return _Savepoint(self)
 
     def _opened(self) -> None:
         """Before a write inside savepoints: those not opened yet are, outermost first."""
@@ -373,3 +334,91 @@ class SqliteStore(SqliteAccounts, SqliteRuns, Store):
             rows = self._db.execute("SELECT doc FROM profiles").fetchall()
         return sorted((Profile.model_validate_json(r[0]) for r in rows),
                       key=lambda p: (p.key.label(), p.arch))
+
+
+class _Transaction:
+    """SqliteStore.transaction: the store's lock held throughout; the outermost begins
+    and commits (or rolls back if its block raised), a nested one joins it. A class, not
+    a generator: every event of every batch opens one or two, and a generator's
+    context costs five times as much."""
+
+    __slots__ = ("_outer", "_store")
+
+    def __init__(self, store: SqliteStore) -> None:
+        self._store = store
+        self._outer = False
+
+    def __enter__(self) -> None:
+        st = self._store
+        st._lock.acquire()
+        try:
+            if st._depth:
+                st._opened()
+                st._depth += 1
+            else:
+                st._db.execute("BEGIN IMMEDIATE")
+                st._depth = 1
+                self._outer = True
+        except BaseException:
+            st._lock.release()
+            raise
+
+    def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        st = self._store
+        try:
+            if not self._outer:
+                st._depth -= 1
+                return
+            try:
+                st._db.execute("COMMIT" if kind is None else "ROLLBACK")
+            finally:
+                st._depth = 0
+        finally:
+            st._lock.release()
+
+
+class _Savepoint:
+    """SqliteStore.savepoint: inside a transaction, a savepoint opened only before the
+    block's first write (`_opened`), released after it, rolled back if it raised;
+    outside one, a transaction of its own."""
+
+    __slots__ = ("_name", "_own", "_store")
+
+    def __init__(self, store: SqliteStore) -> None:
+        self._store = store
+        self._name = ""
+        self._own: _Transaction | None = None
+
+    def __enter__(self) -> None:
+        st = self._store
+        st._lock.acquire()
+        try:
+            if not st._depth:
+                own = _Transaction(st)
+                own.__enter__()
+                self._own = own
+                return
+            self._name = f"sp{st._depth}"
+            st._unopened.append(self._name)  # opened at the first write inside
+            st._depth += 1
+        except BaseException:
+            st._lock.release()
+            raise
+
+    def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        st = self._store
+        try:
+            if self._own is not None:
+                self._own.__exit__(kind, exc, tb)
+                return
+            try:
+                if not st._still_unopened(self._name):  # nothing written: nothing to undo
+                    if kind is not None:
+                        st._db.execute(f"ROLLBACK TO {self._name}")
+                    st._db.execute(f"RELEASE {self._name}")
+            finally:
+                st._depth -= 1
+        finally:
+            st._lock.release()
