@@ -79,7 +79,9 @@ class SimAgent:
         self.gpus = gpus
         self.bench = bench
         self.up: asyncio.Queue[pb.AgentMessage] = asyncio.Queue()
-        self.running: dict[str, int] = {}
+        # Trial -> (GPU, attempt): a launch's attempt, said in heartbeats and the exit as
+        # agents say it (the server marks the attempt's exit as handled).
+        self.running: dict[str, tuple[int, int]] = {}
         self.processed = 0  # the server's messages handled (said in heartbeats)
         self.beats = 0
         self.registered = asyncio.Event()
@@ -121,23 +123,26 @@ class SimAgent:
             self.bench.kills += 1
 
     def heartbeat(self) -> None:
-        running = [pb.RunningTrial(trial_id=t, gpu_index=g) for t, g in self.running.items()]
+        running = [pb.RunningTrial(trial_id=t, gpu_index=g, attempt=a)
+                   for t, (g, a) in self.running.items()]
         self.beats += 1  # numbered, as an agent's are: the server acknowledges each
         self.up.put_nowait(pb.AgentMessage(heartbeat=pb.Heartbeat(
             running=running, seq=self.beats,
             processed=self.processed if self.bench.say_processed else 0)))
         self.bench.heartbeats_sent += 1
 
-    def finish(self, trial_id: str) -> None:
-        gpu = self.running.pop(trial_id, None)
-        if gpu is None:  # killed meanwhile, or launched again (its older timer)
+    def finish(self, trial_id: str, attempt: int) -> None:
+        held = self.running.get(trial_id)
+        if held is None or held[1] != attempt:  # killed meanwhile, or launched again
             self.bench.superseded += 1
             return
+        del self.running[trial_id]
+        gpu = held[0]
         self.bench.exited(self.name, gpu)
-        self.bench.exits_sent[f"exit:0:{trial_id}"] = (time.monotonic(),
-                                                        self.bench.pending_left)
+        self.bench.exits_sent[f"exit:{attempt}:{trial_id}"] = (time.monotonic(),
+                                                                self.bench.pending_left)
         self.up.put_nowait(pb.AgentMessage(exited=pb.TrialExited(
-            trial_id=trial_id, exit_code=0, metrics={"loss": 1.0})))
+            trial_id=trial_id, exit_code=0, metrics={"loss": 1.0}, attempt=attempt)))
 
 
 class Bench:
@@ -172,9 +177,9 @@ class Bench:
         t0 = self.waiting.pop((agent.name, m.gpu_index), None)
         if t0 is not None:
             self.delays.append(now - t0)
-        agent.running[m.trial_id] = m.gpu_index
+        agent.running[m.trial_id] = (m.gpu_index, m.attempt)
         asyncio.get_running_loop().call_later(self.rng.uniform(self.min_s, self.max_s),
-                                              agent.finish, m.trial_id)
+                                              agent.finish, m.trial_id, m.attempt)
 
     def acked(self, msg: pb.ServerMessage) -> None:
         now = time.monotonic()
