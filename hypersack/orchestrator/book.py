@@ -58,6 +58,9 @@ class Book:
         hears of it."""
         if "state" in changes and changes["state"] != t.state:
             check_transition(t.id, t.state, changes["state"])
+        marks = self.s.exit_marks
+        if marks and t.id in marks:
+            changes.setdefault("exited", marks.pop(t.id))
         new = t.model_copy(update=changes)
         was, now = t.state == TrialState.PENDING, new.state == TrialState.PENDING
         if was or now:
@@ -87,6 +90,16 @@ class Book:
         for listener in self.on_transition:
             listener(t, new)
         return new
+
+    def settle_marks(self) -> None:
+        """At an event's end: the exits it handled whose trial has not changed since are
+        marked now (CoreState.exit_marks)."""
+        marks = self.s.exit_marks
+        while marks:
+            trial_id, attempt = marks.popitem()
+            t = self.s.trials.get(trial_id)
+            if t is not None and t.exited < attempt:
+                self.set(t, exited=attempt)
 
     def count_state(self, study_id: str, state: TrialState, delta: int) -> None:
         """The one place a study's trial count per state moves (see `added`)."""

@@ -235,6 +235,7 @@ class Orchestrator(Queries):
         try:
             with self.s.undone_if_raises():
                 commands = self._dispatch(event) if event is not None else self._cycle()
+                self.book.settle_marks()
         except StaleEvent as exc:
             result.stale.append(exc)
         except Exception as exc:
@@ -253,6 +254,7 @@ class Orchestrator(Queries):
             result.commands += commands + self.book.checkpoints_to_drop()
         finally:
             self.s.drops.clear()
+            self.s.exit_marks.clear()
 
     def _dispatch(self, event: Event) -> list[Command]:
         handler = self._handlers.get(type(event))

@@ -61,10 +61,11 @@ class TrialEvents:
         return self.pruning.end_now(t, TrialState.DIVERGED, why, event)
 
     def running_on(self, trial_id: str, node: str, attempt: int = 0, *,
-                    exit: bool = False) -> TrialRecord:
+                    exit: bool = False, late: bool = True) -> TrialRecord:
         """The trial an event of `node` is about, if that node runs it in that attempt.
-        An exit of the trial's latest attempt also counts while the trial waits to run
-        again after a brief loss of its node: the work was done. Attempt 0: not said."""
+        An exit (`exit`) of an attempt already handled is a copy; one of the trial's
+        latest attempt also counts while the trial waits to run again after a brief loss
+        of its node (`late`): the work was done. Attempt 0: not said."""
         t = self.s.trials.get(trial_id)
         if t is None:
             raise StaleEvent(f"no trial {short(trial_id, 80)!r}")
@@ -75,7 +76,8 @@ class TrialEvents:
             # Sent again before its acknowledgement reached the agent: a copy, expected.
             raise StaleEvent(f"trial {trial_id}: the exit of attempt {attempt} was handled "
                              "already", expected=True)
-        if exit and attempt and t.state == TrialState.PENDING and t.launched_on == node:
+        if exit and late and attempt and t.state == TrialState.PENDING and \
+                t.launched_on == node:
             log.info("%s: the exit of attempt %d arrived after its node was lost; it counts",
                      trial_id, attempt)
             return t
@@ -91,11 +93,12 @@ class TrialEvents:
 
     def exit_of(self, event: TrialFinished | TrialFailed | TrialOutOfMemory, *,
                  late: bool = True) -> TrialRecord:
-        """The trial whose attempt exited, marked as exited in that attempt (a repeat of
-        the exit is then stale). `late`: the exit counts after a loss of its node too."""
-        t = self.running_on(event.trial_id, event.node, event.attempt, exit=late)
+        """The trial whose attempt exited, marked as exited in that attempt by the event's
+        end (a repeat of the exit is then stale; CoreState.exit_marks). `late`: the exit
+        counts after a loss of its node too."""
+        t = self.running_on(event.trial_id, event.node, event.attempt, exit=True, late=late)
         if event.attempt:
-            t = self.book.set(t, exited=event.attempt)
+            self.s.exit_marks[t.id] = event.attempt
         return t
 
     def on_finished(self, event: TrialFinished) -> list[Command]:
