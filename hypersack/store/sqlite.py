@@ -336,89 +336,97 @@ class SqliteStore(SqliteAccounts, SqliteRuns, Store):
                       key=lambda p: (p.key.label(), p.arch))
 
 
-class _Transaction:
-    """SqliteStore.transaction: the store's lock held throughout; the outermost begins
-    and commits (or rolls back if its block raised), a nested one joins it. A class, not
-    a generator: every event of every batch opens one or two, and a generator's
-    context costs five times as much."""
+class _Held:
+    """A context that holds the store's lock from its start to its end, around `_begin`
+    and `_end`. Classes, not generators: every event of every batch opens one or two,
+    and a generator's context costs five times as much."""
 
-    __slots__ = ("_outer", "_store")
+    __slots__ = ("_store",)
 
     def __init__(self, store: SqliteStore) -> None:
         self._store = store
-        self._outer = False
 
     def __enter__(self) -> None:
         st = self._store
         st._lock.acquire()
         try:
-            if st._depth:
-                st._opened()
-                st._depth += 1
-            else:
-                st._db.execute("BEGIN IMMEDIATE")
-                st._depth = 1
-                self._outer = True
+            self._begin(st)
         except BaseException:
             st._lock.release()
             raise
 
     def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None,
                  tb: TracebackType | None) -> None:
-        st = self._store
         try:
-            if not self._outer:
-                st._depth -= 1
-                return
-            try:
-                st._db.execute("COMMIT" if kind is None else "ROLLBACK")
-            finally:
-                st._depth = 0
+            self._end(self._store, kind)
         finally:
-            st._lock.release()
+            self._store._lock.release()
+
+    def _begin(self, st: SqliteStore) -> None:
+        raise NotImplementedError
+
+    def _end(self, st: SqliteStore, kind: type[BaseException] | None) -> None:
+        raise NotImplementedError
 
 
-class _Savepoint:
+class _Transaction(_Held):
+    """SqliteStore.transaction: the outermost begins, and commits (or rolls back if its
+    block raised); a nested one joins it."""
+
+    __slots__ = ("_outer",)
+
+    def __init__(self, store: SqliteStore) -> None:
+        super().__init__(store)
+        self._outer = False
+
+    def _begin(self, st: SqliteStore) -> None:
+        if st._depth:
+            st._opened()
+            st._depth += 1
+            return
+        st._db.execute("BEGIN IMMEDIATE")
+        st._depth = 1
+        self._outer = True
+
+    def _end(self, st: SqliteStore, kind: type[BaseException] | None) -> None:
+        if not self._outer:
+            st._depth -= 1
+            return
+        try:
+            st._db.execute("COMMIT" if kind is None else "ROLLBACK")
+        finally:
+            st._depth = 0
+
+
+class _Savepoint(_Held):
     """SqliteStore.savepoint: inside a transaction, a savepoint opened only before the
     block's first write (`_opened`), released after it, rolled back if it raised;
     outside one, a transaction of its own."""
 
-    __slots__ = ("_name", "_own", "_store")
+    __slots__ = ("_name", "_own")
 
     def __init__(self, store: SqliteStore) -> None:
-        self._store = store
+        super().__init__(store)
         self._name = ""
         self._own: _Transaction | None = None
 
-    def __enter__(self) -> None:
-        st = self._store
-        st._lock.acquire()
-        try:
-            if not st._depth:
-                own = _Transaction(st)
-                own.__enter__()
-                self._own = own
-                return
-            self._name = f"sp{st._depth}"
-            st._unopened.append(self._name)  # opened at the first write inside
-            st._depth += 1
-        except BaseException:
-            st._lock.release()
-            raise
+    def _begin(self, st: SqliteStore) -> None:
+        if not st._depth:
+            self._own = _Transaction(st)
+            self._own._begin(st)
+            return
+        self._name = f"sp{st._depth}"
+        st._unopened.append(self._name)  # opened at the first write inside
+        st._depth += 1
 
-    def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None,
-                 tb: TracebackType | None) -> None:
-        st = self._store
+    def _end(self, st: SqliteStore, kind: type[BaseException] | None) -> None:
+        if self._own is not None:
+            self._own._end(st, kind)
+            return
         try:
-            if self._own is not None:
-                self._own.__exit__(kind, exc, tb)
-                return
-            try:
-                if not st._still_unopened(self._name):  # nothing written: nothing to undo
-                    if kind is not None:
-                        st._db.execute(f"ROLLBACK TO {self._name}")
-                    st._db.execute(f"RELEASE {self._name}")
-            finally:
-                st._depth -= 1
+            if not st._still_unopened(self._name):  # nothing written: nothing to undo
+                if kind is not None:
+                    st._db.execute(f"ROLLBACK TO {self._name}")
+                st._db.execute(f"RELEASE {self._name}")
         finally:
-            st._lock.release()
+            st._depth -= 1
