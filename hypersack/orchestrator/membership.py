@@ -134,6 +134,9 @@ class Membership:
         for r in running:
             t = trials.get(r.trial_id)
             gpu = gpus.get(r.gpu_index)
+            # Running here, in its current attempt and not yet exited: only its peaks
+            # are news (every other trial running here is an older attempt or a handled
+            # exit, below).
             if t is not None and t.state == TrialState.RUNNING and t.node == name and (
                     not r.attempt or t.exited < r.attempt == t.launches):
                 if gpu is not None and (r.peak_memory_mib > 0 or r.peak_utilization_pct > 0):
@@ -148,10 +151,6 @@ class Membership:
                 continue
             if t is not None and r.attempt and r.attempt <= t.exited:
                 continue  # its exit was handled: the agent lists it until acknowledged
-            if t is not None and t.state == TrialState.RUNNING and t.node == node.spec.name:
-                if gpu is not None:
-                    self.profiling.observe(t, gpu, r)
-                continue
             profile = None
             if (t is not None and gpu is not None
                     and t.state in (TrialState.PENDING, TrialState.PROFILING)

@@ -29,12 +29,12 @@ def os_name(name: str) -> bytes:
     return short.encode(errors="replace")[:MAX_NAME_BYTES]
 
 
-def name_os_thread(name: str | None = None) -> bool:
-    """Name the calling thread in the operating system (default: its Python name).
-    True where the system took it; a system without the call keeps the old name."""
+def name_os_thread() -> bool:
+    """Name the calling thread in the operating system as it is named in Python. True
+    where the system took it; a system without the call keeps the old name."""
     if _libc is None:
         return False
-    raw = os_name(threading.current_thread().name if name is None else name)
+    raw = os_name(threading.current_thread().name)
     try:
         return int(_libc.prctl(PR_SET_NAME, ctypes.c_char_p(raw), 0, 0, 0)) == 0
     except (AttributeError, OSError):
