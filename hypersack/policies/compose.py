@@ -41,7 +41,9 @@
                        kicks, within `kick_effort`: three GPUs drawn at random (the draws
                        fixed, so the plan is too) emptied and refilled with each class's
                        value perturbed, their pairs re-solved, the result kept unless it
-                       holds less; they stop after 100 kicks in a row without a gain
+                       holds less, twice from the pairs' plan (a node's freed cores
+                       shared among its refilled GPUs, or taken in turn), the better
+                       kept; each stops after 100 kicks in a row without a gain
              The knapsacks run compiled where numba is installed and compiled
              (`kernels`), as plain Python otherwise: the same plan, 4-30x slower,
              unless `budget_ms` stops the plain kicks first
@@ -103,8 +105,8 @@ class ComposedOptions(BaseModel):
     # (where every instance's pairs had converged).
     pairs_effort: int = Field(default=240_000, ge=0, le=100_000_000)
     # The kicks' allowance after the pairs (improve: pairs; improve.kicks), in the same
-    # units; 0 turns them off.
-    kick_effort: int = Field(default=800_000, ge=0, le=1_000_000_000)
+    # units, shared by their two searches; 0 turns them off.
+    kick_effort: int = Field(default=1_600_000, ge=0, le=1_000_000_000)
     portfolio: bool = True
     lp: bool = True
     # Place each item first where it has the most comparative advantage (base.arch_aware;
@@ -184,7 +186,7 @@ _PORTFOLIO: tuple[tuple[Order, Score], ...] = (("density", "worst"), ("longest",
 class ComposedPolicy:
     def __init__(self, name: str = "pack", *, order: Order = "value", score: Score = "worst",
                  improve: Improve = "pairs", budget_ms: float = 500.0,
-                 effort: int = 80_000, pairs_effort: int = 240_000, kick_effort: int = 800_000,
+                 effort: int = 80_000, pairs_effort: int = 240_000, kick_effort: int = 1_600_000,
                  portfolio: bool = True, hetero: bool = False, lp: bool = True) -> None:
         opts = ComposedOptions(order=order, score=score, improve=improve, budget_ms=budget_ms,
                                effort=effort, pairs_effort=pairs_effort,

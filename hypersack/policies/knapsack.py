@@ -364,16 +364,17 @@ def kicks(G: int, C: int, comp: Any, mem: Any, slots: Any, cores: Any, node_of: 
     """Iterated local search once the pairs have converged, until `budget` is spent or
     `stall` kicks in a row gained nothing. A kick empties `width` GPUs drawn at random
     and refills each by its knapsack with every class's value perturbed by up to
-    +-`noise` per mille (so the refill strays from the local optimum; GPUs of one node
-    each within their share of its free cores), then re-solves
+    +-`noise` per mille (so the refill strays from the local optimum; with `state[3]`
+    0, GPUs of one node each within their share of its free cores, else in turn), then
+    re-solves
     the pairs among those GPUs (`_pair`, true values) until none gains (at most
     KICK_ROUNDS rounds). The plan is kept if those GPUs hold at least the value they
     held (equal value moves the search along a plateau), else put back. Only the drawn
     GPUs, their nodes' cores and the pool change, so a kick costs about width^2
     knapsacks whatever the cluster's size. `seed` fixes the draws: the same budget
     gives the same plan. `state` carries across calls: kicks since the last gain, kicks
-    made, the last kick that gained. Returns the effort spent, plus GAINED if the plan
-    holds more than it began with."""
+    made, the last kick that gained, the way of refilling (read only). Returns the
+    effort spent, plus GAINED if the plan holds more than it began with."""
     spent = 0
     gain = 0
     s = seed % 2147483646 + 1
@@ -405,15 +406,16 @@ def kicks(G: int, C: int, comp: Any, mem: Any, slots: Any, cores: Any, node_of: 
             s = _lcg(s)
             noisy[c] = value[c] * (1000 - noise + s % (2 * noise + 1)) // 1000 + 1
         for j in range(k):
-            # The emptied GPUs of one node share its free cores: each refill may take
-            # its share of what is left (the pairs after may move them), so that where
-            # a node's cores bind the first refilled GPU does not starve the others.
+            # Sharing: the emptied GPUs of one node share its free cores, each refill
+            # taking at most its share of what is left (the pairs after may move them),
+            # so that where a node's cores bind the first refilled GPU does not starve
+            # the others.
             node = node_of[picks[j]]
             later = 0
             for i in range(j + 1, k):
                 if node_of[picks[i]] == node:
                     later += 1
-            hold = cores[node] * later // (later + 1)
+            hold = cores[node] * later // (later + 1) if state[3] == 0 else 0
             cores[node] -= hold
             cost = repack_gpu(picks[j], C, comp, mem, slots, cores, node_of, arch_of, need_c,
                               need_m, need_k, noisy, rows, nrows, on, left, tot, NODES,
