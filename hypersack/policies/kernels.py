@@ -104,7 +104,7 @@ def _smoke(fns: dict[str, Callable[..., int]], np: Any) -> None:
     fns["pairs_row"](0, G, C, *common, 0, work, z(3 * C))
     fns["repack_round"](G, C, *common, 0, work, z(G) - 1, z(1))
     fns["kicks"](G, C, *common, 0, work, z(3 * C), z(snap_size(2, C)), z(C), z(2), 1, 2, 1, 1,
-                 z(3))
+                 z(4))
 
 
 def compiled(name: str) -> Callable[..., int] | None:
