@@ -366,9 +366,8 @@ def kicks(G: int, C: int, comp: Any, mem: Any, slots: Any, cores: Any, node_of: 
     and refills each by its knapsack with every class's value perturbed by up to
     +-`noise` per mille (so the refill strays from the local optimum; with `state[3]`
     0, GPUs of one node each within their share of its free cores, else in turn), then
-    re-solves
-    the pairs among those GPUs (`_pair`, true values) until none gains (at most
-    KICK_ROUNDS rounds). The plan is kept if those GPUs hold at least the value they
+    re-solves the pairs among those GPUs (`_pair`, true values) until none gains (at
+    most KICK_ROUNDS rounds). The plan is kept if those GPUs hold at least the value they
     held (equal value moves the search along a plateau), else put back. Only the drawn
     GPUs, their nodes' cores and the pool change, so a kick costs about width^2
     knapsacks whatever the cluster's size. `seed` fixes the draws: the same budget
