@@ -80,6 +80,11 @@ def swap(classes: list[Item], flat: Flat, on: list[dict[int, list[int]]],
 _REPACK_ROUNDS = 3
 
 
+# The columns of Counts.cols the kernels change: free compute, memory, slots and cores,
+# the counts, the pool, the items per GPU.
+_CHANGED = (0, 1, 2, 3, 12, 13, 14)
+
+
 class Counts:
     """The plan as counts per GPU and class, in the flat int64 sequences `kernels`
     works on (NumPy arrays for the compiled rounds, lists for the plain ones), and back."""
@@ -141,6 +146,29 @@ class Counts:
     def left(self) -> Any:
         """Pending items of each class."""
         return self.cols[13]
+
+    def value(self) -> int:
+        """The value the plan holds."""
+        value, on, C = self.cols[9], self.cols[12], self.C
+        if self.fast:  # int64: under 2^31 a class's value, and far fewer than 2^23 items
+            return int((on.reshape(self.G, C) * value).sum())
+        return sum(int(on[g * C + c]) * int(value[c]) for g in range(self.G)
+                   for c in range(C) if on[g * C + c])
+
+    def cores_bind(self) -> bool:
+        """Whether some node's free cores are fewer than one item of some class needs."""
+        most = max((int(k) for k in self.cols[8]), default=0)
+        return any(int(free) < most for free in self.cols[3])
+
+    def saved(self) -> list[Any]:
+        """A copy of what the kernels change (the free capacity, the counts, the pool),
+        for `restore`."""
+        return [copy.copy(self.cols[i]) for i in _CHANGED]
+
+    def restore(self, saved: list[Any]) -> None:
+        """Put back the plan `saved` copied."""
+        for i, col in zip(_CHANGED, saved, strict=True):
+            self.cols[i] = col
 
     def apply(self, classes: list[Item], flat: Flat, on: list[dict[int, list[int]]],
               left: list[list[int]]) -> None:
@@ -305,24 +333,6 @@ KICK_STALL_SMALL = 1600
 KICK_NOISE = 300  # per mille: how far a kick's refill values stray from the true ones
 
 
-_MUTABLE = (0, 1, 2, 3, 12, 13, 14)  # the columns the kernels change (Counts.cols)
-
-
-def _cores_bind(st: Counts) -> bool:
-    """Whether some node's free cores are fewer than one item of some class needs."""
-    most = max((int(k) for k in st.cols[8]), default=0)
-    return any(int(free) < most for free in st.cols[3])
-
-
-def _value(st: Counts) -> int:
-    """The value the plan holds."""
-    value, on, C = st.cols[9], st.cols[12], st.C
-    if st.fast:  # int64: under 2^31 a class's value, and far fewer than 2^23 items
-        return int((on.reshape(st.G, C) * value).sum())
-    return sum(int(on[g * C + c]) * int(value[c]) for g in range(st.G) for c in range(C)
-               if on[g * C + c])
-
-
 def kicks(st: Counts, deadline: float, effort: int, seed: int) -> int:
     """Two searches by kicks from the plan the pairs left (`_kicks`), each with half of
     `effort`: one whose refills share a node's free cores, one whose refills take them
@@ -337,17 +347,15 @@ def kicks(st: Counts, deadline: float, effort: int, seed: int) -> int:
     and the plan is never worse than either alone would give with its half. Where no
     node's cores bind (each has room for the most any class needs), sharing them only
     narrows the refills: the search in turn runs alone (SP3, SP4, the scale points)."""
-    if not _cores_bind(st):
+    if not st.cores_bind():
         return _kicks(st, deadline, effort - effort // 2, seed, 1)
-    start = [copy.copy(st.cols[i]) for i in _MUTABLE]
+    start = st.saved()
     spent = _kicks(st, deadline, effort // 2, seed, 0)
-    first, got = [copy.copy(st.cols[i]) for i in _MUTABLE], _value(st)
-    for i, col in zip(_MUTABLE, start, strict=True):
-        st.cols[i] = col
+    first, got = st.saved(), st.value()
+    st.restore(start)
     spent += _kicks(st, deadline, effort - effort // 2, seed, 1)
-    if got >= _value(st):
-        for i, col in zip(_MUTABLE, first, strict=True):
-            st.cols[i] = col
+    if got >= st.value():
+        st.restore(first)
     return spent
 
 

@@ -412,7 +412,7 @@ def test_where_no_nodes_cores_bind_only_the_kicks_in_turn_run() -> None:
     for both in (True, False):
         st = Counts(reps, copy.deepcopy(flat), copy.deepcopy(on), copy.deepcopy(left),
                     fast=False)
-        assert not improve._cores_bind(st)
+        assert not st.cores_bind()
         if both:
             spent = improve.kicks(st, math.inf, 40_000, 1)
         else:
