@@ -410,11 +410,13 @@ def kicks(G: int, C: int, comp: Any, mem: Any, slots: Any, cores: Any, node_of: 
             # so that where a node's cores bind the first refilled GPU does not starve
             # the others.
             node = node_of[picks[j]]
-            later = 0
-            for i in range(j + 1, k):
-                if node_of[picks[i]] == node:
-                    later += 1
-            hold = cores[node] * later // (later + 1) if state[3] == 0 else 0
+            hold = 0
+            if state[3] == 0:
+                later = 0
+                for i in range(j + 1, k):
+                    if node_of[picks[i]] == node:
+                        later += 1
+                hold = cores[node] * later // (later + 1)
             cores[node] -= hold
             cost = repack_gpu(picks[j], C, comp, mem, slots, cores, node_of, arch_of, need_c,
                               need_m, need_k, noisy, rows, nrows, on, left, tot, NODES,
