@@ -235,6 +235,17 @@ class Settings(_Spec):
         """The demand the study states for an architecture (None: it states none)."""
         return self.demand.get(arch) if isinstance(self.demand, dict) else self.demand
 
+    @field_validator("fusion", mode="before")
+    @classmethod
+    def _switch(cls, value: Any) -> Any:
+        """YAML 1.1, which PyYAML reads, takes an unquoted `on` or `off` (and `yes`,
+        `no`) for a boolean: `fusion: on` means "on", `fusion: false` "off"."""
+        if value is True:
+            return "on"
+        if value is False:
+            return "off"
+        return value
+
     @field_validator("oversubscription")
     @classmethod
     def _ratios(cls, ratios: dict[str, float]) -> dict[str, float]:

@@ -95,6 +95,28 @@ def test_duplicated_yaml_keys_are_rejected(tmp_path: Any) -> None:
         load_space(f)
 
 
+@pytest.mark.parametrize(("written", "fusion"), [
+    ("on", "on"), ("off", "off"), ("On", "on"), ("OFF", "off"), ("true", "on"),
+    ("false", "off"), ("yes", "on"), ("no", "off"), ('"on"', "on"), ("auto", "auto")])
+def test_fusion_written_unquoted_in_yaml_is_the_switch_meant(tmp_path: Any, written: str,
+                                                              fusion: str) -> None:
+    # YAML 1.1 reads an unquoted `on` or `off` as a boolean: as the docs write it,
+    # `fusion: on` must be taken, not refused as a boolean.
+    f = tmp_path / "s.yaml"
+    f.write_text("name: a\nmodels: [resnet18]\nhyperparameters:\n  batch_size: [64]\n"
+                 f"settings: {{fusion: {written}}}\n")
+    assert load_space(f).settings.fusion == fusion
+
+
+def test_fusion_other_values_are_refused(tmp_path: Any) -> None:
+    for written in ("1", "maybe", "[on]"):
+        f = tmp_path / "s.yaml"
+        f.write_text("name: a\nmodels: [resnet18]\nhyperparameters:\n  batch_size: [64]\n"
+                     f"settings: {{fusion: {written}}}\n")
+        with pytest.raises(InvalidInput, match=r"settings\.fusion"):
+            load_space(f)
+
+
 def test_missing_file_and_bad_yaml(tmp_path: Any) -> None:
     with pytest.raises(InvalidInput, match="does not exist"):
         load_space(tmp_path / "none.yaml")
