@@ -102,7 +102,9 @@ class Agent(LaunchCommands, ProcessPolling, StreamReports):
             self.channel_options.append(("grpc.ssl_target_name_override", server_name))
         self.node = node
         self.backend = backend
-        self.workdir = workdir
+        # Absolute: trials run in folders of their own (their cwd), and the paths the
+        # agent hands them (a fused group's members' metrics files) must hold there.
+        self.workdir = workdir = Path(workdir).resolve()
         self.poll_interval_s = poll_interval_s
         self.reconnect_max_s = reconnect_max_s
         self.duplicate_timeout_s = duplicate_timeout_s

@@ -9,6 +9,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from hypersack._proto.v1 import hypersack_pb2 as pb
 from hypersack.cli.control import exit_code
 
@@ -75,3 +77,35 @@ def test_the_quick_start_as_written_in_a_fresh_folder(tmp_path: Path) -> None:
     assert done.returncode == 0, (done.stdout[-3000:], done.stderr[-3000:])
     assert "quickstart-1: COMPLETED, completed 20" in done.stdout, done.stdout[-3000:]
     assert (tmp_path / ".hypersack" / "run.db").is_file()
+
+
+FUSED = """
+name: fused-here
+models: [resnet18]
+hyperparameters:
+  batch_size: [64]
+  lr: [0.05, 0.02, 0.03, 0.01]
+settings: {epochs: 1, retries: 0, fusion: on}
+program: {builtin: train, options: {dataset: synthetic, train_samples: 64, val_samples: 16}}
+"""
+
+
+def test_a_fused_group_runs_under_the_default_relative_state_dir(tmp_path: Path) -> None:
+    """`hypersack run` keeps its state in ./.hypersack: a fused group's process runs in
+    a folder of its own, and the metrics files named to it must still be found from
+    there (a relative path once failed every fused group and fused profile). The
+    example profiles make width 4 the cheapest on an A100; `fusion: on` is written
+    unquoted, as the docs write it (YAML reads it as a boolean)."""
+    pytest.importorskip("torch")
+    root = Path(__file__).resolve().parents[2]
+    (tmp_path / "fused.yaml").write_text(FUSED)
+    done = subprocess.run(
+        [sys.executable, "-m", "hypersack.cli.main", "run", "fused.yaml", "--backend", "fake",
+         "--inventory", "1xA100-80GB@48", "--profiles",
+         str(root / "examples" / "profiles-estimates.yaml")],
+        cwd=tmp_path, capture_output=True, text=True, timeout=240,
+        env={**os.environ, "COLUMNS": "200"})
+    assert done.returncode == 0, (done.stdout[-3000:], done.stderr[-3000:])
+    assert "fused-here-1: COMPLETED, completed 4" in done.stdout, done.stdout[-3000:]
+    logs = [p.read_text() for p in (tmp_path / ".hypersack").rglob("log.txt")]
+    assert any("hypersack.runner.fused_train" in t for t in logs), logs
