@@ -7,7 +7,7 @@ import sys
 from dataclasses import replace
 from typing import Any
 
-from hypersack.cli.main import emit, load_inputs, out_path, with_ratio
+from hypersack.cli.main import _floats, emit, load_inputs, out_path, with_ratio
 from hypersack.orchestrator import fusion
 from hypersack.sim.fused import with_fused
 from hypersack.sim.gantt import gantt_svg
@@ -60,15 +60,15 @@ def run_simulate(args: argparse.Namespace) -> int:
         return Simulation(sp, cluster, profiles, config=cfg, history=history,
                           interference=interference).run()
 
+    # A bad --sweep is refused before any simulation runs or anything is printed.
+    sweep = _floats(args.sweep, "--sweep") if args.sweep else []
     baseline = simulate(replace(config, exclusive=True), space)
-    if args.sweep:
-        from hypersack.cli.main import _floats
-
+    if sweep:
         rows = []
         if not args.json:
             print(f"baseline (one trial per GPU): {baseline.makespan_s:.1f} s")
             print(f"{'ratio':>6}{'makespan s':>12}{'speedup':>9}{'occupancy':>11}")
-        for ratio in _floats(args.sweep, "--sweep"):
+        for ratio in sweep:
             cfg, sp = with_ratio(config, space, cluster, ratio)
             r = simulate(cfg, sp)
             row = {"ratio": ratio, "makespan_s": round(r.makespan_s, 3),

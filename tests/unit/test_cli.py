@@ -102,11 +102,15 @@ def test_bad_input_is_one_clear_line_and_exit_2(capsys: Any, tmp_path: Path) -> 
           PROFILES, "--ratio", "a100=2"], "ratios for both 'A100' and 'a100'"),
         (["simulate", str(EXAMPLES / "sp1.yaml"), "--cluster", "4xA100-80GB", "--profiles",
           PROFILES, "--gantt", str(tmp_path / "no" / "g.svg")], "does not exist"),
+        # Refused before the baseline is simulated and the sweep's header printed.
+        (["simulate", str(EXAMPLES / "sp1.yaml"), "--cluster", "4xA100-80GB", "--profiles",
+          PROFILES, "--sweep", "1,,nan"], "--sweep '1,,nan'"),
     ]
     for argv, fragment in cases:
         assert main(argv) == 2
-        err = capsys.readouterr().err
+        out, err = capsys.readouterr()
         assert err.startswith("error: ") and fragment in err and "Traceback" not in err
+        assert out == "", (argv, out)
 
 
 def test_validate_and_console_script(capsys: Any, tmp_path: Path) -> None:
