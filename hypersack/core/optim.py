@@ -7,7 +7,8 @@ plain trainer, the fused trainer and the agent that writes a fused group's spec.
     adamw: the same, weight_decay decoupled (p *= 1 - lr * wd)  torch.optim.AdamW
 
 A value out of range (a negative learning rate, a beta outside [0, 1), a non-finite
-number) is refused with the hyperparameter's name.
+number) or not a number (a boolean, as YAML reads an unquoted `yes`) is refused with
+the hyperparameter's name. The NumPy perceptron's SGD is checked by the same rule.
 """
 
 from __future__ import annotations
@@ -41,6 +42,8 @@ def hyperparameters(optimizer: str, params: Mapping[str, Any]) -> dict[str, floa
     out: dict[str, float] = {}
     for name in USED[check(optimizer)]:
         raw = params.get(name, DEFAULTS[name])
+        if isinstance(raw, bool):  # YAML reads an unquoted yes, on or true as one
+            raise InvalidInput(f"{name}: a number expected, got {raw!r}")
         try:
             value = float(raw)
         except (TypeError, ValueError):

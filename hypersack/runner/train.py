@@ -24,6 +24,7 @@ from typing import Any
 import numpy as np
 
 from hypersack import __version__
+from hypersack.core import optim
 from hypersack.core.catalog import MODELS
 from hypersack.core.errors import HyperSackError
 from hypersack.core.train_options import TrainOptions, parse_train_options
@@ -39,11 +40,11 @@ def train_mlp(params: dict[str, Any], epochs: float, opts: TrainOptions) -> floa
             # Refused rather than ignored: an 'adam' trial must not quietly be SGD.
             raise HyperSackError(f"digits_mlp trains with NumPy {only} only, not {name} "
                                  f"{str(params[name])[:40]!r} (the PyTorch models take it)")
+    # SGD's hyperparameters checked as the PyTorch trainer's are (its defaults differ).
+    sgd = optim.hyperparameters("sgd", {"lr": 0.1, "momentum": 0.0, **params})
+    lr, momentum, decay = sgd["lr"], sgd["momentum"], sgd["weight_decay"]
     data = datasets.load("digits_mlp", opts)
-    lr = float(params.get("lr", 0.1))
     batch = int(params.get("batch_size", 32))
-    momentum = float(params.get("momentum", 0.0))
-    decay = float(params.get("weight_decay", 0.0))
     rng = np.random.default_rng(opts.seed)
     w1 = rng.normal(0, math.sqrt(2 / 64), (64, 64)).astype(np.float32)
     w2 = rng.normal(0, math.sqrt(1 / 64), (64, 10)).astype(np.float32)

@@ -166,3 +166,22 @@ def test_the_numpy_perceptron_refuses_what_it_cannot_train() -> None:
 
     with pytest.raises(HyperSackError, match="not optimizer 'adam'"):
         train_mlp({"optimizer": "adam", "lr": 0.1}, 1.0, parse_train_options({}))
+
+
+@pytest.mark.parametrize(("params", "fragment"), [
+    ({"lr": True}, "lr: a number expected, got True"),  # `lr: [yes, 0.1]` in YAML
+    ({"lr": -0.1}, "lr: -0.1 out of range"),
+    ({"lr": float("nan")}, "lr: nan out of range"),
+    ({"lr": 0.1, "momentum": "fast"}, "momentum: a number expected"),
+    ({"lr": 0.1, "weight_decay": -1}, "weight_decay: -1.0 out of range")])
+def test_both_trainers_refuse_a_hyperparameter_that_is_no_usable_number(
+        params: dict[str, object], fragment: str) -> None:
+    from hypersack.core import optim
+    from hypersack.core.errors import InvalidInput
+    from hypersack.core.train_options import parse_train_options
+    from hypersack.runner.train import train_mlp
+
+    with pytest.raises(InvalidInput, match=fragment):
+        optim.hyperparameters("sgd", params)
+    with pytest.raises(InvalidInput, match=fragment):
+        train_mlp(params, 1.0, parse_train_options({}))
