@@ -77,6 +77,13 @@ _UniqueKeyLoader.add_implicit_resolver(
 )
 
 
+# YAML 1.2 (and JSON) have no dates: `name: 2026-11-29` is the string a user means.
+# YAML 1.1's timestamp rule turned it into a date, which no field takes.
+_UniqueKeyLoader.yaml_implicit_resolvers = {
+    first: [(tag, rx) for tag, rx in resolvers if tag != "tag:yaml.org,2002:timestamp"]
+    for first, resolvers in _UniqueKeyLoader.yaml_implicit_resolvers.items()}
+
+
 def _check_shape(data: Any, source: str) -> None:
     """No deeper than MAX_YAML_DEPTH, no more than MAX_YAML_NODES values (aliases count
     every time they are used, so a "billion laughs" document is refused)."""

@@ -117,6 +117,18 @@ def test_fusion_other_values_are_refused(tmp_path: Any) -> None:
             load_space(f)
 
 
+def test_a_date_in_yaml_is_the_string_written(tmp_path: Any) -> None:
+    # YAML 1.1 reads 2026-11-29 as a date, which no field takes: a study named by its
+    # day was refused with "name: Input should be a valid string".
+    f = tmp_path / "s.yaml"
+    f.write_text("name: 2026-11-29\nmodels: [resnet18]\nhyperparameters:\n"
+                 "  batch_size: [64]\n  tag: [2026-11-29, 2001-12-14t21:59:43.10-05:00]\n")
+    space = load_space(f)
+    assert space.name == "2026-11-29"
+    assert [t.params["tag"] for t in expand(space, "d-1")] == ["2026-11-29",
+                                                         "2001-12-14t21:59:43.10-05:00"]
+
+
 def test_missing_file_and_bad_yaml(tmp_path: Any) -> None:
     with pytest.raises(InvalidInput, match="does not exist"):
         load_space(tmp_path / "none.yaml")
