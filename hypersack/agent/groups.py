@@ -12,6 +12,7 @@ from typing import Any
 from hypersack.agent.launcher import Job, log
 from hypersack.agent.output import open_regular
 from hypersack.core import optim
+from hypersack.core.train_options import trial_seed
 from hypersack.core.types import WorkloadKey
 
 
@@ -108,8 +109,7 @@ def fused_spec(key: WorkloadKey, epochs: float, options: dict[str, Any],
         if stop is not None:
             member["stop_file"] = str(stop)
         member.update(optim.hyperparameters(optimizer, params))
-        # The plain trainer seeds its model with the program's seed.
-        member["seed"] = int(params.get("seed", options.get("seed", 0)))
+        member["seed"] = trial_seed(options.get("seed", 0), params)  # as the plain trainer seeds it
         if checkpoints is not None:
             member["checkpoint_dir"] = str(checkpoints[len(out)])
         out.append(member)

@@ -15,6 +15,7 @@ from hypersack.agent.launcher import Job
 from hypersack.core import trial_env as sdk
 from hypersack.core.bounds import MAX_FUSED_MEMBERS
 from hypersack.core.errors import HyperSackError
+from hypersack.core.train_options import trial_seed
 from hypersack.core.types import GpuSpec, WorkloadKey
 
 
@@ -26,7 +27,7 @@ def as_fused_profile(job: Job, key: WorkloadKey, m: pb.ProfileWorkload) -> None:
                              f"is not the built-in trainer's, or too wide")
     params = json.loads(m.params_json or "{}")
     options = json.loads(m.program.options_json or "{}")
-    seed = int(params.get("seed", options.get("seed", 0)))
+    seed = trial_seed(options.get("seed", 0), params)
     job.argv = fused_argv()
     job.env[sdk.ENV_FUSED] = json.dumps(fused_spec(
         key, m.epochs, options,

@@ -5,6 +5,7 @@ the server checks them without the runner."""
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Literal
 
@@ -18,6 +19,9 @@ ENV_DATA_DIR = "HYPERSACK_DATA_DIR"
 DATASETS = ("cifar10", "imdb", "digits", "synthetic")
 # The built-in trainer's precisions (runner/amp.py's autocast types), plain and fused.
 PRECISIONS = ("fp32", "bf16", "fp16")
+# The largest seed (torch.manual_seed takes less than 2**64; a fused profile's members
+# are seeded seed + k).
+MAX_SEED = 2**62
 
 
 class TrainOptions(BaseModel):
@@ -25,7 +29,9 @@ class TrainOptions(BaseModel):
     only when asked for by name. `data_dir`: where the datasets lie on each node
     (default `$HYPERSACK_DATA_DIR`, else `~/.hypersack/data`). `train_samples` and
     `val_samples` cap the splits (a short trial); `seq_len` is the IMDB review length
-    in tokens; `seed` fixes initialisation, shuffling and augmentation.
+    in tokens; `seed` fixes initialisation, shuffling and augmentation (a trial's
+    `seed` hyperparameter, where the space has one, seeds its initialisation instead:
+    `trial_seed`).
 
     `optimizer_fusion: backward` updates each parameter from a hook as soon as its
     gradient is final in the backward pass (the optimizer-fusion paper's backward
@@ -42,7 +48,7 @@ class TrainOptions(BaseModel):
     train_samples: int | None = Field(default=None, gt=0)
     val_samples: int | None = Field(default=None, gt=0)
     seq_len: int = Field(default=256, ge=8, le=2048)
-    seed: int = 0
+    seed: int = Field(default=0, ge=0, le=MAX_SEED)
     augment: bool = True  # random crop and flip for 32x32 images
     optimizer_fusion: Literal["none", "backward"] = "none"
     clip_grad_norm: float | None = Field(default=None, gt=0, allow_inf_nan=False)
@@ -78,6 +84,28 @@ def parse_train_options(options: dict[str, Any], where: str = "program.options")
         return TrainOptions.model_validate(options)
     except ValidationError as exc:
         raise InvalidInput(format_validation_error(exc, where)) from None
+
+
+def check_seed(value: Any, where: str = "seed") -> int:
+    """A seed as the trainers take it: an integer (an integral float too) from 0 to
+    MAX_SEED; InvalidInput naming `where` otherwise (a boolean is no seed)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or \
+            (isinstance(value, float) and not value.is_integer()) or \
+            not 0 <= value <= MAX_SEED:
+        raise InvalidInput(f"{where}: an integer from 0 to 2**62 expected, got "
+                           f"{str(value)[:40]!r}")
+    return int(value)
+
+
+def trial_seed(options_seed: Any, params: Mapping[str, Any]) -> int:
+    """The one rule for the seed of a built-in trial's model initialisation, plain or
+    fused: its `seed` hyperparameter where it has one, else the program's
+    `options.seed`. The data order (shuffling, augmentation) follows `options.seed`
+    alone: a fused group's members train on the same batches, and a trial trains alike
+    fused or not."""
+    if "seed" in params:
+        return check_seed(params["seed"])
+    return check_seed(options_seed, "program.options.seed")
 
 
 def dataset_for(model: str, opts: TrainOptions) -> str:

@@ -5,8 +5,13 @@ from __future__ import annotations
 
 from hypersack.core.catalog import MODELS
 from hypersack.core.errors import InvalidInput
-from hypersack.core.train_options import PRECISIONS, dataset_for, parse_train_options
-from hypersack.grid.params import Choice
+from hypersack.core.train_options import (
+    PRECISIONS,
+    check_seed,
+    dataset_for,
+    parse_train_options,
+)
+from hypersack.grid.params import Choice, IntRange
 from hypersack.grid.space import SearchSpace
 
 
@@ -28,6 +33,7 @@ def check_runnable(space: SearchSpace, source: str) -> None:
                 dataset_for(model, opts)
             except InvalidInput as exc:
                 raise InvalidInput(f"{source}: program.options.dataset: {exc}") from None
+        _check_seeds(space, source)
         precisions = _values(space, "precision", "fp32")
         bad = [p for p in precisions if p not in PRECISIONS]
         if bad:
@@ -48,6 +54,25 @@ def check_runnable(space: SearchSpace, source: str) -> None:
                     f"{source}: hyperparameters.{name}: {', '.join(numpy_models)} trains "
                     f"with NumPy {only} only, not {other[0][:40]!r}; search the PyTorch "
                     "models in a study of their own")
+
+
+def _check_seeds(space: SearchSpace, source: str) -> None:
+    """A `seed` hyperparameter seeds each trial (train_options.trial_seed): integers
+    from 0 to 2**62 only, a choice or an int range (a float range would give every
+    trial a seed that fails as it starts)."""
+    hp = space.hyperparameters.get("seed")
+    where = f"{source}: hyperparameters.seed"
+    if hp is None:
+        return
+    if isinstance(hp, Choice):
+        for v in hp.values:
+            check_seed(v, where)
+    elif isinstance(hp, IntRange):
+        check_seed(hp.low, where)
+        check_seed(hp.high, where)
+    else:
+        raise InvalidInput(f"{where}: a seed is an integer: a choice of integers or an "
+                           f"int range, not {hp.distribution}")
 
 
 def _values(space: SearchSpace, name: str, default: str) -> list[str]:

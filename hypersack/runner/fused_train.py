@@ -35,7 +35,7 @@ import torch
 
 from hypersack.core import optim
 from hypersack.core.bounds import MAX_FUSED_MEMBERS
-from hypersack.core.train_options import TrainOptions, parse_train_options
+from hypersack.core.train_options import TrainOptions, check_seed, parse_train_options
 from hypersack.core.trial_env import ENV_FUSED
 from hypersack.runner import amp, datasets, sdk, zoo
 from hypersack.runner.fused import FusedGroup, Member
@@ -77,7 +77,8 @@ def parse_spec(raw: str) -> FusedSpec:
         clip = float(m["clip_norm"]) if m.get("clip_norm") else options.clip_grad_norm
         if clip is not None and not (math.isfinite(clip) and clip > 0):
             raise ValueError(f"clip_norm: {clip!r} is not a positive number")
-        return Member(str(m["trial_id"]), seed=int(m.get("seed", 0)), clip_norm=clip, **h)
+        return Member(str(m["trial_id"]), seed=check_seed(m.get("seed", 0)), clip_norm=clip,
+                      **h)
 
     return FusedSpec(
         model=model, batch_size=int(data.get("batch_size", 64)),

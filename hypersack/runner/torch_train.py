@@ -29,7 +29,7 @@ from torch import Tensor, nn
 from hypersack import __version__
 from hypersack.core import optim
 from hypersack.core.errors import InvalidInput
-from hypersack.core.train_options import TrainOptions
+from hypersack.core.train_options import TrainOptions, trial_seed
 from hypersack.runner import amp, datasets, sdk, zoo
 from hypersack.runner.backward import BackwardFused
 from hypersack.runner.loop import Epochs
@@ -143,7 +143,8 @@ class Batches:
 
 
 def train(model_name: str, params: dict[str, Any], epochs: float, opts: TrainOptions) -> float:
-    torch.manual_seed(opts.seed)
+    # The initialisation's seed (a seed hyperparameter's, as a fused member's).
+    torch.manual_seed(trial_seed(opts.seed, params))
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     data = datasets.load(model_name, opts, zoo.VOCAB.get(model_name, 0))
     model = zoo.build(model_name)

@@ -5,7 +5,8 @@ The nine zoo models train with PyTorch (`hypersack.runner.torch_train`; install 
 digits, so the whole system runs real trials on any machine: the quick start.
 
 Hyperparameters (the trial's params): `lr`, `batch_size`, `momentum`,
-`weight_decay`, and `optimizer` (sgd, adam, adamw) and `precision` (fp32, bf16, fp16)
+`weight_decay`, `seed` (the model's initialisation; the data order follows
+`options.seed`), and `optimizer` (sgd, adam, adamw) and `precision` (fp32, bf16, fp16)
 for the zoo. Options: `hypersack.core.train_options.TrainOptions`. Each epoch reports
 `loss` (validation cross-entropy, the default objective), `accuracy`, `train_loss`,
 `iter_time_s` and `data_fraction` (share of each iteration spent loading data).
@@ -27,7 +28,7 @@ from hypersack import __version__
 from hypersack.core import optim
 from hypersack.core.catalog import MODELS
 from hypersack.core.errors import HyperSackError
-from hypersack.core.train_options import TrainOptions, parse_train_options
+from hypersack.core.train_options import TrainOptions, parse_train_options, trial_seed
 from hypersack.runner import datasets, sdk
 from hypersack.runner.loop import Epochs
 from hypersack.runner.sdk import checkpoint_path, save_checkpoint
@@ -45,9 +46,11 @@ def train_mlp(params: dict[str, Any], epochs: float, opts: TrainOptions) -> floa
     lr, momentum, decay = sgd["lr"], sgd["momentum"], sgd["weight_decay"]
     data = datasets.load("digits_mlp", opts)
     batch = int(params.get("batch_size", 32))
-    rng = np.random.default_rng(opts.seed)
-    w1 = rng.normal(0, math.sqrt(2 / 64), (64, 64)).astype(np.float32)
-    w2 = rng.normal(0, math.sqrt(1 / 64), (64, 10)).astype(np.float32)
+    rng = np.random.default_rng(opts.seed)  # the data order
+    seed = trial_seed(opts.seed, params)  # the weights' (one stream with no seed param)
+    init = rng if seed == opts.seed else np.random.default_rng(seed)
+    w1 = init.normal(0, math.sqrt(2 / 64), (64, 64)).astype(np.float32)
+    w2 = init.normal(0, math.sqrt(1 / 64), (64, 10)).astype(np.float32)
     b1, b2 = np.zeros(64, np.float32), np.zeros(10, np.float32)
     weights = [w1, b1, w2, b2]
     velocity = [np.zeros_like(w) for w in weights]
