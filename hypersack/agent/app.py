@@ -52,7 +52,9 @@ def _parser() -> argparse.ArgumentParser:
                    "of it the last quarter is kept in log.1.txt (default 64)")
     p.add_argument("--allow-commands", nargs="?", const="*", metavar="EXE,...",
                    help="run `command` programs of studies (default: built-in programs "
-                   "only); optionally only these executables, e.g. python,/opt/bin/train")
+                   "only); optionally only these executables, e.g. python,/opt/bin/train "
+                   "(without names any executable runs, and the guard catches only the "
+                   "code runners it knows: name them where users do not trust each other)")
     p.add_argument("--allow-shell", action="store_true", default=None,
                    help="also run templates that start a shell or pass inline code "
                    "(sh -c, python -c): a hyperparameter value there runs as code")
@@ -185,6 +187,13 @@ def main(argv: Sequence[str] | None = None) -> int:
             "account, with NO ISOLATION between users (one can read and signal another's "
             "trials); map each owner to their own account (--user-map OWNER=USER, or *=*)",
             users.default.name if users.default else "")
+    policy = agent.commands
+    if policy.allow_commands and not policy.executables and not policy.allow_shell:
+        logging.getLogger("hypersack.agent").warning(
+            "--allow-commands without names: any executable runs; the guard refuses the "
+            "shells, launchers and interpreters it knows, and a program it does not know "
+            "that runs code named in its arguments is not caught: name the executables "
+            "(--allow-commands python,/opt/bin/train) where users do not trust each other")
     if owner:
         logging.getLogger("hypersack.agent").info(
             "this agent runs the trials of %s only", owner)

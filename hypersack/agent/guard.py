@@ -20,6 +20,8 @@ environment a trial starts with.
     with no options before it;
   - a placeholder never stands where the interpreter reads an option, an option's
     value, its module or its script: only the program's own arguments take values.
+  The lists below are what the guard knows: with any executable allowed, one it does
+  not know that runs code named in its arguments is not caught (the agent warns).
 - A trial's environment is the HyperSack variables the agent sets, `PATH`, `HOME`,
   the locale, `TMPDIR`, CUDA/NVIDIA/MPS variables and the names the operator passes
   (`--pass-env`, `NAME` or `PREFIX*`), nothing else of the agent's.
@@ -50,7 +52,10 @@ SHELLS = frozenset({
     "awk", "gawk", "mawk", "nawk", "busybox-awk", "sed", "gsed", "eval", "ipython",
     "ipython3", "jupyter", "expect", "tclsh", "wish", "jshell", "irb", "ghci", "bc", "dc",
     "vim", "vi", "nvim", "ex", "emacs", "ed", "less", "more", "man", "make", "gmake",
-    "cmake", "osascript"})
+    "cmake", "osascript",
+    # Database shells (sqlite3's .shell, psql's \!, mysql's system) and REPLs.
+    "sqlite3", "duckdb", "psql", "mysql", "mariadb", "redis-cli", "mongo", "mongosh",
+    "erl", "iex", "elixir", "gforth", "swift", "ninja", "scons", "bazel", "meson"})
 # Programs that run another program, or a command, named in their arguments. Their
 # grammars are not parsed: they are refused, whatever follows them.
 LAUNCHERS = frozenset({
@@ -65,11 +70,19 @@ LAUNCHERS = frozenset({
     "start-stop-daemon", "git", "tar", "rsync", "zip", "xterm", "ld.so", "cpulimit",
     "rlwrap", "unbuffer", "entr", "inotifywait", "tini", "dumb-init", "su-exec", "gosu",
     "chronic", "ts", "pv", "tee", "dbus-launch", "pipx", "uv", "uvx", "conda", "mamba",
-    "micromamba", "poetry", "pipenv", "hatch", "pdm", "npx", "npm", "yarn", "pnpm"})
+    "micromamba", "poetry", "pipenv", "hatch", "pdm", "npx", "npm", "yarn", "pnpm",
+    # Installers (a package's build runs its code), container runtimes, compilers
+    # (`-wrapper`, plugins), and programs that run a helper named in an option.
+    "pip", "pip3", "deno", "bun", "docker", "podman", "nerdctl", "ctr", "singularity",
+    "apptainer", "enroot", "ch-run", "shifter", "kubectl", "systemd-nspawn", "lxc-execute",
+    "cc", "c++", "gcc", "g++", "clang", "clang++", "go", "cargo", "mvn", "gradle", "ant",
+    "sbt", "scp", "sftp", "wget", "sshpass", "xvfb-run", "dbus-run-session", "ssh-agent"})
+# Versioned names of the same (pip3.11, gcc-12, clang++-17).
+_VERSIONED = re.compile(r"^(pip|gcc|g\+\+|clang|clang\+\+|cc|c\+\+)[-0-9.]+$")
 _LOADER = re.compile(r"^ld-linux.*\.so.*$|^ld64\.so.*$")
 _PYTHON = re.compile(r"^(python|pypy)[0-9.]*([-_a-z0-9.]*)$")
 # Interpreters that must be given a script first, no options before it.
-_SCRIPTED = re.compile(r"^(perl|ruby|node|nodejs|deno|bun|php|lua|luajit|Rscript|R|julia|"
+_SCRIPTED = re.compile(r"^(perl|ruby|node|nodejs|php|lua|luajit|Rscript|R|julia|"
                        r"java|scala|kotlin|groovy|guile|racket|sbcl|clisp|ocaml|swipl|"
                        r"octave|matlab|gnuplot)[0-9.]*$")
 
@@ -174,7 +187,7 @@ class CommandPolicy:
                 raise CommandRefused(f"command: {name} is a shell (or runs its arguments as "
                                      f"code); a value inside it runs as code. Run the "
                                      f"program directly, or {ask}")
-            if name in LAUNCHERS or _LOADER.match(name):
+            if name in LAUNCHERS or _LOADER.match(name) or _VERSIONED.match(name):
                 raise CommandRefused(
                     f"command: {name} runs another program or command from its arguments; "
                     f"run the program directly (the agent sets the trial's environment "

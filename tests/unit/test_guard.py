@@ -84,6 +84,40 @@ def test_the_offline_escapes_are_refused(bin_dir: Path, template: str, reason: s
     CommandPolicy.parse("*", allow_shell=True).check(template, "n1", path=str(bin_dir))
 
 
+# Programs past the reported ones that run code or another program named in their
+# arguments (with `--allow-commands` alone: any executable).
+MORE = [
+    ("sqlite3 -cmd {x} db", "sqlite3 is a shell"),  # {x} = ".shell id"
+    ("psql -c {x}", "psql is a shell"),
+    ("duckdb -c {x}", "duckdb is a shell"),
+    ("pip install {x}", "pip runs another"),  # a package's build runs its code
+    ("pip3.11 install {x}", "pip3.11 runs another"),
+    ("deno eval {x}", "deno runs another"),  # was taken as a script called 'eval'
+    ("bun x {x}", "bun runs another"),
+    ("singularity exec img.sif {x}", "singularity runs another"),
+    ("apptainer exec img.sif {x}", "apptainer runs another"),
+    ("docker run --rm img {x}", "docker runs another"),
+    ("gcc -wrapper {x} t.c", "gcc runs another"),
+    ("clang-17 -fplugin={x} t.c", "clang-17 runs another"),
+    ("wget --use-askpass={x} http://h/", "wget runs another"),
+    ("scp -S {x} a h:b", "scp runs another"),
+    ("go run {x}", "go runs another"),
+]
+
+
+@pytest.mark.parametrize("template,reason", MORE)
+def test_more_programs_that_run_code_from_arguments_are_refused(
+        tmp_path: Path, template: str, reason: str) -> None:
+    folder = tmp_path / "bin"
+    folder.mkdir()
+    name = template.split()[0]
+    (folder / name).write_text("#!/bin/sh\n")
+    (folder / name).chmod(0o755)
+    with pytest.raises(CommandRefused, match=reason):
+        ANY.check(template, "n1", path=str(folder))
+    CommandPolicy.parse("*", allow_shell=True).check(template, "n1", path=str(folder))
+
+
 def test_a_copy_called_python_is_not_the_allowed_python(bin_dir: Path, tmp_path: Path) -> None:
     only = CommandPolicy.parse("python,train", allow_shell=False)
     only.check("{python} t.py --lr {lr}", "n1", path=str(bin_dir))
@@ -144,3 +178,27 @@ def test_the_fuzzer_finds_no_value_that_runs_as_code(bin_dir: Path, tmp_path: Pa
     assert argv is not None
     subprocess.run(argv, cwd=work, env={"PATH": str(bin_dir)}, check=True)
     assert (work / "PWNED").exists()
+
+
+@pytest.mark.parametrize(("allow", "warned"), [([], True), (["python"], False)])
+def test_an_agent_that_allows_any_executable_says_what_the_guard_cannot_catch(
+        tmp_path: Path, allow: list[str], warned: bool) -> None:
+    argv = [sys.executable, "-m", "hypersack.agent.app", "--server", "127.0.0.1:9",
+            "--workdir", str(tmp_path / "w"), "--allow-commands", *allow]
+    if os.geteuid() == 0:
+        argv.append("--allow-root-trials")
+    agent = subprocess.Popen(argv, stderr=subprocess.PIPE, text=True)
+    seen = []
+    try:
+        assert agent.stderr is not None
+        for line in agent.stderr:  # up to its first attempt to reach the (absent) server
+            seen.append(line)
+            if "reconnecting" in line:
+                break
+    finally:
+        agent.kill()
+        agent.wait(30)
+    said = [x for x in seen if "--allow-commands without names" in x]
+    assert bool(said) == warned, seen
+    if warned:
+        assert "name the executables" in said[0]
