@@ -13,6 +13,13 @@ ROOT = Path(__file__).resolve().parents[1]
 EXAMPLES = ROOT / "examples"
 
 
+@pytest.fixture(autouse=True)
+def _no_terminal_width(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The CLI's output at the width it has in a pipe (cli/control.make_console), not at
+    the width of the terminal the suite runs in: a test that wants one sets COLUMNS."""
+    monkeypatch.delenv("COLUMNS", raising=False)
+
+
 @pytest.fixture(scope="session")
 def estimates() -> list[Profile]:
     return load_profiles(EXAMPLES / "profiles-estimates.yaml")

@@ -26,7 +26,7 @@ from hypersack.cli.results import (
     print_results,
     state_text,
 )
-from hypersack.cli.text import safe
+from hypersack.cli.text import print_table, safe
 from hypersack.core.bounds import MAX_EXTEND
 from hypersack.core.errors import InvalidInput
 from hypersack.core.types import TrialState
@@ -297,7 +297,7 @@ def _status(client: Reader, args: argparse.Namespace, console: Console) -> int:
         where = safe(f"{t.node}:{t.gpu_index}") if t.node else ""
         table.add_row(safe(t.id), state_text(t.state), params, where,
                       str(t.launches), f"{t.objective:.6g}" if t.has_objective else "")
-    console.print(table)
+    print_table(console, table)
     if len(shown) < len(trials):
         console.print(f"... {len(trials) - len(shown)} more (--all)")
     return 0
@@ -378,4 +378,4 @@ def print_nodes(nodes: list[pb.Node], console: Console) -> None:
                                                  if g.mps_restarts else "")
             table.add_row(*head, str(g.index), safe(g.arch), f"{g.memory_mib} MiB", str(g.trials),
                           f"{g.compute_share:.0%}", f"{g.utilization_pct:.0f}%", sharing)
-    console.print(table)
+    print_table(console, table)

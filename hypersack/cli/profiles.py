@@ -13,7 +13,7 @@ from rich.table import Table
 
 from hypersack.cli.connect import add_server_flag, connect
 from hypersack.cli.control import make_console
-from hypersack.cli.text import json_text, safe
+from hypersack.cli.text import json_text, print_table, safe
 from hypersack.core.errors import InvalidInput
 from hypersack.core.types import Profile
 from hypersack.sampler.profiles import (
@@ -155,4 +155,4 @@ def print_profiles(profiles: list[Profile]) -> None:
             time.strftime("%Y-%m-%d %H:%M", time.localtime(p.measured_at))
             if p.measured_at else "estimate",
             safe(p.corrected))
-    console.print(table)
+    print_table(console, table)

@@ -17,7 +17,7 @@ from rich.table import Table
 
 from hypersack._proto.v1 import hypersack_pb2 as pb
 from hypersack.cli.client import params_of
-from hypersack.cli.text import escaped, json_text, safe, safe_log
+from hypersack.cli.text import escaped, json_text, print_table, safe, safe_log
 from hypersack.core.pareto import front, objective_values
 
 STATE_STYLE = {"PENDING": "dim", "PROFILING": "cyan", "RUNNING": "yellow",
@@ -215,7 +215,7 @@ def print_results(client: Reader, study_id: str, fmt: str, top: int | None,
         if any(notes):
             row.append(safe(note))
         table.add_row(*row)
-    console.print(table)
+    print_table(console, table)
     if len(trials) < total:
         console.print(f"best {len(trials)} of {total} (--top N for more, --format csv for "
                       "all)")

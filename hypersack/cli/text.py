@@ -4,6 +4,9 @@ A node name, a hyperparameter value or a trial's log is not ours: rich must not 
 as markup (`[/]` would stop the CLI), and a terminal must not receive its escape
 sequences. Every such string passes through `safe` (one line, markup escaped) or
 `safe_log` (lines kept, control characters dropped) before it is printed.
+
+`print_table`: a table, or, on a terminal too narrow for it, one line of
+`column: value` per row (rich would cut every value to a letter and an ellipsis).
 """
 
 from __future__ import annotations
@@ -11,7 +14,10 @@ from __future__ import annotations
 import json
 import re
 
+from rich.console import Console
 from rich.markup import escape
+from rich.measure import Measurement
+from rich.table import Table
 
 # C0 controls but newline and tab, DEL, and C1 controls (an 8-bit CSI starts sequences too).
 _CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
@@ -45,3 +51,23 @@ def safe(value: object) -> str:
     """One value for a rich table or line: no control characters, no markup."""
     text = _CONTROL.sub("", _ANSI.sub("", str(value))).replace("\n", " ").replace("\t", " ")
     return escape(text)
+
+
+def print_table(console: Console, table: Table) -> None:
+    """The table where it fits the console's width with no word cut (its columns may
+    wrap between words); else each row as `column: value, ...` (empty cells left out;
+    a row whose first cell is empty, the next GPU of a node, indented under the row
+    before), every value whole."""
+    wide = console.options.update_width(1_000_000)
+    if Measurement.get(console, wide, table).minimum <= console.width:
+        console.print(table)
+        return
+    if table.title:
+        console.print(table.title)
+    columns = [(str(c.header), [str(cell) for cell in c.cells]) for c in table.columns]
+    for i in range(table.row_count):
+        cells = [(header, cells[i]) for header, cells in columns if i < len(cells)]
+        first = cells[0][1] if cells else ""
+        parts = [f"{escape(header)}: {value}" for header, value in cells[1:] if value.strip()]
+        line = ", ".join(parts)
+        console.print(f"[bold]{first}[/]: {line}" if first.strip() else f"  {line}")
