@@ -225,7 +225,9 @@ def test_why_says_what_blocks_a_waiting_trial(cluster: Cluster) -> None:
     import sys
     cluster.start_server()
     cluster.start_agent("n1", "1xA100-80GB@48")
-    study = _submit(cluster, space_yaml("why", seconds_per_epoch=5.0, epochs=2, ratio=1.0))
+    # The running trial lasts past the test (each `why` is a process of its own, seconds
+    # under load: with 10 s of sleep it had ended before it was asked about).
+    study = _submit(cluster, space_yaml("why", seconds_per_epoch=60.0, epochs=2, ratio=1.0))
     wait_for("trials running", lambda: any(t.state == "RUNNING" for t in _trials(cluster, study)))
     trials = _trials(cluster, study)
     waiting = next(t for t in trials if t.state == "PENDING")
