@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from hypersack.server.threads import MAX_NAME_BYTES, name_os_thread, os_name
-from hypersack.testing.server import make_server
+from hypersack.testing.server import make_server, wait
 
 linux_only = pytest.mark.skipif(not sys.platform.startswith("linux"),
                                 reason="names threads through prctl and reads /proc")
@@ -44,9 +44,22 @@ def test_a_thread_names_itself() -> None:
 @linux_only
 def test_the_servers_threads_are_named_in_the_system(tmp_path: Path) -> None:
     server = make_server(tmp_path)
+
+    def names() -> set[str]:
+        out = set()
+        for t in threading.enumerate():
+            if t.native_id is not None and t.is_alive():
+                try:
+                    out.add(_comm(t.native_id))
+                except OSError:
+                    pass  # it ended meanwhile
+        return out
+
     try:
-        names = {_comm(t.native_id) for t in threading.enumerate()
-                 if t.native_id is not None and t.is_alive()}
+        # Each thread names itself as it starts running: on a loaded machine, a moment
+        # after the server is up.
+        wait(lambda: {"events", "ticker", "grpc"} <= names(), timeout_s=60)
+    except AssertionError:
+        raise AssertionError(f"threads named {sorted(names())}") from None
     finally:
         server.stop()
-    assert {"events", "ticker", "grpc"} <= names, names
