@@ -66,8 +66,8 @@ def print_table(console: Console, table: Table) -> None:
         console.print(table.title)
     columns = [(str(c.header), [str(cell) for cell in c.cells]) for c in table.columns]
     for i in range(table.row_count):
-        cells = [(header, cells[i]) for header, cells in columns if i < len(cells)]
-        first = cells[0][1] if cells else ""
-        parts = [f"{escape(header)}: {value}" for header, value in cells[1:] if value.strip()]
+        row = [(header, values[i]) for header, values in columns if i < len(values)]
+        first = row[0][1] if row else ""
+        parts = [f"{escape(header)}: {value}" for header, value in row[1:] if value.strip()]
         line = ", ".join(parts)
         console.print(f"[bold]{first}[/]: {line}" if first.strip() else f"  {line}")
